@@ -1,0 +1,206 @@
+//! Assembles the parts for a deployment. Embedded: memory gate, local order log, SQLite.
+//! Distributed: Redis gate, Redis Stream order log, PostgreSQL or MySQL. Everything after
+//! assembly (edge, writer, scheduler) is the same code for both.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::config::Config;
+use crate::edge::auth::TokenSigner;
+use crate::edge::{AppState, Metrics};
+use crate::gate::memory::MemoryGate;
+use crate::gate::redis::RedisGate;
+use crate::gate::Gate;
+use crate::ids::{self, IdGenerator};
+use crate::orderlog::redis_stream::StreamLog;
+use crate::orderlog::{local, OrderLog};
+use crate::scheduler::{SaleCache, Scheduler};
+use crate::store::Store;
+use crate::writer::{Writer, WriterStats};
+
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    #[error("database: {0}")]
+    Store(#[from] crate::store::StoreError),
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    #[error("gate: {0}")]
+    Gate(#[from] crate::gate::GateError),
+    #[error("order log: {0}")]
+    Log(#[from] crate::orderlog::LogError),
+    #[error("ids: {0}")]
+    Ids(#[from] crate::ids::IdError),
+    #[error("scheduler: {0}")]
+    Scheduler(#[from] crate::scheduler::SchedulerError),
+    #[error("{0}")]
+    Other(String),
+}
+
+/// Which process is being assembled: ids are only minted where orders or users are made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Server,
+    Worker,
+    Tool,
+}
+
+/// Everything a running process holds.
+pub struct App {
+    pub state: Arc<AppState>,
+    pub log: Arc<dyn OrderLog>,
+    pub streams: Option<Arc<StreamLog>>,
+}
+
+pub async fn connect_store(config: &Config) -> Result<Store, AppError> {
+    let store = Store::connect(&config.database_url, config.db_max_connections).await?;
+    let applied = store.migrate().await?;
+    if !applied.is_empty() {
+        tracing::info!(?applied, "schema migrations applied");
+    }
+    Ok(store)
+}
+
+/// The token secret: configured, or generated once and shared through the database.
+pub async fn token_signer(config: &Config, store: &Store) -> Result<TokenSigner, AppError> {
+    let secret = match &config.token_secret {
+        Some(s) => s.clone(),
+        None => {
+            let candidate = crate::edge::auth::hex(&rand::random::<[u8; 32]>());
+            store.meta_get_or_init("token_secret", &candidate).await?
+        }
+    };
+    Ok(TokenSigner::new(&secret))
+}
+
+pub async fn redis_manager(
+    url: &str,
+) -> Result<(redis::Client, redis::aio::ConnectionManager), AppError> {
+    let client = redis::Client::open(url)?;
+    let config = redis::aio::ConnectionManagerConfig::new()
+        .set_response_timeout(Some(Duration::from_secs(2)))
+        .set_connection_timeout(Some(Duration::from_secs(2)));
+    let conn = client.get_connection_manager_with_config(config).await?;
+    Ok((client, conn))
+}
+
+pub async fn assemble(config: Config, role: Role) -> Result<App, AppError> {
+    let config = Arc::new(config);
+    let store = connect_store(&config).await?;
+    let tokens = token_signer(&config, &store).await?;
+    let (gate, log, ids, redis, streams): (
+        Arc<dyn Gate>,
+        Arc<dyn OrderLog>,
+        Arc<IdGenerator>,
+        _,
+        _,
+    ) = match &config.redis_url {
+        None => {
+            let (writer_end, reader) = local::channel();
+            let worker = if role == Role::Server {
+                ids::EMBEDDED_WORKER
+            } else {
+                ids::TOOL_WORKER
+            };
+            (
+                Arc::new(MemoryGate::new(writer_end)),
+                Arc::new(reader),
+                Arc::new(IdGenerator::fixed(worker)),
+                None,
+                None,
+            )
+        }
+        Some(url) => {
+            let (client, conn) = redis_manager(url).await?;
+            let gate = RedisGate::new(conn.clone(), &config.redis_prefix);
+            gate.prepare().await?;
+            let ids = ids::lease_worker_id(conn.clone(), &config.redis_prefix).await?;
+            let streams =
+                Arc::new(StreamLog::connect(&client, conn.clone(), &config.redis_prefix).await?);
+            (
+                Arc::new(gate),
+                streams.clone(),
+                ids,
+                Some(conn),
+                Some(streams),
+            )
+        }
+    };
+    let state = Arc::new(AppState {
+        config,
+        store,
+        gate,
+        ids,
+        tokens,
+        sales: Arc::new(SaleCache::default()),
+        redis,
+        writer_stats: Arc::new(WriterStats::default()),
+        metrics: Metrics::default(),
+    });
+    Ok(App {
+        state,
+        log,
+        streams,
+    })
+}
+
+impl App {
+    pub fn scheduler(&self) -> Scheduler {
+        Scheduler {
+            store: self.state.store.clone(),
+            gate: self.state.gate.clone(),
+            cache: self.state.sales.clone(),
+            streams: self.streams.clone(),
+            preload_ahead_ms: self.state.config.preload_ahead_secs as i64 * 1000,
+        }
+    }
+
+    pub fn writer(&self) -> Writer {
+        Writer {
+            log: self.log.clone(),
+            store: self.state.store.clone(),
+            batch_max: self.state.config.writer_batch,
+            stats: self.state.writer_stats.clone(),
+        }
+    }
+
+    /// Starts the background tasks; returns the switch that stops them and their handles.
+    pub async fn start_background(
+        &self,
+        run_writer: bool,
+    ) -> Result<(watch::Sender<bool>, Vec<tokio::task::JoinHandle<()>>), AppError> {
+        // The first pass runs before serving, so that a restarted embedded server has
+        // rebuilt its gate from SQL before it answers a single purchase.
+        let scheduler = self.scheduler();
+        scheduler.tick().await?;
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let mut handles = vec![tokio::spawn(scheduler.run(stop_rx.clone()))];
+        if run_writer {
+            handles.push(tokio::spawn(self.writer().run(stop_rx)));
+        }
+        Ok((stop_tx, handles))
+    }
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+}

@@ -1,0 +1,165 @@
+//! The `seckill` command line: `serve`, `worker`, `migrate`, `users mint`. Parses flags,
+//! resolves the configuration, and hands over to `app`; holds no business logic.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::app::{self, AppError, Role};
+use crate::config::{Config, ConfigArgs};
+
+#[derive(Parser)]
+#[command(
+    name = "seckill",
+    version,
+    about = "A flash-sale service: fair, atomic, durable purchases"
+)]
+struct Cli {
+    #[command(flatten)]
+    config: ConfigArgs,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the HTTP server (and, unless --no-writer, the order writer and scheduler).
+    Serve,
+    /// Run the order writer and scheduler without HTTP (distributed deployments).
+    Worker,
+    /// Apply the database schema and exit.
+    Migrate,
+    /// Manage users.
+    Users {
+        #[command(subcommand)]
+        command: UsersCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum UsersCommand {
+    /// Create N users and write one bearer token per line, for load tests.
+    Mint {
+        #[arg(long, default_value_t = 1000)]
+        count: usize,
+        #[arg(long, default_value = "tokens.txt")]
+        out: PathBuf,
+    },
+}
+
+pub async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let config = match Config::load(&cli.config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("seckill: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    init_tracing(&config.log);
+    let result = match cli.command {
+        Command::Serve => serve(config).await,
+        Command::Worker => worker(config).await,
+        Command::Migrate => migrate(config).await,
+        Command::Users {
+            command: UsersCommand::Mint { count, out },
+        } => mint(config, count, out).await,
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("seckill: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_tracing(filter: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_new(filter)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false)
+        .try_init();
+}
+
+async fn serve(config: Config) -> Result<(), AppError> {
+    tracing::info!("configuration:\n{}", config.describe());
+    let listen = config.listen;
+    let run_writer = config.run_writer;
+    let dev = config.dev;
+    let app = app::assemble(config, Role::Server).await?;
+    let (stop, tasks) = app.start_background(run_writer).await?;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|e| AppError::Other(format!("cannot listen on {listen}: {e}")))?;
+    tracing::info!(%listen, dev, "seckill is serving");
+    let router = crate::edge::router(app.state.clone());
+    axum::serve(listener, router)
+        .with_graceful_shutdown(app::shutdown_signal())
+        .await
+        .map_err(|e| AppError::Other(format!("server: {e}")))?;
+    tracing::info!("HTTP drained; stopping background tasks");
+    let _ = stop.send(true);
+    for t in tasks {
+        let _ = t.await;
+    }
+    Ok(())
+}
+
+async fn worker(config: Config) -> Result<(), AppError> {
+    if config.embedded() {
+        return Err(AppError::Other(
+            "`seckill worker` serves a distributed deployment: give --redis and a PostgreSQL/MySQL --database".into(),
+        ));
+    }
+    tracing::info!("configuration:\n{}", config.describe());
+    let app = app::assemble(config, Role::Worker).await?;
+    let (stop, tasks) = app.start_background(true).await?;
+    tracing::info!("seckill worker running");
+    app::shutdown_signal().await;
+    let _ = stop.send(true);
+    for t in tasks {
+        let _ = t.await;
+    }
+    Ok(())
+}
+
+async fn migrate(config: Config) -> Result<(), AppError> {
+    let store = crate::store::Store::connect(&config.database_url, 2).await?;
+    let applied = store.migrate().await?;
+    if applied.is_empty() {
+        println!("schema is up to date");
+    } else {
+        println!("applied migrations {applied:?}");
+    }
+    Ok(())
+}
+
+async fn mint(config: Config, count: usize, out: PathBuf) -> Result<(), AppError> {
+    if count == 0 || count > 10_000_000 {
+        return Err(AppError::Other(
+            "--count must be between 1 and 10000000".into(),
+        ));
+    }
+    let ttl = config.token_ttl_secs as i64;
+    let app = app::assemble(config, Role::Tool).await?;
+    let st = &app.state;
+    let batch = rand::random::<u32>();
+    let mut users = Vec::with_capacity(count);
+    for i in 0..count {
+        users.push((st.ids.next()?, format!("mint-{batch:08x}-{i}")));
+    }
+    st.store.insert_users(&users).await?;
+    let expires = crate::now_ms() / 1000 + ttl;
+    let mut text = String::with_capacity(count * 64);
+    for (id, _) in &users {
+        text.push_str(&st.tokens.sign(*id, expires));
+        text.push('\n');
+    }
+    std::fs::write(&out, text)
+        .map_err(|e| AppError::Other(format!("cannot write {}: {e}", out.display())))?;
+    println!("minted {count} users; tokens in {}", out.display());
+    Ok(())
+}

@@ -1,0 +1,324 @@
+//! The one typed configuration. Each setting comes from its flag, else its `SECKILL_*`
+//! environment variable (both parsed by clap), else the TOML file named by `--config`,
+//! else the default here. Printed at start-up with secrets masked; never logs a secret.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::Args;
+use serde::Deserialize;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config file {path} is not valid: {source}")]
+    Parse {
+        path: PathBuf,
+        source: toml::de::Error,
+    },
+    #[error("invalid setting {name}: {message}")]
+    Invalid { name: &'static str, message: String },
+}
+
+/// Settings shared by every subcommand. Every field is optional here so that a missing
+/// flag can fall through to the file and then to the default.
+#[derive(Debug, Clone, Default, Args, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigArgs {
+    /// TOML file with any of these settings (snake_case keys).
+    #[arg(long, env = "SECKILL_CONFIG", global = true)]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+    /// Address the HTTP server listens on [default: 127.0.0.1:8080].
+    #[arg(long, env = "SECKILL_LISTEN", global = true)]
+    pub listen: Option<SocketAddr>,
+    /// SQL database: sqlite://FILE, postgres://..., mysql://... [default: sqlite://seckill.db].
+    #[arg(long = "database", env = "SECKILL_DATABASE_URL", global = true)]
+    pub database_url: Option<String>,
+    /// Redis URL; when set, seckill runs distributed (gate and order log in Redis).
+    #[arg(long = "redis", env = "SECKILL_REDIS_URL", global = true)]
+    pub redis_url: Option<String>,
+    /// Prefix of every Redis key [default: seckill].
+    #[arg(long, env = "SECKILL_REDIS_PREFIX", global = true)]
+    pub redis_prefix: Option<String>,
+    /// Bearer token of the admin API; the admin API is closed when unset.
+    #[arg(
+        long,
+        env = "SECKILL_ADMIN_TOKEN",
+        global = true,
+        hide_env_values = true
+    )]
+    pub admin_token: Option<String>,
+    /// Secret that signs user tokens; generated once and kept in the database when unset.
+    #[arg(
+        long,
+        env = "SECKILL_TOKEN_SECRET",
+        global = true,
+        hide_env_values = true
+    )]
+    pub token_secret: Option<String>,
+    /// Development mode: login codes are returned in the answer [default: on when embedded].
+    #[arg(long, env = "SECKILL_DEV", global = true, num_args = 0..=1, default_missing_value = "true",
+          value_parser = clap::builder::BoolishValueParser::new())]
+    pub dev: Option<bool>,
+    /// Command run to deliver a login code (env SECKILL_PHONE, SECKILL_CODE) outside dev mode.
+    #[arg(long, env = "SECKILL_SMS_HOOK", global = true)]
+    pub sms_hook: Option<String>,
+    /// Do not run the order writer inside `serve` (run `seckill worker` instead).
+    #[arg(long, env = "SECKILL_NO_WRITER", global = true, num_args = 0..=1, default_missing_value = "true",
+          value_parser = clap::builder::BoolishValueParser::new())]
+    pub no_writer: Option<bool>,
+    /// Most orders the writer puts in one SQL transaction [default: 1000].
+    #[arg(long, env = "SECKILL_WRITER_BATCH", global = true)]
+    pub writer_batch: Option<usize>,
+    /// Load approved sales into the gate this long before they open [default: 3600].
+    #[arg(long, env = "SECKILL_PRELOAD_AHEAD_SECS", global = true)]
+    pub preload_ahead_secs: Option<u64>,
+    /// Lifetime of a user token [default: 604800].
+    #[arg(long, env = "SECKILL_TOKEN_TTL_SECS", global = true)]
+    pub token_ttl_secs: Option<u64>,
+    /// SQL connection pool size [default: 16].
+    #[arg(long, env = "SECKILL_DB_MAX_CONNECTIONS", global = true)]
+    pub db_max_connections: Option<u32>,
+    /// Log filter, tracing's EnvFilter syntax [default: info].
+    #[arg(long, env = "SECKILL_LOG", global = true)]
+    pub log: Option<String>,
+}
+
+/// The resolved configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub database_url: String,
+    pub redis_url: Option<String>,
+    pub redis_prefix: String,
+    pub admin_token: Option<String>,
+    pub token_secret: Option<String>,
+    pub dev: bool,
+    pub sms_hook: Option<String>,
+    pub run_writer: bool,
+    pub writer_batch: usize,
+    pub preload_ahead_secs: u64,
+    pub token_ttl_secs: u64,
+    pub db_max_connections: u32,
+    pub log: String,
+}
+
+impl Config {
+    pub fn embedded(&self) -> bool {
+        self.redis_url.is_none()
+    }
+
+    pub fn load(args: &ConfigArgs) -> Result<Config, ConfigError> {
+        let file = match &args.config {
+            Some(path) => read_file(path)?,
+            None => ConfigArgs::default(),
+        };
+        Self::merge(args.clone(), file)
+    }
+
+    fn merge(a: ConfigArgs, f: ConfigArgs) -> Result<Config, ConfigError> {
+        let redis_url = a.redis_url.or(f.redis_url).filter(|s| !s.is_empty());
+        let embedded = redis_url.is_none();
+        let config = Config {
+            listen: a
+                .listen
+                .or(f.listen)
+                .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8080))),
+            database_url: a
+                .database_url
+                .or(f.database_url)
+                .unwrap_or_else(|| "sqlite://seckill.db".to_string()),
+            redis_url,
+            redis_prefix: a
+                .redis_prefix
+                .or(f.redis_prefix)
+                .unwrap_or_else(|| "seckill".to_string()),
+            admin_token: a.admin_token.or(f.admin_token).filter(|s| !s.is_empty()),
+            token_secret: a.token_secret.or(f.token_secret).filter(|s| !s.is_empty()),
+            dev: a.dev.or(f.dev).unwrap_or(embedded),
+            sms_hook: a.sms_hook.or(f.sms_hook),
+            run_writer: !a.no_writer.or(f.no_writer).unwrap_or(false),
+            writer_batch: a.writer_batch.or(f.writer_batch).unwrap_or(1000),
+            preload_ahead_secs: a
+                .preload_ahead_secs
+                .or(f.preload_ahead_secs)
+                .unwrap_or(3600),
+            token_ttl_secs: a.token_ttl_secs.or(f.token_ttl_secs).unwrap_or(7 * 86400),
+            db_max_connections: a.db_max_connections.or(f.db_max_connections).unwrap_or(16),
+            log: a.log.or(f.log).unwrap_or_else(|| "info".to_string()),
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let db = &self.database_url;
+        if !(db.starts_with("sqlite:") || db.starts_with("postgres") || db.starts_with("mysql:")) {
+            return Err(ConfigError::Invalid {
+                name: "database_url",
+                message: format!("{} is not sqlite://, postgres:// or mysql://", mask_url(db)),
+            });
+        }
+        if !self.embedded() && db.starts_with("sqlite:") {
+            return Err(ConfigError::Invalid {
+                name: "database_url",
+                message: "a distributed deployment (--redis) needs PostgreSQL or MySQL".into(),
+            });
+        }
+        if self.embedded() && !self.run_writer {
+            return Err(ConfigError::Invalid {
+                name: "no_writer",
+                message:
+                    "the embedded deployment writes orders in-process; --no-writer needs --redis"
+                        .into(),
+            });
+        }
+        if self.writer_batch == 0 || self.writer_batch > 5000 {
+            return Err(ConfigError::Invalid {
+                name: "writer_batch",
+                message: "must be between 1 and 5000".into(),
+            });
+        }
+        if self.redis_prefix.is_empty() || self.redis_prefix.contains(['{', '}']) {
+            return Err(ConfigError::Invalid {
+                name: "redis_prefix",
+                message: "must be non-empty and free of braces (they are Redis hash tags)".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// One line per setting, secrets masked, for the start-up log.
+    pub fn describe(&self) -> String {
+        let mask = |s: &Option<String>| match s {
+            Some(_) => "***".to_string(),
+            None => "(unset)".to_string(),
+        };
+        [
+            format!(
+                "deployment         = {}",
+                if self.embedded() {
+                    "embedded"
+                } else {
+                    "distributed"
+                }
+            ),
+            format!("listen             = {}", self.listen),
+            format!("database_url       = {}", mask_url(&self.database_url)),
+            format!(
+                "redis_url          = {}",
+                self.redis_url
+                    .as_deref()
+                    .map(mask_url)
+                    .unwrap_or_else(|| "(unset)".into())
+            ),
+            format!("redis_prefix       = {}", self.redis_prefix),
+            format!("admin_token        = {}", mask(&self.admin_token)),
+            format!("token_secret       = {}", mask(&self.token_secret)),
+            format!("dev                = {}", self.dev),
+            format!(
+                "sms_hook           = {}",
+                self.sms_hook.as_deref().unwrap_or("(unset)")
+            ),
+            format!("run_writer         = {}", self.run_writer),
+            format!("writer_batch       = {}", self.writer_batch),
+            format!("preload_ahead_secs = {}", self.preload_ahead_secs),
+            format!("token_ttl_secs     = {}", self.token_ttl_secs),
+            format!("db_max_connections = {}", self.db_max_connections),
+            format!("log                = {}", self.log),
+        ]
+        .join("\n")
+    }
+}
+
+fn read_file(path: &PathBuf) -> Result<ConfigArgs, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.clone(),
+        source,
+    })?;
+    toml::from_str(&text).map_err(|source| ConfigError::Parse {
+        path: path.clone(),
+        source,
+    })
+}
+
+/// Hides the password of a URL such as `postgres://user:pw@host/db`.
+pub fn mask_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    match rest.split_once('@') {
+        Some((cred, host)) => {
+            let user = cred.split(':').next().unwrap_or("");
+            if cred.contains(':') {
+                format!("{scheme}://{user}:***@{host}")
+            } else {
+                format!("{scheme}://{user}@{host}")
+            }
+        }
+        None => url.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_beat_file_beat_defaults() {
+        let flags = ConfigArgs {
+            writer_batch: Some(7),
+            ..Default::default()
+        };
+        let file = ConfigArgs {
+            writer_batch: Some(9),
+            preload_ahead_secs: Some(60),
+            ..Default::default()
+        };
+        let c = Config::merge(flags, file).unwrap();
+        assert_eq!(c.writer_batch, 7);
+        assert_eq!(c.preload_ahead_secs, 60);
+        assert_eq!(c.token_ttl_secs, 7 * 86400);
+        assert!(c.embedded() && c.dev, "embedded defaults to dev mode");
+    }
+
+    #[test]
+    fn distributed_is_not_dev_and_needs_a_server_database() {
+        let a = ConfigArgs {
+            redis_url: Some("redis://127.0.0.1/".into()),
+            ..Default::default()
+        };
+        assert!(Config::merge(a.clone(), ConfigArgs::default()).is_err());
+        let a = ConfigArgs {
+            database_url: Some("postgres://u:hunter2@h/db".into()),
+            ..a
+        };
+        let c = Config::merge(a, ConfigArgs::default()).unwrap();
+        assert!(!c.dev);
+        assert!(!c.describe().contains("hunter2"));
+    }
+
+    #[test]
+    fn toml_file_parses_and_rejects_unknown_keys() {
+        let ok: ConfigArgs = toml::from_str("writer_batch = 5\nlisten = \"0.0.0.0:9000\"").unwrap();
+        assert_eq!(ok.writer_batch, Some(5));
+        assert!(toml::from_str::<ConfigArgs>("no_such_key = 1").is_err());
+    }
+
+    #[test]
+    fn masks_passwords() {
+        assert_eq!(
+            mask_url("mysql://root:pw@h:3306/d"),
+            "mysql://root:***@h:3306/d"
+        );
+        assert_eq!(
+            mask_url("redis://127.0.0.1:6379/"),
+            "redis://127.0.0.1:6379/"
+        );
+    }
+}

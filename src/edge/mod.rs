@@ -1,0 +1,210 @@
+//! The HTTP edge: routes, input parsing, authentication, and the mapping of every error to
+//! the contract (see `error`). Handlers live per resource: `auth`, `sales`, `orders`.
+//! The edge never writes SQL on the purchase path and never decides a purchase itself
+//! beyond shortcuts the gate would answer the same way.
+
+pub mod auth;
+pub mod error;
+pub mod orders;
+pub mod sales;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use serde::de::DeserializeOwned;
+
+use crate::config::Config;
+use crate::gate::Gate;
+use crate::ids::IdGenerator;
+use crate::scheduler::SaleCache;
+use crate::store::Store;
+use crate::writer::WriterStats;
+use auth::TokenSigner;
+use error::ApiError;
+
+/// Largest request body accepted; every call of the contract fits in far less.
+pub const MAX_BODY_BYTES: usize = 16 * 1024;
+
+pub struct AppState {
+    pub config: Arc<Config>,
+    pub store: Store,
+    pub gate: Arc<dyn Gate>,
+    pub ids: Arc<IdGenerator>,
+    pub tokens: TokenSigner,
+    pub sales: Arc<SaleCache>,
+    pub redis: Option<redis::aio::ConnectionManager>,
+    pub writer_stats: Arc<WriterStats>,
+    pub metrics: Metrics,
+}
+
+/// Purchase answers by code, for `/metrics`.
+#[derive(Default)]
+pub struct Metrics {
+    purchases: [AtomicU64; PURCHASE_CODES.len()],
+}
+
+const PURCHASE_CODES: [&str; 12] = [
+    "ok",
+    "sold_out",
+    "already_purchased",
+    "not_started",
+    "ended",
+    "paused",
+    "invalid_request",
+    "not_found",
+    "unavailable",
+    "rate_limited",
+    "unauthorized",
+    "other",
+];
+
+impl Metrics {
+    pub fn count_purchase(&self, code: &str) {
+        let i = PURCHASE_CODES
+            .iter()
+            .position(|c| *c == code)
+            .unwrap_or(PURCHASE_CODES.len() - 1);
+        self.purchases[i].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Parses a JSON body into `T`, answering `invalid_request` with serde's reason.
+pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| ApiError::invalid(format!("invalid JSON body: {e}")))
+}
+
+/// Ids in paths are positive 64-bit integers.
+pub fn parse_id(s: &str, what: &str) -> Result<i64, ApiError> {
+    match s.parse::<i64>() {
+        Ok(id) if id > 0 => Ok(id),
+        _ => Err(ApiError::invalid(format!(
+            "{what} must be a positive 64-bit integer"
+        ))),
+    }
+}
+
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/api/auth/code", post(auth::request_code))
+        .route("/api/auth/login", post(auth::login))
+        .route("/api/sales", get(sales::list_sales))
+        .route("/api/sales/{id}", get(sales::get_sale))
+        .route("/api/sales/{id}/stock", get(sales::get_stock))
+        .route("/api/sales/{id}/purchase", post(orders::purchase))
+        .route("/api/orders", get(orders::list_orders))
+        .route("/api/orders/{id}", get(orders::get_order))
+        .route(
+            "/api/admin/sales",
+            post(sales::create_sale).get(sales::admin_list_sales),
+        )
+        .route("/api/admin/sales/{id}/approve", post(sales::approve_sale))
+        .route("/api/admin/sales/{id}/pause", post(sales::pause_sale))
+        .route("/api/admin/sales/{id}/resume", post(sales::resume_sale))
+        .route("/api/admin/sales/{id}/stats", get(sales::sale_stats))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route("/openapi.json", get(openapi))
+        .fallback(|| async { ApiError::NotFound("no such endpoint".into()) })
+        .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(tower_http::timeout::TimeoutLayer::with_status_code(
+            StatusCode::SERVICE_UNAVAILABLE,
+            Duration::from_secs(10),
+        ))
+        .layer(axum::middleware::map_response(json_rejections))
+        .with_state(state)
+}
+
+/// Axum's own extractor rejections (a bad path, a body over the limit) are plain text;
+/// rewrite them into the contract's `{code, message}`.
+async fn json_rejections(response: Response) -> Response {
+    let is_json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    let status = response.status();
+    if is_json || !(status.is_client_error() || status.is_server_error()) {
+        return response;
+    }
+    match status {
+        StatusCode::PAYLOAD_TOO_LARGE => ApiError::PayloadTooLarge.into_response(),
+        StatusCode::NOT_FOUND => ApiError::NotFound("no such endpoint".into()).into_response(),
+        StatusCode::METHOD_NOT_ALLOWED => ApiError::MethodNotAllowed.into_response(),
+        s if s.is_client_error() => ApiError::invalid(format!("bad request ({s})")).into_response(),
+        _ => ApiError::Unavailable("the server could not answer in time".into()).into_response(),
+    }
+}
+
+async fn readyz(State(st): State<Arc<AppState>>) -> Result<&'static str, ApiError> {
+    sqlx::query("SELECT 1")
+        .execute(st.store.pool())
+        .await
+        .map_err(|e| ApiError::Unavailable(format!("database: {e}")))?;
+    if let Some(conn) = &st.redis {
+        let mut conn = conn.clone();
+        let _: String = redis::cmd("PING")
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| ApiError::Unavailable(format!("redis: {e}")))?;
+    }
+    Ok("ready")
+}
+
+async fn metrics(State(st): State<Arc<AppState>>) -> Response {
+    let mut out = String::new();
+    out.push_str("# HELP seckill_purchases_total Purchase answers by code.\n# TYPE seckill_purchases_total counter\n");
+    for (i, code) in PURCHASE_CODES.iter().enumerate() {
+        let n = st.metrics.purchases[i].load(Ordering::Relaxed);
+        out.push_str(&format!("seckill_purchases_total{{code=\"{code}\"}} {n}\n"));
+    }
+    let w = &st.writer_stats;
+    for (name, help, v) in [
+        (
+            "seckill_writer_orders_written_total",
+            "Orders inserted by this process's writer.",
+            &w.written,
+        ),
+        (
+            "seckill_writer_duplicates_total",
+            "Redelivered orders found already written.",
+            &w.duplicates,
+        ),
+        (
+            "seckill_writer_batches_total",
+            "Committed writer batches.",
+            &w.batches,
+        ),
+        (
+            "seckill_writer_failed_batches_total",
+            "Writer batches that failed.",
+            &w.failed_batches,
+        ),
+        (
+            "seckill_writer_dead_letters_total",
+            "Order log entries moved to dead letters.",
+            &w.dead_letters,
+        ),
+    ] {
+        out.push_str(&format!(
+            "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}\n",
+            v.load(Ordering::Relaxed)
+        ));
+    }
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
+}
+
+async fn openapi() -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        include_str!("openapi.json"),
+    )
+        .into_response()
+}

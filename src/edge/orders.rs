@@ -1,0 +1,205 @@
+//! The purchase endpoint (the hot path: token check, sale cache, one gate call; no SQL)
+//! and the caller's own orders.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::Json;
+use serde::{Deserialize, Serialize};
+
+use super::auth::AuthUser;
+use super::error::ApiError;
+use super::sales::rfc3339;
+use super::{parse_id, parse_json, AppState};
+use crate::gate::{Purchase, Rejection, Verdict};
+use crate::model::{Order, OrderStatus};
+
+/// Clock skew allowed between this instance and the gate's clock before the edge answers
+/// a window question on its own; closer to the edges, the gate decides.
+const WINDOW_SLACK_MS: i64 = 1000;
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct PurchaseBody {
+    quantity: Option<i64>,
+}
+
+#[derive(Serialize)]
+pub struct PurchaseOk {
+    code: &'static str,
+    order_id: String,
+}
+
+fn quantity(body: &[u8]) -> Result<i64, ApiError> {
+    let body: PurchaseBody = if body.iter().all(u8::is_ascii_whitespace) {
+        PurchaseBody::default()
+    } else {
+        parse_json(body)?
+    };
+    match body.quantity {
+        None => Ok(1),
+        Some(q) if q >= 1 => Ok(q),
+        Some(_) => Err(ApiError::invalid("quantity must be a positive integer")),
+    }
+}
+
+pub async fn purchase(
+    AuthUser(user_id): AuthUser,
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<Json<PurchaseOk>, ApiError> {
+    let result = decide(&st, user_id, &id, &body).await;
+    st.metrics.count_purchase(match &result {
+        Ok(_) => "ok",
+        Err(e) => e.code(),
+    });
+    result
+}
+
+async fn decide(
+    st: &AppState,
+    user_id: i64,
+    id: &str,
+    body: &[u8],
+) -> Result<Json<PurchaseOk>, ApiError> {
+    let sale_id = parse_id(id, "sale id")?;
+    let quantity = quantity(body)?;
+    let sale = st
+        .sales
+        .get(sale_id)
+        .ok_or_else(|| ApiError::NotFound(format!("sale {sale_id} does not exist")))?;
+    let limit = sale.per_user_limit;
+    if quantity > limit {
+        return Err(ApiError::invalid(format!(
+            "quantity exceeds the per-user limit of {limit}"
+        )));
+    }
+    let now = crate::now_ms();
+    if now < sale.begins_at - WINDOW_SLACK_MS {
+        return Err(ApiError::from_rejection(Rejection::NotStarted, limit));
+    }
+    if now >= sale.ends_at + WINDOW_SLACK_MS {
+        return Err(ApiError::from_rejection(Rejection::Ended, limit));
+    }
+    let order_id = st.ids.next()?;
+    let verdict = st
+        .gate
+        .purchase(Purchase {
+            sale_id,
+            user_id,
+            quantity,
+            order_id,
+        })
+        .await?;
+    match verdict {
+        Verdict::Accepted { .. } => Ok(Json(PurchaseOk {
+            code: "ok",
+            order_id: order_id.to_string(),
+        })),
+        Verdict::Rejected(Rejection::NotLoaded) => {
+            // Approved but not preloaded yet (approved on another instance moments ago).
+            crate::scheduler::load_sale(&st.store, st.gate.as_ref(), &sale).await?;
+            Err(ApiError::from_rejection(Rejection::NotLoaded, limit))
+        }
+        Verdict::Rejected(r) => Err(ApiError::from_rejection(r, limit)),
+    }
+}
+
+#[derive(Serialize)]
+pub struct OrderView {
+    id: String,
+    sale_id: String,
+    quantity: i64,
+    price_cents: i64,
+    status: OrderStatus,
+    accepted_at: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pay_deadline: Option<String>,
+}
+
+impl From<&Order> for OrderView {
+    fn from(o: &Order) -> Self {
+        OrderView {
+            id: o.id.to_string(),
+            sale_id: o.sale_id.to_string(),
+            quantity: o.quantity,
+            price_cents: o.price_cents,
+            status: o.status,
+            accepted_at: rfc3339(o.accepted_at),
+            pay_deadline: Some(rfc3339(o.pay_deadline)),
+        }
+    }
+}
+
+pub async fn get_order(
+    AuthUser(user_id): AuthUser,
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Json<OrderView>, ApiError> {
+    let order_id = parse_id(&id, "order id")?;
+    let not_found = || ApiError::NotFound(format!("order {order_id} does not exist"));
+    if let Some(order) = st.store.order(order_id).await? {
+        // Someone else's order is indistinguishable from no order at all.
+        return if order.user_id == user_id {
+            Ok(Json(OrderView::from(&order)))
+        } else {
+            Err(not_found())
+        };
+    }
+    // Accepted by the gate but not written yet: look in the gates of current sales.
+    let accepted_at = crate::ids::IdGenerator::time_of(order_id);
+    for sale in st.sales.all() {
+        if accepted_at < sale.begins_at - WINDOW_SLACK_MS
+            || accepted_at > sale.ends_at + WINDOW_SLACK_MS
+        {
+            continue;
+        }
+        if st.gate.queued_order_user(sale.id, order_id).await? == Some(user_id) {
+            return Ok(Json(OrderView {
+                id: order_id.to_string(),
+                sale_id: sale.id.to_string(),
+                quantity: 0,
+                price_cents: sale.price_cents,
+                status: OrderStatus::Queued,
+                accepted_at: rfc3339(accepted_at),
+                pay_deadline: None,
+            }));
+        }
+    }
+    Err(not_found())
+}
+
+pub async fn list_orders(
+    AuthUser(user_id): AuthUser,
+    State(st): State<Arc<AppState>>,
+) -> Result<Json<Vec<OrderView>>, ApiError> {
+    let orders = st.store.orders_of_user(user_id, 200).await?;
+    Ok(Json(orders.iter().map(OrderView::from).collect()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantity_defaults_to_one_and_rejects_nonsense() {
+        assert_eq!(quantity(b"").unwrap(), 1);
+        assert_eq!(quantity(b"  \n").unwrap(), 1);
+        assert_eq!(quantity(b"{}").unwrap(), 1);
+        assert_eq!(quantity(br#"{"quantity":3}"#).unwrap(), 3);
+        for bad in [
+            &br#"{"quantity":0}"#[..],
+            br#"{"quantity":-1}"#,
+            br#"{"quantity":1.5}"#,
+            br#"{"quantity":"2"}"#,
+            br#"{"quantity":99999999999999999999}"#,
+            br#"{"qty":1}"#,
+            b"{",
+            b"[]",
+            b"null",
+        ] {
+            assert!(quantity(bad).is_err(), "{}", String::from_utf8_lossy(bad));
+        }
+    }
+}

@@ -1,0 +1,411 @@
+//! Sale endpoints: the public catalogue (cacheable, served from the instance's sale
+//! cache), live stock from the gate, and the admin calls that create, approve, pause and
+//! inspect sales.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use time::format_description::well_known::Rfc3339;
+use time::OffsetDateTime;
+
+use super::auth::Admin;
+use super::error::ApiError;
+use super::{parse_id, parse_json, AppState};
+use crate::model::{Sale, SaleState};
+
+pub fn rfc3339(ms: i64) -> String {
+    OffsetDateTime::from_unix_timestamp_nanos(ms as i128 * 1_000_000)
+        .ok()
+        .and_then(|t| t.format(&Rfc3339).ok())
+        .unwrap_or_default()
+}
+
+fn parse_rfc3339(field: &str, s: &str) -> Result<i64, ApiError> {
+    let t = OffsetDateTime::parse(s, &Rfc3339).map_err(|_| {
+        ApiError::invalid(format!(
+            "{field} must be an RFC 3339 time, like 2026-11-22T20:00:00Z"
+        ))
+    })?;
+    i64::try_from(t.unix_timestamp_nanos() / 1_000_000)
+        .map_err(|_| ApiError::invalid(format!("{field} is out of range")))
+}
+
+#[derive(Serialize)]
+pub struct SaleView {
+    id: String,
+    title: String,
+    price_cents: i64,
+    stock: i64,
+    per_user_limit: i64,
+    begins_at: String,
+    ends_at: String,
+    payment_window_secs: i64,
+}
+
+impl From<&Sale> for SaleView {
+    fn from(s: &Sale) -> Self {
+        SaleView {
+            id: s.id.to_string(),
+            title: s.title.clone(),
+            price_cents: s.price_cents,
+            stock: s.initial_stock,
+            per_user_limit: s.per_user_limit,
+            begins_at: rfc3339(s.begins_at),
+            ends_at: rfc3339(s.ends_at),
+            payment_window_secs: s.payment_window_secs,
+        }
+    }
+}
+
+/// A JSON answer with an ETag; a matching If-None-Match gets 304.
+fn cacheable<T: Serialize>(headers: &HeaderMap, value: &T) -> Response {
+    let body = match serde_json::to_vec(value) {
+        Ok(b) => b,
+        Err(e) => {
+            return ApiError::Unavailable(format!("could not encode the answer: {e}"))
+                .into_response()
+        }
+    };
+    let digest = Sha256::digest(&body);
+    let etag = format!("\"{}\"", super::auth::hex(&digest[..12]));
+    let matches = headers
+        .get(header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.split(',').any(|t| t.trim() == etag || t.trim() == "*"));
+    let mut response = if matches {
+        StatusCode::NOT_MODIFIED.into_response()
+    } else {
+        ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+    };
+    let h = response.headers_mut();
+    if let Ok(v) = HeaderValue::from_str(&etag) {
+        h.insert(header::ETAG, v);
+    }
+    h.insert(
+        header::CACHE_CONTROL,
+        HeaderValue::from_static("public, max-age=2"),
+    );
+    response
+}
+
+pub async fn list_sales(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    let now = crate::now_ms();
+    let views: Vec<SaleView> = st
+        .sales
+        .all()
+        .iter()
+        .filter(|s| s.ends_at > now)
+        .map(|s| SaleView::from(s.as_ref()))
+        .collect();
+    cacheable(&headers, &views)
+}
+
+async fn approved_sale(st: &AppState, id: i64) -> Result<Arc<Sale>, ApiError> {
+    if let Some(s) = st.sales.get(id) {
+        return Ok(s);
+    }
+    // Approved moments ago on another instance, or ended long ago: ask SQL once.
+    match st.store.sale(id).await? {
+        Some(s) if s.approved => Ok(Arc::new(s)),
+        _ => Err(ApiError::NotFound(format!("sale {id} does not exist"))),
+    }
+}
+
+pub async fn get_sale(
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let sale = approved_sale(&st, parse_id(&id, "sale id")?).await?;
+    Ok(cacheable(&headers, &SaleView::from(sale.as_ref())))
+}
+
+#[derive(Serialize)]
+pub struct StockView {
+    state: SaleState,
+    remaining: i64,
+}
+
+pub async fn get_stock(
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let sale = approved_sale(&st, parse_id(&id, "sale id")?).await?;
+    let (remaining, paused) = match st.gate.stock(sale.id).await? {
+        Some(g) => (g.remaining, g.paused),
+        None => (sale.stock, sale.paused),
+    };
+    let mut paused_sale = (*sale).clone();
+    paused_sale.paused = paused;
+    let view = StockView {
+        state: paused_sale.state_at(crate::now_ms(), remaining),
+        remaining,
+    };
+    let mut response = Json(view).into_response();
+    response
+        .headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    Ok(response)
+}
+
+// ---- admin ------------------------------------------------------------------------------
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewSale {
+    title: String,
+    price_cents: i64,
+    stock: i64,
+    per_user_limit: Option<i64>,
+    begins_at: String,
+    ends_at: String,
+    payment_window_secs: Option<i64>,
+}
+
+pub const MAX_STOCK: i64 = 100_000_000;
+pub const MAX_PER_USER_LIMIT: i64 = 1000;
+
+fn validate_new_sale(n: &NewSale) -> Result<(i64, i64), ApiError> {
+    let title_len = n.title.trim().chars().count();
+    if title_len == 0 || title_len > 200 {
+        return Err(ApiError::invalid("title must be 1 to 200 characters"));
+    }
+    if !(0..=1_000_000_000_00).contains(&n.price_cents) {
+        return Err(ApiError::invalid(
+            "price_cents must be between 0 and 100000000000",
+        ));
+    }
+    if !(1..=MAX_STOCK).contains(&n.stock) {
+        return Err(ApiError::invalid(format!(
+            "stock must be between 1 and {MAX_STOCK}"
+        )));
+    }
+    if let Some(l) = n.per_user_limit {
+        if !(1..=MAX_PER_USER_LIMIT).contains(&l) {
+            return Err(ApiError::invalid(format!(
+                "per_user_limit must be between 1 and {MAX_PER_USER_LIMIT}"
+            )));
+        }
+    }
+    if let Some(w) = n.payment_window_secs {
+        if !(30..=7 * 86400).contains(&w) {
+            return Err(ApiError::invalid(
+                "payment_window_secs must be between 30 and 604800",
+            ));
+        }
+    }
+    let begins = parse_rfc3339("begins_at", &n.begins_at)?;
+    let ends = parse_rfc3339("ends_at", &n.ends_at)?;
+    if ends <= begins {
+        return Err(ApiError::invalid("ends_at must be after begins_at"));
+    }
+    Ok((begins, ends))
+}
+
+#[derive(Serialize)]
+pub struct Created {
+    id: String,
+    status: &'static str,
+}
+
+pub async fn create_sale(
+    _: Admin,
+    State(st): State<Arc<AppState>>,
+    body: axum::body::Bytes,
+) -> Result<(StatusCode, Json<Created>), ApiError> {
+    let n: NewSale = parse_json(&body)?;
+    let (begins_at, ends_at) = validate_new_sale(&n)?;
+    let sale = Sale {
+        id: st.ids.next()?,
+        title: n.title.trim().to_string(),
+        price_cents: n.price_cents,
+        initial_stock: n.stock,
+        stock: n.stock,
+        per_user_limit: n.per_user_limit.unwrap_or(1),
+        begins_at,
+        ends_at,
+        payment_window_secs: n.payment_window_secs.unwrap_or(900),
+        approved: false,
+        paused: false,
+        updated_at: 0,
+    };
+    st.store.create_sale(&sale).await?;
+    tracing::info!(
+        sale = sale.id,
+        title = sale.title,
+        stock = sale.stock,
+        "sale created"
+    );
+    Ok((
+        StatusCode::CREATED,
+        Json(Created {
+            id: sale.id.to_string(),
+            status: "draft",
+        }),
+    ))
+}
+
+#[derive(Serialize)]
+pub struct Approved {
+    id: String,
+    status: &'static str,
+    loaded: bool,
+}
+
+pub async fn approve_sale(
+    _: Admin,
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Json<Approved>, ApiError> {
+    let id = parse_id(&id, "sale id")?;
+    let first_time = st.store.approve_sale(id).await?;
+    st.sales.refresh(&st.store).await?;
+    let sale = approved_sale(&st, id).await?;
+    let now = crate::now_ms();
+    let opens_soon = sale.begins_at <= now + st.config.preload_ahead_secs as i64 * 1000;
+    let loaded = if sale.ends_at > now && opens_soon {
+        crate::scheduler::load_sale(&st.store, st.gate.as_ref(), &sale).await?;
+        true
+    } else {
+        false
+    };
+    if first_time {
+        tracing::info!(sale = id, loaded, "sale approved");
+    }
+    Ok(Json(Approved {
+        id: id.to_string(),
+        status: "approved",
+        loaded,
+    }))
+}
+
+#[derive(Serialize)]
+pub struct PauseState {
+    id: String,
+    paused: bool,
+}
+
+async fn set_paused(st: &AppState, id: &str, paused: bool) -> Result<Json<PauseState>, ApiError> {
+    let id = parse_id(id, "sale id")?;
+    st.store.set_paused(id, paused).await?;
+    st.gate.set_paused(id, paused).await?;
+    st.sales.refresh(&st.store).await?;
+    Ok(Json(PauseState {
+        id: id.to_string(),
+        paused,
+    }))
+}
+
+pub async fn pause_sale(
+    _: Admin,
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Json<PauseState>, ApiError> {
+    set_paused(&st, &id, true).await
+}
+
+pub async fn resume_sale(
+    _: Admin,
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Json<PauseState>, ApiError> {
+    set_paused(&st, &id, false).await
+}
+
+#[derive(Serialize)]
+pub struct AdminSaleView {
+    #[serde(flatten)]
+    sale: SaleView,
+    status: &'static str,
+    paused: bool,
+    sql_stock: i64,
+}
+
+pub async fn admin_list_sales(
+    _: Admin,
+    State(st): State<Arc<AppState>>,
+) -> Result<Json<Vec<AdminSaleView>>, ApiError> {
+    let sales = st.store.all_sales(500).await?;
+    Ok(Json(
+        sales
+            .iter()
+            .map(|s| AdminSaleView {
+                sale: SaleView::from(s),
+                status: if s.approved { "approved" } else { "draft" },
+                paused: s.paused,
+                sql_stock: s.stock,
+            })
+            .collect(),
+    ))
+}
+
+#[derive(Serialize)]
+pub struct SaleStats {
+    id: String,
+    initial_stock: i64,
+    gate_stock: Option<i64>,
+    gate_buyers: Option<i64>,
+    sql_stock: i64,
+    orders_written: i64,
+    units_in_live_orders: i64,
+    orders_by_status: std::collections::HashMap<String, i64>,
+    log_backlog: Option<i64>,
+    log_pending: Option<i64>,
+    dead_letters: Option<i64>,
+}
+
+pub async fn sale_stats(
+    _: Admin,
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Json<SaleStats>, ApiError> {
+    let id = parse_id(&id, "sale id")?;
+    let sale = st
+        .store
+        .sale(id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("sale {id} does not exist")))?;
+    let counts = st.store.sale_counts(id).await?;
+    let gate = st.gate.stock(id).await?;
+    let backlog = match &st.redis {
+        Some(conn) => {
+            let mut conn = conn.clone();
+            let b = crate::orderlog::redis_stream::backlog(&mut conn, &st.config.redis_prefix, id)
+                .await
+                .map_err(|e| ApiError::Unavailable(format!("redis: {e}")))?;
+            Some(b)
+        }
+        None => None,
+    };
+    Ok(Json(SaleStats {
+        id: id.to_string(),
+        initial_stock: sale.initial_stock,
+        gate_stock: gate.map(|g| g.remaining),
+        gate_buyers: gate.map(|g| g.buyers),
+        sql_stock: sale.stock,
+        orders_written: counts.orders,
+        units_in_live_orders: counts.units,
+        orders_by_status: counts.by_status,
+        log_backlog: backlog.map(|b| b.0),
+        log_pending: backlog.map(|b| b.1),
+        dead_letters: backlog.map(|b| b.2),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_round_trip() {
+        let ms = parse_rfc3339("t", "2026-11-22T20:00:00.250Z").unwrap();
+        assert_eq!(rfc3339(ms), "2026-11-22T20:00:00.25Z");
+        assert!(parse_rfc3339("t", "yesterday").is_err());
+        assert!(parse_rfc3339("t", "2026-13-01T00:00:00Z").is_err());
+    }
+}

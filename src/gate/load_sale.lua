@@ -1,0 +1,30 @@
+-- Opens a sale in the gate, only if it is not open already: live stock is never
+-- overwritten, so a late or repeated preload cannot resell units.
+-- KEYS[1] sale hash  KEYS[2] buyers hash  KEYS[3] order stream  KEYS[4] accepted hash
+-- KEYS[5] staging hash holding the buyers when there were too many to pass as ARGV
+-- ARGV: stock, limit, begins, ends, paused, price, expire_at_ms, group,
+--       then user_id, units pairs
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  redis.call('DEL', KEYS[5])
+  return 0
+end
+redis.call('DEL', KEYS[2])
+if redis.call('EXISTS', KEYS[5]) == 1 then
+  redis.call('RENAME', KEYS[5], KEYS[2])
+end
+for i = 9, #ARGV, 2 do
+  redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1])
+end
+redis.call('HSET', KEYS[1], 'stock', ARGV[1], 'limit', ARGV[2], 'begins', ARGV[3],
+  'ends', ARGV[4], 'paused', ARGV[5], 'price', ARGV[6])
+-- The consumer group exists before the first order is appended, reading from the start.
+local ok, err = pcall(redis.call, 'XGROUP', 'CREATE', KEYS[3], ARGV[8], '0', 'MKSTREAM')
+if not ok and not string.find(tostring(err), 'BUSYGROUP') then
+  return redis.error_reply(tostring(err))
+end
+for i = 1, 2 do
+  if redis.call('EXISTS', KEYS[i]) == 1 then
+    redis.call('PEXPIREAT', KEYS[i], ARGV[7])
+  end
+end
+return 1

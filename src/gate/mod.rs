@@ -1,0 +1,101 @@
+//! The gate: the one atomic step that decides a purchase. For each request it checks, in
+//! this order, the sale window (and pause), the user's limit, then the stock; on success it
+//! takes the stock, records the user and appends the order to the order log, all at once.
+//! Implementations: [`memory::MemoryGate`] (embedded) and [`redis::RedisGate`] (Lua).
+//! The gate must never touch SQL: it is loaded from SQL by the scheduler, ahead of time.
+
+pub mod memory;
+pub mod redis;
+
+use async_trait::async_trait;
+
+use crate::model::Sale;
+
+/// One purchase attempt; the order id is minted by the edge before the gate decides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Purchase {
+    pub sale_id: i64,
+    pub user_id: i64,
+    pub quantity: i64,
+    pub order_id: i64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// The order is in the order log; `remaining` is the gate's stock after it.
+    Accepted {
+        remaining: i64,
+    },
+    Rejected(Rejection),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rejection {
+    /// The sale is not in the gate (not approved yet, or not preloaded yet).
+    NotLoaded,
+    NotStarted,
+    Ended,
+    Paused,
+    /// The user already holds their limit.
+    AlreadyPurchased,
+    /// This quantity would take the user over the limit, though they hold less than it.
+    OverLimit {
+        held: i64,
+    },
+    SoldOut {
+        remaining: i64,
+    },
+}
+
+/// Live gate state of a sale, for the stock endpoint and stats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GateStock {
+    pub remaining: i64,
+    pub paused: bool,
+    pub buyers: i64,
+}
+
+/// What the gate needs to open a sale: its terms, its stock and who already holds units.
+#[derive(Debug, Clone)]
+pub struct SaleLoad {
+    pub sale: Sale,
+    /// Stock left to sell (from SQL at load time).
+    pub remaining: i64,
+    /// (user_id, units held in live orders).
+    pub buyers: Vec<(i64, i64)>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum GateError {
+    #[error("redis: {0}")]
+    Redis(#[from] ::redis::RedisError),
+    #[error("unexpected answer from the gate script: {0}")]
+    BadReply(String),
+    #[error("the order log refused the order: {0}")]
+    Log(#[from] crate::orderlog::LogError),
+}
+
+#[async_trait]
+pub trait Gate: Send + Sync {
+    /// Decides one purchase atomically. `Accepted` means the order is in the order log.
+    async fn purchase(&self, p: Purchase) -> Result<Verdict, GateError>;
+
+    /// Opens a sale in the gate unless it is there already: live stock is never overwritten.
+    /// Returns whether this call loaded it.
+    async fn load(&self, load: &SaleLoad) -> Result<bool, GateError>;
+
+    async fn is_loaded(&self, sale_id: i64) -> Result<bool, GateError>;
+
+    /// None when the sale is not in the gate.
+    async fn stock(&self, sale_id: i64) -> Result<Option<GateStock>, GateError>;
+
+    /// Stops or restarts purchases of a loaded sale (kill switch).
+    async fn set_paused(&self, sale_id: i64, paused: bool) -> Result<(), GateError>;
+
+    /// The user of an order the gate accepted but SQL may not hold yet (status `queued`).
+    async fn queued_order_user(
+        &self,
+        sale_id: i64,
+        order_id: i64,
+    ) -> Result<Option<i64>, GateError>;
+}

@@ -1,0 +1,38 @@
+//! seckill: a flash-sale service. A purchase flows through these modules, in order:
+//!
+//! ```text
+//! client ─HTTP─> edge ─> gate ─> orderlog ─> writer ─> store (SQL)
+//!                  ▲                                      ▲
+//!              scheduler (preloads approved sales into the gate, from the store)
+//! ```
+//!
+//! - [`edge`]: HTTP: auth tokens, input checks, the sale cache; maps every error to the contract.
+//! - [`gate`]: the one atomic step that decides a purchase (in memory, or a Lua script in Redis).
+//! - [`orderlog`]: accepted orders on their way to SQL (a local queue, or a Redis Stream).
+//! - [`writer`]: drains the order log into SQL in batches, exactly once per order.
+//! - [`store`]: the SQL database (SQLite, PostgreSQL, MySQL/MariaDB): schema and queries.
+//! - [`scheduler`]: background duties: preload sales into the gate before they open.
+//! - [`ids`]: 64-bit time-ordered ids, unique across instances.
+//! - [`app`]: assembles the parts for one of the two deployments (embedded or distributed).
+//! - [`cli`]: the `seckill` command: serve, worker, migrate, users mint.
+//! - [`config`]: one typed configuration: flags, then `SECKILL_*` env, then a TOML file.
+
+pub mod app;
+pub mod cli;
+pub mod config;
+pub mod edge;
+pub mod gate;
+pub mod ids;
+pub mod model;
+pub mod orderlog;
+pub mod scheduler;
+pub mod store;
+pub mod writer;
+
+/// Milliseconds since the Unix epoch, the one clock unit used in storage and the gate.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}

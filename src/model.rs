@@ -1,0 +1,158 @@
+//! Domain types shared by every part of the flow: sales, orders, their states.
+//! Pure data: nothing here does I/O.
+
+use serde::Serialize;
+
+/// A sale as the gate and the edge need it: its window, limits and price.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sale {
+    pub id: i64,
+    pub title: String,
+    pub price_cents: i64,
+    pub initial_stock: i64,
+    /// Remaining stock as the SQL database knows it (lags the gate until the log drains).
+    pub stock: i64,
+    pub per_user_limit: i64,
+    pub begins_at: i64,
+    pub ends_at: i64,
+    pub payment_window_secs: i64,
+    pub approved: bool,
+    pub paused: bool,
+    pub updated_at: i64,
+}
+
+/// The public phase of a sale, as `GET /api/sales/{id}/stock` reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SaleState {
+    Upcoming,
+    Active,
+    SoldOut,
+    Ended,
+    Paused,
+}
+
+impl Sale {
+    pub fn state_at(&self, now_ms: i64, remaining: i64) -> SaleState {
+        if now_ms >= self.ends_at {
+            SaleState::Ended
+        } else if self.paused {
+            SaleState::Paused
+        } else if now_ms < self.begins_at {
+            SaleState::Upcoming
+        } else if remaining <= 0 {
+            SaleState::SoldOut
+        } else {
+            SaleState::Active
+        }
+    }
+}
+
+/// An order the gate accepted, as it travels through the order log to the writer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewOrder {
+    pub id: i64,
+    pub sale_id: i64,
+    pub user_id: i64,
+    pub quantity: i64,
+    pub price_cents: i64,
+    pub accepted_at: i64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OrderStatus {
+    /// Accepted by the gate, not yet written to SQL.
+    Queued,
+    PendingPayment,
+    Paid,
+    Cancelled,
+    Expired,
+}
+
+impl OrderStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OrderStatus::Queued => "queued",
+            OrderStatus::PendingPayment => "pending_payment",
+            OrderStatus::Paid => "paid",
+            OrderStatus::Cancelled => "cancelled",
+            OrderStatus::Expired => "expired",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "queued" => OrderStatus::Queued,
+            "pending_payment" => OrderStatus::PendingPayment,
+            "paid" => OrderStatus::Paid,
+            "cancelled" => OrderStatus::Cancelled,
+            "expired" => OrderStatus::Expired,
+            _ => return None,
+        })
+    }
+
+    /// Live orders hold stock; cancelled and expired ones gave it back.
+    pub const LIVE: [&'static str; 2] = ["pending_payment", "paid"];
+}
+
+/// An order as stored in SQL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Order {
+    pub id: i64,
+    pub sale_id: i64,
+    pub user_id: i64,
+    pub quantity: i64,
+    pub price_cents: i64,
+    pub status: OrderStatus,
+    pub accepted_at: i64,
+    pub pay_deadline: i64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sale() -> Sale {
+        Sale {
+            id: 1,
+            title: "t".into(),
+            price_cents: 100,
+            initial_stock: 10,
+            stock: 10,
+            per_user_limit: 1,
+            begins_at: 1000,
+            ends_at: 2000,
+            payment_window_secs: 900,
+            approved: true,
+            paused: false,
+            updated_at: 0,
+        }
+    }
+
+    #[test]
+    fn state_follows_window_then_pause_then_stock() {
+        let mut s = sale();
+        assert_eq!(s.state_at(999, 5), SaleState::Upcoming);
+        assert_eq!(s.state_at(1000, 5), SaleState::Active);
+        assert_eq!(s.state_at(1500, 0), SaleState::SoldOut);
+        assert_eq!(s.state_at(2000, 5), SaleState::Ended);
+        s.paused = true;
+        assert_eq!(s.state_at(1500, 5), SaleState::Paused);
+        assert_eq!(s.state_at(2000, 5), SaleState::Ended);
+    }
+
+    #[test]
+    fn status_names_round_trip() {
+        for s in [
+            OrderStatus::Queued,
+            OrderStatus::PendingPayment,
+            OrderStatus::Paid,
+            OrderStatus::Cancelled,
+            OrderStatus::Expired,
+        ] {
+            assert_eq!(OrderStatus::parse(s.as_str()), Some(s));
+        }
+        assert_eq!(OrderStatus::parse("bogus"), None);
+    }
+}

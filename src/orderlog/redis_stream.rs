@@ -1,0 +1,422 @@
+//! The distributed order log: one Redis Stream per sale (appended by the gate's Lua
+//! script), read by the `writers` consumer group. Each process reads as its own uniquely
+//! named consumer; entries a dead consumer left pending are taken over with XAUTOCLAIM.
+//! Acknowledged entries are deleted (SQL holds them now); entries that can never be
+//! written move to the sale's dead-letter stream with the reason.
+
+use std::collections::HashMap;
+use std::sync::RwLock;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use redis::aio::{ConnectionManager, MultiplexedConnection};
+use redis::Value;
+
+use super::{Batch, Delivery, LogError, Malformed, OrderLog, Receipt};
+use crate::gate::redis::{SaleKeys, WRITER_GROUP};
+use crate::model::NewOrder;
+
+/// Entries idle this long in some consumer's pending list are taken over.
+const RECLAIM_IDLE_MS: u64 = 10_000;
+const BLOCK_MS: u64 = 500;
+
+pub struct StreamLog {
+    /// Blocking reads get their own connection so that they never delay other commands.
+    reader: tokio::sync::Mutex<MultiplexedConnection>,
+    conn: ConnectionManager,
+    prefix: String,
+    consumer: String,
+    streams: RwLock<Vec<String>>,
+}
+
+impl StreamLog {
+    pub async fn connect(
+        client: &redis::Client,
+        conn: ConnectionManager,
+        prefix: &str,
+    ) -> Result<Self, LogError> {
+        let config = redis::AsyncConnectionConfig::new()
+            .set_response_timeout(Some(Duration::from_millis(BLOCK_MS * 10)));
+        let reader = client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?;
+        Ok(StreamLog {
+            reader: tokio::sync::Mutex::new(reader),
+            conn,
+            prefix: prefix.to_string(),
+            consumer: consumer_name(),
+            streams: RwLock::new(Vec::new()),
+        })
+    }
+
+    pub fn consumer(&self) -> &str {
+        &self.consumer
+    }
+
+    /// Reads the streams of these sales from now on (and makes sure their group exists).
+    pub async fn watch(&self, sale_ids: &[i64]) -> Result<(), LogError> {
+        let keys: Vec<String> = sale_ids
+            .iter()
+            .map(|id| SaleKeys::new(&self.prefix, *id).stream)
+            .collect();
+        let added: Vec<String> = {
+            let current = self.streams.read().unwrap_or_else(|p| p.into_inner());
+            keys.iter()
+                .filter(|k| !current.contains(k))
+                .cloned()
+                .collect()
+        };
+        for key in &added {
+            self.ensure_group(key).await?;
+        }
+        *self.streams.write().unwrap_or_else(|p| p.into_inner()) = keys;
+        Ok(())
+    }
+
+    fn streams(&self) -> Vec<String> {
+        self.streams
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    async fn ensure_group(&self, stream: &str) -> Result<(), LogError> {
+        let mut conn = self.conn.clone();
+        let created: Result<(), redis::RedisError> = redis::cmd("XGROUP")
+            .arg("CREATE")
+            .arg(stream)
+            .arg(WRITER_GROUP)
+            .arg("0")
+            .arg("MKSTREAM")
+            .query_async(&mut conn)
+            .await;
+        match created {
+            Err(e) if e.code() != Some("BUSYGROUP") => Err(e.into()),
+            _ => Ok(()),
+        }
+    }
+}
+
+fn consumer_name() -> String {
+    let host = std::fs::read_to_string("/etc/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "host".to_string());
+    format!(
+        "{host}-{}-{:08x}",
+        std::process::id(),
+        rand::random::<u32>()
+    )
+}
+
+fn text(v: &Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
+        Value::SimpleString(s) => Some(s.clone()),
+        Value::Int(n) => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+fn parse_order(fields: &HashMap<String, String>) -> Result<NewOrder, String> {
+    let get = |name: &str| -> Result<i64, String> {
+        fields
+            .get(name)
+            .ok_or_else(|| format!("missing field {name}"))?
+            .parse::<i64>()
+            .map_err(|_| format!("field {name} is not an integer"))
+    };
+    let order = NewOrder {
+        id: get("order_id")?,
+        sale_id: get("sale_id")?,
+        user_id: get("user_id")?,
+        quantity: get("quantity")?,
+        price_cents: get("price_cents")?,
+        accepted_at: get("accepted_at")?,
+    };
+    if order.quantity <= 0 || order.id <= 0 {
+        return Err("quantity and order_id must be positive".into());
+    }
+    Ok(order)
+}
+
+/// Adds stream entries `[[id, [k, v, ...]], ...]` of `stream` to the batch.
+fn collect_entries(stream: &str, entries: &Value, batch: &mut Batch) {
+    let Value::Array(entries) = entries else {
+        return;
+    };
+    for entry in entries {
+        let Value::Array(parts) = entry else { continue };
+        let Some(id) = parts.first().and_then(text) else {
+            continue;
+        };
+        let receipt = Receipt::Stream {
+            stream: stream.to_string(),
+            id,
+        };
+        let fields: HashMap<String, String> = match parts.get(1) {
+            Some(Value::Array(kv)) => kv
+                .chunks(2)
+                .filter_map(|p| Some((text(p.first()?)?, text(p.get(1)?)?)))
+                .collect(),
+            _ => HashMap::new(),
+        };
+        match parse_order(&fields) {
+            Ok(order) => batch.deliveries.push(Delivery { order, receipt }),
+            Err(reason) => batch.malformed.push(Malformed { receipt, reason }),
+        }
+    }
+}
+
+fn by_stream(receipts: Vec<Receipt>) -> HashMap<String, Vec<String>> {
+    let mut map: HashMap<String, Vec<String>> = HashMap::new();
+    for r in receipts {
+        if let Receipt::Stream { stream, id } = r {
+            map.entry(stream).or_default().push(id);
+        }
+    }
+    map
+}
+
+#[async_trait]
+impl OrderLog for StreamLog {
+    async fn next_batch(&self, max: usize) -> Result<Batch, LogError> {
+        let streams = self.streams();
+        if streams.is_empty() {
+            tokio::time::sleep(Duration::from_millis(BLOCK_MS)).await;
+            return Ok(Batch::default());
+        }
+        let mut cmd = redis::cmd("XREADGROUP");
+        cmd.arg("GROUP")
+            .arg(WRITER_GROUP)
+            .arg(&self.consumer)
+            .arg("COUNT")
+            .arg(max)
+            .arg("BLOCK")
+            .arg(BLOCK_MS)
+            .arg("STREAMS");
+        for s in &streams {
+            cmd.arg(s);
+        }
+        for _ in &streams {
+            cmd.arg(">");
+        }
+        let reply: Result<Value, redis::RedisError> = {
+            let mut reader = self.reader.lock().await;
+            cmd.query_async(&mut *reader).await
+        };
+        let reply = match reply {
+            Ok(v) => v,
+            Err(e) if e.code() == Some("NOGROUP") => {
+                // The stream or group vanished (Redis restarted empty, or a key expired):
+                // recreate and read again on the next call rather than crash.
+                for s in &streams {
+                    self.ensure_group(s).await?;
+                }
+                return Ok(Batch::default());
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let mut batch = Batch::default();
+        match reply {
+            Value::Array(per_stream) => {
+                for s in per_stream {
+                    if let Value::Array(pair) = s {
+                        if let (Some(name), Some(entries)) =
+                            (pair.first().and_then(text), pair.get(1))
+                        {
+                            collect_entries(&name, entries, &mut batch);
+                        }
+                    }
+                }
+            }
+            Value::Map(per_stream) => {
+                for (name, entries) in per_stream {
+                    if let Some(name) = text(&name) {
+                        collect_entries(&name, &entries, &mut batch);
+                    }
+                }
+            }
+            _ => {}
+        }
+        Ok(batch)
+    }
+
+    async fn reclaim(&self, max: usize) -> Result<Batch, LogError> {
+        let mut batch = Batch::default();
+        let mut conn = self.conn.clone();
+        for stream in self.streams() {
+            let reply: Result<Value, redis::RedisError> = redis::cmd("XAUTOCLAIM")
+                .arg(&stream)
+                .arg(WRITER_GROUP)
+                .arg(&self.consumer)
+                .arg(RECLAIM_IDLE_MS)
+                .arg("0-0")
+                .arg("COUNT")
+                .arg(max)
+                .query_async(&mut conn)
+                .await;
+            match reply {
+                Ok(Value::Array(parts)) => {
+                    if let Some(entries) = parts.get(1) {
+                        collect_entries(&stream, entries, &mut batch);
+                    }
+                }
+                Ok(_) => {}
+                Err(e) if e.code() == Some("NOGROUP") => self.ensure_group(&stream).await?,
+                Err(e) => return Err(e.into()),
+            }
+            if batch.deliveries.len() >= max {
+                break;
+            }
+        }
+        Ok(batch)
+    }
+
+    async fn ack(&self, receipts: Vec<Receipt>) -> Result<(), LogError> {
+        let mut conn = self.conn.clone();
+        for (stream, ids) in by_stream(receipts) {
+            let mut pipe = redis::pipe();
+            pipe.cmd("XACK")
+                .arg(&stream)
+                .arg(WRITER_GROUP)
+                .arg(&ids)
+                .ignore();
+            pipe.cmd("XDEL").arg(&stream).arg(&ids).ignore();
+            let _: () = pipe.query_async(&mut conn).await?;
+        }
+        Ok(())
+    }
+
+    async fn retry_later(&self, _receipts: Vec<Receipt>, reason: &str) -> Result<(), LogError> {
+        // Left pending: after RECLAIM_IDLE_MS any writer (this one too) takes them again.
+        tracing::warn!(
+            reason,
+            "order batch not written; entries stay pending for a retry"
+        );
+        Ok(())
+    }
+
+    async fn dead_letter(&self, receipt: Receipt, reason: &str) -> Result<(), LogError> {
+        let Receipt::Stream { stream, id } = receipt else {
+            return Ok(());
+        };
+        let mut conn = self.conn.clone();
+        let entry: Value = redis::cmd("XRANGE")
+            .arg(&stream)
+            .arg(&id)
+            .arg(&id)
+            .query_async(&mut conn)
+            .await?;
+        let dead = stream.trim_end_matches(":orders").to_string() + ":dead";
+        let mut add = redis::cmd("XADD");
+        add.arg(&dead)
+            .arg("*")
+            .arg("source_id")
+            .arg(&id)
+            .arg("reason")
+            .arg(reason);
+        if let Value::Array(entries) = &entry {
+            if let Some(Value::Array(parts)) = entries.first() {
+                if let Some(Value::Array(kv)) = parts.get(1) {
+                    for v in kv {
+                        add.arg(text(v).unwrap_or_default());
+                    }
+                }
+            }
+        }
+        let mut pipe = redis::pipe();
+        pipe.add_command(add).ignore();
+        pipe.cmd("XACK")
+            .arg(&stream)
+            .arg(WRITER_GROUP)
+            .arg(&id)
+            .ignore();
+        pipe.cmd("XDEL").arg(&stream).arg(&id).ignore();
+        let _: () = pipe.query_async(&mut conn).await?;
+        tracing::error!(
+            stream,
+            id,
+            reason,
+            "order entry moved to the dead-letter stream"
+        );
+        Ok(())
+    }
+
+    fn finished(&self) -> bool {
+        false
+    }
+}
+
+/// Backlog of a sale's order log: (entries not yet written, of which pending in a
+/// consumer, dead letters).
+pub async fn backlog(
+    conn: &mut ConnectionManager,
+    prefix: &str,
+    sale_id: i64,
+) -> Result<(i64, i64, i64), LogError> {
+    let k = SaleKeys::new(prefix, sale_id);
+    let (len, dead): (i64, i64) = redis::pipe()
+        .cmd("XLEN")
+        .arg(&k.stream)
+        .cmd("XLEN")
+        .arg(&k.dead)
+        .query_async(conn)
+        .await?;
+    let pending: Value = match redis::cmd("XPENDING")
+        .arg(&k.stream)
+        .arg(WRITER_GROUP)
+        .query_async(conn)
+        .await
+    {
+        Ok(v) => v,
+        Err(e) if e.code() == Some("NOGROUP") => Value::Nil,
+        Err(e) => return Err(e.into()),
+    };
+    let pending = match pending {
+        Value::Array(parts) => match parts.first() {
+            Some(Value::Int(n)) => *n,
+            _ => 0,
+        },
+        _ => 0,
+    };
+    Ok((len, pending, dead))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn malformed_entries_are_set_aside_not_dropped() {
+        let entry = |id: &str, kv: &[&str]| {
+            Value::Array(vec![
+                Value::BulkString(id.as_bytes().to_vec()),
+                Value::Array(
+                    kv.iter()
+                        .map(|s| Value::BulkString(s.as_bytes().to_vec()))
+                        .collect(),
+                ),
+            ])
+        };
+        let good = [
+            "order_id",
+            "5",
+            "sale_id",
+            "1",
+            "user_id",
+            "9",
+            "quantity",
+            "1",
+            "price_cents",
+            "100",
+            "accepted_at",
+            "7",
+        ];
+        let entries = Value::Array(vec![entry("1-0", &good), entry("2-0", &["order_id", "x"])]);
+        let mut batch = Batch::default();
+        collect_entries("s", &entries, &mut batch);
+        assert_eq!(batch.deliveries.len(), 1);
+        assert_eq!(batch.deliveries[0].order.user_id, 9);
+        assert_eq!(batch.malformed.len(), 1);
+    }
+}

@@ -1,0 +1,159 @@
+//! Background duties on a one-second tick: refresh each instance's sale cache from SQL,
+//! preload approved sales into the gate before they open (never overwriting live stock),
+//! and point the order writer at the streams of current sales. Reads SQL, writes only to
+//! the gate's load step; never on the purchase path.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::gate::{Gate, GateError, SaleLoad};
+use crate::model::Sale;
+use crate::orderlog::redis_stream::StreamLog;
+use crate::store::{Store, StoreError};
+
+/// Sales ended longer ago than this drop out of caches and stream watching.
+pub const KEEP_ENDED_MS: i64 = 7 * 86_400_000;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SchedulerError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Gate(#[from] GateError),
+    #[error(transparent)]
+    Log(#[from] crate::orderlog::LogError),
+}
+
+/// Each instance's copy of the approved sales, so that the edge answers sale lookups and
+/// window checks without SQL.
+#[derive(Default)]
+pub struct SaleCache {
+    sales: RwLock<HashMap<i64, Arc<Sale>>>,
+}
+
+impl SaleCache {
+    pub fn get(&self, id: i64) -> Option<Arc<Sale>> {
+        self.sales
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&id)
+            .cloned()
+    }
+
+    pub fn all(&self) -> Vec<Arc<Sale>> {
+        let mut v: Vec<_> = self
+            .sales
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        v.sort_by_key(|s| (s.begins_at, s.id));
+        v
+    }
+
+    pub fn replace(&self, sales: Vec<Sale>) {
+        let map = sales.into_iter().map(|s| (s.id, Arc::new(s))).collect();
+        *self.sales.write().unwrap_or_else(|p| p.into_inner()) = map;
+    }
+
+    pub async fn refresh(&self, store: &Store) -> Result<(), StoreError> {
+        let sales = store
+            .approved_sales(crate::now_ms() - KEEP_ENDED_MS)
+            .await?;
+        self.replace(sales);
+        Ok(())
+    }
+}
+
+/// Loads one sale into the gate from SQL, unless the gate has it.
+pub async fn load_sale(
+    store: &Store,
+    gate: &dyn Gate,
+    sale: &Sale,
+) -> Result<bool, SchedulerError> {
+    if gate.is_loaded(sale.id).await? {
+        return Ok(false);
+    }
+    let buyers = store.live_buyers(sale.id).await?;
+    let load = SaleLoad {
+        sale: sale.clone(),
+        remaining: sale.stock,
+        buyers,
+    };
+    let loaded = gate.load(&load).await?;
+    if loaded {
+        tracing::info!(
+            sale = sale.id,
+            remaining = sale.stock,
+            buyers = load.buyers.len(),
+            "sale loaded into the gate"
+        );
+    }
+    Ok(loaded)
+}
+
+/// Loads every approved sale that opens within `ahead_ms` and has not ended.
+pub async fn preload(
+    store: &Store,
+    gate: &dyn Gate,
+    cache: &SaleCache,
+    ahead_ms: i64,
+) -> Result<usize, SchedulerError> {
+    let now = crate::now_ms();
+    let mut loaded = 0;
+    for sale in cache.all() {
+        if sale.ends_at > now
+            && sale.begins_at <= now + ahead_ms
+            && load_sale(store, gate, &sale).await?
+        {
+            loaded += 1;
+        }
+    }
+    Ok(loaded)
+}
+
+pub struct Scheduler {
+    pub store: Store,
+    pub gate: Arc<dyn Gate>,
+    pub cache: Arc<SaleCache>,
+    pub streams: Option<Arc<StreamLog>>,
+    pub preload_ahead_ms: i64,
+}
+
+impl Scheduler {
+    /// One pass of every duty.
+    pub async fn tick(&self) -> Result<(), SchedulerError> {
+        self.cache.refresh(&self.store).await?;
+        preload(
+            &self.store,
+            self.gate.as_ref(),
+            &self.cache,
+            self.preload_ahead_ms,
+        )
+        .await?;
+        if let Some(streams) = &self.streams {
+            let ids: Vec<i64> = self.cache.all().iter().map(|s| s.id).collect();
+            streams.watch(&ids).await?;
+        }
+        Ok(())
+    }
+
+    pub async fn run(self, mut stop: watch::Receiver<bool>) {
+        loop {
+            if let Err(e) = self.tick().await {
+                tracing::warn!(error = %e, "scheduler tick failed");
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                _ = stop.changed() => {}
+            }
+            if *stop.borrow() {
+                break;
+            }
+        }
+    }
+}

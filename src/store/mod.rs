@@ -1,0 +1,779 @@
+//! The SQL store: the durable truth of sales, orders and users, on SQLite, PostgreSQL or
+//! MySQL/MariaDB through one set of queries (sqlx's `Any` driver plus a [`Dialect`] for
+//! the few statements that differ). Owns the schema and every SQL statement; never
+//! decides a purchase (that is the gate's job) and is never called on the purchase path.
+
+mod schema;
+
+use std::collections::{HashMap, HashSet};
+use std::str::FromStr;
+
+use sqlx::any::{AnyConnectOptions, AnyPoolOptions, AnyRow};
+use sqlx::{AnyPool, Row};
+
+use crate::model::{NewOrder, Order, OrderStatus, Sale};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    Sqlite,
+    Postgres,
+    MySql,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database: {0}")]
+    Db(#[from] sqlx::Error),
+    #[error("sale {0} does not exist")]
+    UnknownSale(i64),
+    #[error("sale {sale_id} has less stock in SQL than its orders need (guard stock >= qty)")]
+    StockGuard { sale_id: i64 },
+    #[error("another writer inserted some of these orders concurrently")]
+    ConcurrentWrite,
+    #[error("not found")]
+    NotFound,
+    #[error("unsupported database URL: {0}")]
+    BadUrl(String),
+}
+
+impl StoreError {
+    /// Transient errors may succeed if the same work is tried again later; the others are
+    /// about the data itself and will fail the same way every time.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            StoreError::ConcurrentWrite => true,
+            StoreError::Db(e) => match e {
+                sqlx::Error::Io(_)
+                | sqlx::Error::PoolTimedOut
+                | sqlx::Error::PoolClosed
+                | sqlx::Error::WorkerCrashed
+                | sqlx::Error::Protocol(_)
+                | sqlx::Error::Tls(_) => true,
+                sqlx::Error::Database(db) => {
+                    let code = db.code().map(|c| c.to_string()).unwrap_or_default();
+                    // PG serialization/deadlock, admin shutdown; MySQL deadlock, lock wait,
+                    // gone away; SQLite busy/locked.
+                    matches!(
+                        code.as_str(),
+                        "40001"
+                            | "40P01"
+                            | "57P01"
+                            | "57P03"
+                            | "1213"
+                            | "1205"
+                            | "2006"
+                            | "2013"
+                            | "5"
+                            | "6"
+                            | "261"
+                            | "517"
+                    )
+                }
+                _ => false,
+            },
+            _ => false,
+        }
+    }
+}
+
+/// What one batch write did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct WriteOutcome {
+    /// Orders inserted by this call.
+    pub written: usize,
+    /// Orders that were already in the database (a redelivery): skipped, not written again.
+    pub duplicates: usize,
+}
+
+/// Counts of a sale's orders in SQL, by status.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct SaleCounts {
+    pub orders: i64,
+    pub units: i64,
+    pub by_status: HashMap<String, i64>,
+}
+
+#[derive(Clone)]
+pub struct Store {
+    pool: AnyPool,
+    dialect: Dialect,
+}
+
+impl Store {
+    pub async fn connect(url: &str, max_connections: u32) -> Result<Store, StoreError> {
+        sqlx::any::install_default_drivers();
+        let (dialect, url) = if url.starts_with("sqlite:") {
+            let url = if url.contains("mode=") {
+                url.to_string()
+            } else if url.contains('?') {
+                format!("{url}&mode=rwc")
+            } else {
+                format!("{url}?mode=rwc")
+            };
+            (Dialect::Sqlite, url)
+        } else if url.starts_with("postgres") {
+            (Dialect::Postgres, url.to_string())
+        } else if url.starts_with("mysql:") || url.starts_with("mariadb:") {
+            (Dialect::MySql, url.replacen("mariadb:", "mysql:", 1))
+        } else {
+            return Err(StoreError::BadUrl(crate::config::mask_url(url)));
+        };
+        let options = AnyConnectOptions::from_str(&url)?;
+        if dialect == Dialect::Sqlite {
+            // WAL lets readers run beside the writer; it is a property of the file, set once
+            // on a lone connection because it needs an exclusive lock.
+            let mut one = AnyPoolOptions::new()
+                .max_connections(1)
+                .connect_with(options.clone())
+                .await?
+                .acquire()
+                .await?;
+            sqlx::query("PRAGMA journal_mode=WAL")
+                .execute(&mut *one)
+                .await?;
+        }
+        let pool = AnyPoolOptions::new()
+            .max_connections(max_connections.max(2))
+            .min_connections(1)
+            .acquire_timeout(std::time::Duration::from_secs(5))
+            .connect_with(options)
+            .await?;
+        Ok(Store { pool, dialect })
+    }
+
+    pub fn dialect(&self) -> Dialect {
+        self.dialect
+    }
+
+    pub fn pool(&self) -> &AnyPool {
+        &self.pool
+    }
+
+    /// Queries are written with `?` placeholders; PostgreSQL wants `$1, $2, ...`.
+    fn sql(&self, q: &str) -> String {
+        if self.dialect != Dialect::Postgres {
+            return q.to_string();
+        }
+        numbered_placeholders(q)
+    }
+
+    fn placeholders(n: usize) -> String {
+        vec!["?"; n].join(",")
+    }
+
+    fn insert_ignore(&self, table_and_cols: &str) -> String {
+        match self.dialect {
+            Dialect::MySql => format!("INSERT IGNORE INTO {table_and_cols}"),
+            _ => format!("INSERT INTO {table_and_cols}"),
+        }
+    }
+
+    fn on_conflict_nothing(&self) -> &'static str {
+        match self.dialect {
+            Dialect::MySql => "",
+            _ => " ON CONFLICT DO NOTHING",
+        }
+    }
+
+    fn sum_int(&self, expr: &str) -> String {
+        match self.dialect {
+            Dialect::MySql => format!("CAST(COALESCE(SUM({expr}),0) AS SIGNED)"),
+            Dialect::Postgres => format!("CAST(COALESCE(SUM({expr}),0) AS BIGINT)"),
+            Dialect::Sqlite => format!("COALESCE(SUM({expr}),0)"),
+        }
+    }
+
+    // ---- schema -------------------------------------------------------------------------
+
+    /// Applies every migration not yet applied. Safe to run from several processes.
+    pub async fn migrate(&self) -> Result<Vec<i64>, StoreError> {
+        let int = if self.dialect == Dialect::Sqlite {
+            "INTEGER"
+        } else {
+            "BIGINT"
+        };
+        sqlx::query(&format!(
+            "CREATE TABLE IF NOT EXISTS schema_migrations (version {int} PRIMARY KEY, applied_at {int} NOT NULL)"
+        ))
+        .execute(&self.pool)
+        .await?;
+        let mut applied = Vec::new();
+        for (version, statements) in schema::migrations(self.dialect) {
+            let done =
+                sqlx::query(&self.sql("SELECT version FROM schema_migrations WHERE version = ?"))
+                    .bind(version)
+                    .fetch_optional(&self.pool)
+                    .await?;
+            if done.is_some() {
+                continue;
+            }
+            for stmt in statements {
+                if let Err(e) = sqlx::query(&stmt).execute(&self.pool).await {
+                    // A concurrent migrator may have created the same index first.
+                    if !is_already_exists(&e) {
+                        return Err(e.into());
+                    }
+                }
+            }
+            let q = format!(
+                "{} VALUES (?, ?){}",
+                self.insert_ignore("schema_migrations (version, applied_at)"),
+                self.on_conflict_nothing()
+            );
+            sqlx::query(&self.sql(&q))
+                .bind(version)
+                .bind(crate::now_ms())
+                .execute(&self.pool)
+                .await?;
+            applied.push(version);
+        }
+        Ok(applied)
+    }
+
+    // ---- meta ---------------------------------------------------------------------------
+
+    /// Returns the stored value of `key`, storing `candidate` first if there is none, so
+    /// that every process sharing the database agrees on it.
+    pub async fn meta_get_or_init(&self, key: &str, candidate: &str) -> Result<String, StoreError> {
+        let q = format!(
+            "{} VALUES (?, ?){}",
+            self.insert_ignore("meta (k, v)"),
+            self.on_conflict_nothing()
+        );
+        sqlx::query(&self.sql(&q))
+            .bind(key)
+            .bind(candidate)
+            .execute(&self.pool)
+            .await?;
+        let row = sqlx::query(&self.sql("SELECT v FROM meta WHERE k = ?"))
+            .bind(key)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(row.try_get::<String, _>(0)?)
+    }
+
+    // ---- users and login codes ------------------------------------------------------------
+
+    /// The id of the user with this phone, creating the user with `new_id` if needed.
+    pub async fn user_for_phone(&self, phone: &str, new_id: i64) -> Result<i64, StoreError> {
+        let q = format!(
+            "{} VALUES (?, ?, ?){}",
+            self.insert_ignore("users (id, phone, created_at)"),
+            self.on_conflict_nothing()
+        );
+        sqlx::query(&self.sql(&q))
+            .bind(new_id)
+            .bind(phone)
+            .bind(crate::now_ms())
+            .execute(&self.pool)
+            .await?;
+        let row = sqlx::query(&self.sql("SELECT id FROM users WHERE phone = ?"))
+            .bind(phone)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(row.try_get::<i64, _>(0)?)
+    }
+
+    /// Inserts users in bulk (for load tests); `users` are (id, phone).
+    pub async fn insert_users(&self, users: &[(i64, String)]) -> Result<(), StoreError> {
+        let now = crate::now_ms();
+        for chunk in users.chunks(500) {
+            let values = vec!["(?, ?, ?)"; chunk.len()].join(",");
+            let q = format!("INSERT INTO users (id, phone, created_at) VALUES {values}");
+            let q = self.sql(&q);
+            let mut query = sqlx::query(&q);
+            for (id, phone) in chunk {
+                query = query.bind(*id).bind(phone.as_str()).bind(now);
+            }
+            query.execute(&self.pool).await?;
+        }
+        Ok(())
+    }
+
+    pub async fn user_exists(&self, id: i64) -> Result<bool, StoreError> {
+        let row = sqlx::query(&self.sql("SELECT 1 FROM users WHERE id = ?"))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.is_some())
+    }
+
+    /// When the current code for `phone` was issued, if one is live.
+    pub async fn login_code_issued_at(
+        &self,
+        phone: &str,
+        now: i64,
+    ) -> Result<Option<i64>, StoreError> {
+        let row = sqlx::query(
+            &self.sql("SELECT created_at FROM login_codes WHERE phone = ? AND expires_at > ?"),
+        )
+        .bind(phone)
+        .bind(now)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(match row {
+            Some(r) => Some(r.try_get::<i64, _>(0)?),
+            None => None,
+        })
+    }
+
+    pub async fn put_login_code(
+        &self,
+        phone: &str,
+        code: &str,
+        now: i64,
+        expires_at: i64,
+    ) -> Result<(), StoreError> {
+        let q = match self.dialect {
+            Dialect::MySql => "INSERT INTO login_codes (phone, code, created_at, expires_at, attempts) VALUES (?, ?, ?, ?, 0) \
+                 ON DUPLICATE KEY UPDATE code = VALUES(code), created_at = VALUES(created_at), \
+                 expires_at = VALUES(expires_at), attempts = 0",
+            _ => "INSERT INTO login_codes (phone, code, created_at, expires_at, attempts) VALUES (?, ?, ?, ?, 0) \
+                 ON CONFLICT (phone) DO UPDATE SET code = excluded.code, created_at = excluded.created_at, \
+                 expires_at = excluded.expires_at, attempts = 0",
+        };
+        sqlx::query(&self.sql(q))
+            .bind(phone)
+            .bind(code)
+            .bind(now)
+            .bind(expires_at)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Spends one attempt on the live code of `phone` and returns it, or None when there is
+    /// no live code or its attempts are used up.
+    pub async fn spend_login_attempt(
+        &self,
+        phone: &str,
+        now: i64,
+        max_attempts: i64,
+    ) -> Result<Option<String>, StoreError> {
+        let done = sqlx::query(&self.sql(
+            "UPDATE login_codes SET attempts = attempts + 1 WHERE phone = ? AND expires_at > ? AND attempts < ?",
+        ))
+        .bind(phone)
+        .bind(now)
+        .bind(max_attempts)
+        .execute(&self.pool)
+        .await?;
+        if done.rows_affected() == 0 {
+            return Ok(None);
+        }
+        let row = sqlx::query(&self.sql("SELECT code FROM login_codes WHERE phone = ?"))
+            .bind(phone)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(match row {
+            Some(r) => Some(r.try_get::<String, _>(0)?),
+            None => None,
+        })
+    }
+
+    pub async fn delete_login_code(&self, phone: &str) -> Result<(), StoreError> {
+        sqlx::query(&self.sql("DELETE FROM login_codes WHERE phone = ?"))
+            .bind(phone)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    // ---- sales --------------------------------------------------------------------------
+
+    const SALE_COLS: &'static str =
+        "id, title, price_cents, initial_stock, stock, per_user_limit, begins_at, \
+         ends_at, payment_window_secs, status, paused, updated_at";
+
+    fn sale_from_row(row: &AnyRow) -> Result<Sale, sqlx::Error> {
+        Ok(Sale {
+            id: row.try_get(0)?,
+            title: row.try_get(1)?,
+            price_cents: row.try_get(2)?,
+            initial_stock: row.try_get(3)?,
+            stock: row.try_get(4)?,
+            per_user_limit: row.try_get(5)?,
+            begins_at: row.try_get(6)?,
+            ends_at: row.try_get(7)?,
+            payment_window_secs: row.try_get(8)?,
+            approved: row.try_get::<String, _>(9)? == "approved",
+            paused: row.try_get::<i64, _>(10)? != 0,
+            updated_at: row.try_get(11)?,
+        })
+    }
+
+    pub async fn create_sale(&self, s: &Sale) -> Result<(), StoreError> {
+        let now = crate::now_ms();
+        let q = format!(
+            "INSERT INTO sales ({}, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            Self::SALE_COLS
+        );
+        sqlx::query(&self.sql(&q))
+            .bind(s.id)
+            .bind(s.title.as_str())
+            .bind(s.price_cents)
+            .bind(s.initial_stock)
+            .bind(s.stock)
+            .bind(s.per_user_limit)
+            .bind(s.begins_at)
+            .bind(s.ends_at)
+            .bind(s.payment_window_secs)
+            .bind(if s.approved { "approved" } else { "draft" })
+            .bind(s.paused as i64)
+            .bind(now)
+            .bind(now)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Marks a sale approved; returns false when it was approved already.
+    pub async fn approve_sale(&self, id: i64) -> Result<bool, StoreError> {
+        let done = sqlx::query(&self.sql(
+            "UPDATE sales SET status = 'approved', updated_at = ? WHERE id = ? AND status = 'draft'",
+        ))
+        .bind(crate::now_ms())
+        .bind(id)
+        .execute(&self.pool)
+        .await?;
+        if done.rows_affected() == 0 {
+            return match self.sale(id).await? {
+                Some(_) => Ok(false),
+                None => Err(StoreError::UnknownSale(id)),
+            };
+        }
+        Ok(true)
+    }
+
+    pub async fn set_paused(&self, id: i64, paused: bool) -> Result<(), StoreError> {
+        let done =
+            sqlx::query(&self.sql("UPDATE sales SET paused = ?, updated_at = ? WHERE id = ?"))
+                .bind(paused as i64)
+                .bind(crate::now_ms())
+                .bind(id)
+                .execute(&self.pool)
+                .await?;
+        if done.rows_affected() == 0 {
+            return Err(StoreError::UnknownSale(id));
+        }
+        Ok(())
+    }
+
+    pub async fn sale(&self, id: i64) -> Result<Option<Sale>, StoreError> {
+        let q = format!("SELECT {} FROM sales WHERE id = ?", Self::SALE_COLS);
+        let row = sqlx::query(&self.sql(&q))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(match row {
+            Some(r) => Some(Self::sale_from_row(&r)?),
+            None => None,
+        })
+    }
+
+    /// Approved sales that end after `ends_after`, oldest start first.
+    pub async fn approved_sales(&self, ends_after: i64) -> Result<Vec<Sale>, StoreError> {
+        let q = format!(
+            "SELECT {} FROM sales WHERE status = 'approved' AND ends_at > ? ORDER BY begins_at, id",
+            Self::SALE_COLS
+        );
+        let rows = sqlx::query(&self.sql(&q))
+            .bind(ends_after)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| Self::sale_from_row(r).map_err(Into::into))
+            .collect()
+    }
+
+    /// Every sale, newest first (admin listing).
+    pub async fn all_sales(&self, limit: i64) -> Result<Vec<Sale>, StoreError> {
+        let q = format!(
+            "SELECT {} FROM sales ORDER BY id DESC LIMIT ?",
+            Self::SALE_COLS
+        );
+        let rows = sqlx::query(&self.sql(&q))
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| Self::sale_from_row(r).map_err(Into::into))
+            .collect()
+    }
+
+    /// Units each user holds in live orders of a sale: what the gate must remember.
+    pub async fn live_buyers(&self, sale_id: i64) -> Result<Vec<(i64, i64)>, StoreError> {
+        let q = format!(
+            "SELECT user_id, {} FROM orders WHERE sale_id = ? AND status IN ('pending_payment', 'paid') GROUP BY user_id",
+            self.sum_int("quantity")
+        );
+        let rows = sqlx::query(&self.sql(&q))
+            .bind(sale_id)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| Ok((r.try_get::<i64, _>(0)?, r.try_get::<i64, _>(1)?)))
+            .collect()
+    }
+
+    pub async fn sale_counts(&self, sale_id: i64) -> Result<SaleCounts, StoreError> {
+        let q = format!(
+            "SELECT status, COUNT(*), {} FROM orders WHERE sale_id = ? GROUP BY status",
+            self.sum_int("quantity")
+        );
+        let rows = sqlx::query(&self.sql(&q))
+            .bind(sale_id)
+            .fetch_all(&self.pool)
+            .await?;
+        let mut counts = SaleCounts::default();
+        for r in rows {
+            let status: String = r.try_get(0)?;
+            let n: i64 = r.try_get(1)?;
+            let units: i64 = r.try_get(2)?;
+            if OrderStatus::LIVE.contains(&status.as_str()) {
+                counts.units += units;
+            }
+            counts.orders += n;
+            counts.by_status.insert(status, n);
+        }
+        Ok(counts)
+    }
+
+    // ---- orders -------------------------------------------------------------------------
+
+    /// Writes a batch of accepted orders in one transaction: inserts those not yet written
+    /// and takes their quantity off `sales.stock` under a `stock >= qty` guard. An order that
+    /// is already in the database is skipped, so redelivery never writes twice.
+    pub async fn write_orders(&self, batch: &[NewOrder]) -> Result<WriteOutcome, StoreError> {
+        if batch.is_empty() {
+            return Ok(WriteOutcome::default());
+        }
+        let mut conn = self.pool.acquire().await?;
+        // SQLite: take the write lock up front so that the read below cannot be upgraded
+        // into a busy error by another writer.
+        let begin = if self.dialect == Dialect::Sqlite {
+            "BEGIN IMMEDIATE"
+        } else {
+            "BEGIN"
+        };
+        sqlx::query(begin).execute(&mut *conn).await?;
+        let result = self.write_orders_in_tx(&mut conn, batch).await;
+        let end = if result.is_ok() { "COMMIT" } else { "ROLLBACK" };
+        if let Err(e) = sqlx::query(end).execute(&mut *conn).await {
+            // The connection's transaction state is unknown: never hand it back to the pool.
+            conn.detach();
+            return Err(e.into());
+        }
+        result
+    }
+
+    async fn write_orders_in_tx(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        batch: &[NewOrder],
+    ) -> Result<WriteOutcome, StoreError> {
+        let now = crate::now_ms();
+        let sale_ids: Vec<i64> = batch
+            .iter()
+            .map(|o| o.sale_id)
+            .collect::<HashSet<_>>()
+            .into_iter()
+            .collect();
+        let q = format!(
+            "SELECT id, payment_window_secs FROM sales WHERE id IN ({})",
+            Self::placeholders(sale_ids.len())
+        );
+        let q = self.sql(&q);
+        let mut query = sqlx::query(&q);
+        for id in &sale_ids {
+            query = query.bind(*id);
+        }
+        let windows: HashMap<i64, i64> = query
+            .fetch_all(&mut *conn)
+            .await?
+            .iter()
+            .map(|r| Ok((r.try_get::<i64, _>(0)?, r.try_get::<i64, _>(1)?)))
+            .collect::<Result<_, sqlx::Error>>()?;
+        if let Some(missing) = sale_ids.iter().find(|id| !windows.contains_key(id)) {
+            return Err(StoreError::UnknownSale(*missing));
+        }
+
+        let mut existing = HashSet::new();
+        for chunk in batch.chunks(1000) {
+            let q = format!(
+                "SELECT id FROM orders WHERE id IN ({})",
+                Self::placeholders(chunk.len())
+            );
+            let q = self.sql(&q);
+            let mut query = sqlx::query(&q);
+            for o in chunk {
+                query = query.bind(o.id);
+            }
+            for r in query.fetch_all(&mut *conn).await? {
+                existing.insert(r.try_get::<i64, _>(0)?);
+            }
+        }
+        let mut seen = HashSet::new();
+        let fresh: Vec<&NewOrder> = batch
+            .iter()
+            .filter(|o| !existing.contains(&o.id) && seen.insert(o.id))
+            .collect();
+
+        let mut inserted = 0u64;
+        for chunk in fresh.chunks(500) {
+            let values =
+                vec!["(?, ?, ?, ?, ?, 'pending_payment', ?, ?, ?, ?)"; chunk.len()].join(",");
+            let q = format!(
+                "{} VALUES {values}{}",
+                self.insert_ignore(
+                    "orders (id, sale_id, user_id, quantity, price_cents, status, accepted_at, written_at, pay_deadline, updated_at)"
+                ),
+                self.on_conflict_nothing()
+            );
+            let q = self.sql(&q);
+            let mut query = sqlx::query(&q);
+            for o in chunk {
+                let deadline = now + windows[&o.sale_id] * 1000;
+                query = query
+                    .bind(o.id)
+                    .bind(o.sale_id)
+                    .bind(o.user_id)
+                    .bind(o.quantity)
+                    .bind(o.price_cents)
+                    .bind(o.accepted_at)
+                    .bind(now)
+                    .bind(deadline)
+                    .bind(now);
+            }
+            inserted += query.execute(&mut *conn).await?.rows_affected();
+        }
+        if inserted != fresh.len() as u64 {
+            return Err(StoreError::ConcurrentWrite);
+        }
+
+        let mut per_sale: HashMap<i64, i64> = HashMap::new();
+        for o in &fresh {
+            *per_sale.entry(o.sale_id).or_default() += o.quantity;
+        }
+        for (sale_id, qty) in per_sale {
+            let done = sqlx::query(&self.sql(
+                "UPDATE sales SET stock = stock - ?, updated_at = ? WHERE id = ? AND stock >= ?",
+            ))
+            .bind(qty)
+            .bind(now)
+            .bind(sale_id)
+            .bind(qty)
+            .execute(&mut *conn)
+            .await?;
+            if done.rows_affected() != 1 {
+                return Err(StoreError::StockGuard { sale_id });
+            }
+        }
+        Ok(WriteOutcome {
+            written: fresh.len(),
+            duplicates: batch.len() - fresh.len(),
+        })
+    }
+
+    const ORDER_COLS: &'static str =
+        "id, sale_id, user_id, quantity, price_cents, status, accepted_at, pay_deadline";
+
+    fn order_from_row(row: &AnyRow) -> Result<Order, sqlx::Error> {
+        let status: String = row.try_get(5)?;
+        Ok(Order {
+            id: row.try_get(0)?,
+            sale_id: row.try_get(1)?,
+            user_id: row.try_get(2)?,
+            quantity: row.try_get(3)?,
+            price_cents: row.try_get(4)?,
+            status: OrderStatus::parse(&status)
+                .ok_or_else(|| sqlx::Error::Decode(format!("bad status {status}").into()))?,
+            accepted_at: row.try_get(6)?,
+            pay_deadline: row.try_get(7)?,
+        })
+    }
+
+    pub async fn order(&self, id: i64) -> Result<Option<Order>, StoreError> {
+        let q = format!("SELECT {} FROM orders WHERE id = ?", Self::ORDER_COLS);
+        let row = sqlx::query(&self.sql(&q))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(match row {
+            Some(r) => Some(Self::order_from_row(&r)?),
+            None => None,
+        })
+    }
+
+    /// A user's orders, newest first.
+    pub async fn orders_of_user(&self, user_id: i64, limit: i64) -> Result<Vec<Order>, StoreError> {
+        let q = format!(
+            "SELECT {} FROM orders WHERE user_id = ? ORDER BY id DESC LIMIT ?",
+            Self::ORDER_COLS
+        );
+        let rows = sqlx::query(&self.sql(&q))
+            .bind(user_id)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| Self::order_from_row(r).map_err(Into::into))
+            .collect()
+    }
+
+    /// Every order of a sale (for checks and reconciliation).
+    pub async fn orders_of_sale(&self, sale_id: i64) -> Result<Vec<Order>, StoreError> {
+        let q = format!(
+            "SELECT {} FROM orders WHERE sale_id = ? ORDER BY id",
+            Self::ORDER_COLS
+        );
+        let rows = sqlx::query(&self.sql(&q))
+            .bind(sale_id)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| Self::order_from_row(r).map_err(Into::into))
+            .collect()
+    }
+}
+
+/// `a = ? AND b = ?` becomes `a = $1 AND b = $2`. Our queries hold no literal `?`.
+fn numbered_placeholders(q: &str) -> String {
+    let mut out = String::with_capacity(q.len() + 16);
+    let mut n = 0;
+    for c in q.chars() {
+        if c == '?' {
+            n += 1;
+            out.push('$');
+            out.push_str(&n.to_string());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+fn is_already_exists(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(db) => {
+            let code = db.code().map(|c| c.to_string()).unwrap_or_default();
+            // PG duplicate_table/duplicate_object, MySQL duplicate key name, SQLite "already exists".
+            matches!(code.as_str(), "42P07" | "42710" | "1061" | "1050")
+                || db.message().contains("already exists")
+        }
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn postgres_placeholders_are_numbered() {
+        assert_eq!(
+            numbered_placeholders("a = ? AND b IN (?, ?)"),
+            "a = $1 AND b IN ($2, $3)"
+        );
+    }
+}

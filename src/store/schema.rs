@@ -1,0 +1,75 @@
+//! The SQL schema, as versioned migrations written once per dialect. Timestamps are Unix
+//! milliseconds in BIGINT columns so that one set of queries serves every backend.
+
+use super::Dialect;
+
+/// (version, statements). Append new versions; never edit an applied one.
+pub fn migrations(d: Dialect) -> Vec<(i64, Vec<String>)> {
+    let int = match d {
+        Dialect::Sqlite => "INTEGER",
+        _ => "BIGINT",
+    };
+    let tail = match d {
+        Dialect::MySql => " ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
+        _ => "",
+    };
+    let v1 = vec![
+        format!(
+            "CREATE TABLE IF NOT EXISTS sales (
+                id {int} PRIMARY KEY,
+                title VARCHAR(200) NOT NULL,
+                price_cents {int} NOT NULL,
+                initial_stock {int} NOT NULL,
+                stock {int} NOT NULL,
+                per_user_limit {int} NOT NULL,
+                begins_at {int} NOT NULL,
+                ends_at {int} NOT NULL,
+                payment_window_secs {int} NOT NULL,
+                status VARCHAR(16) NOT NULL,
+                paused {int} NOT NULL DEFAULT 0,
+                created_at {int} NOT NULL,
+                updated_at {int} NOT NULL,
+                CONSTRAINT sales_stock_not_negative CHECK (stock >= 0)
+            ){tail}"
+        ),
+        format!(
+            "CREATE TABLE IF NOT EXISTS orders (
+                id {int} PRIMARY KEY,
+                sale_id {int} NOT NULL,
+                user_id {int} NOT NULL,
+                quantity {int} NOT NULL,
+                price_cents {int} NOT NULL,
+                status VARCHAR(20) NOT NULL,
+                accepted_at {int} NOT NULL,
+                written_at {int} NOT NULL,
+                pay_deadline {int} NOT NULL,
+                updated_at {int} NOT NULL
+            ){tail}"
+        ),
+        "CREATE INDEX orders_by_sale_user ON orders (sale_id, user_id)".to_string(),
+        "CREATE INDEX orders_by_user ON orders (user_id, id)".to_string(),
+        format!(
+            "CREATE TABLE IF NOT EXISTS users (
+                id {int} PRIMARY KEY,
+                phone VARCHAR(64) NOT NULL UNIQUE,
+                created_at {int} NOT NULL
+            ){tail}"
+        ),
+        format!(
+            "CREATE TABLE IF NOT EXISTS login_codes (
+                phone VARCHAR(64) PRIMARY KEY,
+                code VARCHAR(16) NOT NULL,
+                created_at {int} NOT NULL,
+                expires_at {int} NOT NULL,
+                attempts {int} NOT NULL
+            ){tail}"
+        ),
+        format!(
+            "CREATE TABLE IF NOT EXISTS meta (
+                k VARCHAR(64) PRIMARY KEY,
+                v VARCHAR(512) NOT NULL
+            ){tail}"
+        ),
+    ];
+    vec![(1, v1)]
+}

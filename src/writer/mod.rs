@@ -1,0 +1,149 @@
+//! The order writer: drains the order log into SQL. Each batch is one transaction
+//! (insert idempotently, take the stock under a guard), then acknowledged in the log. A
+//! batch that fails for a reason in the data is retried order by order so that one bad
+//! entry cannot hold up the others; the bad one goes to the dead letters. Never acks an
+//! entry before its transaction has committed.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+
+use crate::model::NewOrder;
+use crate::orderlog::{Batch, OrderLog, Receipt};
+use crate::store::Store;
+
+const RECLAIM_EVERY: Duration = Duration::from_secs(5);
+
+/// Counters for stats and metrics.
+#[derive(Debug, Default)]
+pub struct WriterStats {
+    pub written: AtomicU64,
+    pub duplicates: AtomicU64,
+    pub batches: AtomicU64,
+    pub dead_letters: AtomicU64,
+    pub failed_batches: AtomicU64,
+}
+
+pub struct Writer {
+    pub log: Arc<dyn OrderLog>,
+    pub store: Store,
+    pub batch_max: usize,
+    pub stats: Arc<WriterStats>,
+}
+
+impl Writer {
+    /// Runs until `stop` turns true (after the log has nothing in hand) or the log closes.
+    pub async fn run(self, mut stop: watch::Receiver<bool>) {
+        let mut last_reclaim = Instant::now();
+        loop {
+            if *stop.borrow_and_update() || self.log.finished() {
+                break;
+            }
+            if last_reclaim.elapsed() >= RECLAIM_EVERY {
+                last_reclaim = Instant::now();
+                match self.log.reclaim(self.batch_max).await {
+                    Ok(batch) if !batch.is_empty() => {
+                        tracing::info!(
+                            entries = batch.deliveries.len(),
+                            "reclaimed pending order entries"
+                        );
+                        self.process(batch).await;
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "reclaim failed"),
+                }
+            }
+            match self.log.next_batch(self.batch_max).await {
+                Ok(batch) if batch.is_empty() => {}
+                Ok(batch) => self.process(batch).await,
+                Err(e) => {
+                    tracing::warn!(error = %e, "reading the order log failed; retrying");
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                        _ = stop.changed() => {}
+                    }
+                }
+            }
+        }
+        tracing::info!("order writer stopped");
+    }
+
+    /// Writes one batch and settles every entry in it: acked, left for retry, or dead.
+    pub async fn process(&self, batch: Batch) {
+        for m in batch.malformed {
+            self.dead_letter(m.receipt, &m.reason).await;
+        }
+        if batch.deliveries.is_empty() {
+            return;
+        }
+        let (orders, receipts): (Vec<NewOrder>, Vec<Receipt>) = batch
+            .deliveries
+            .into_iter()
+            .map(|d| (d.order, d.receipt))
+            .unzip();
+        match self.store.write_orders(&orders).await {
+            Ok(outcome) => {
+                self.stats.batches.fetch_add(1, Ordering::Relaxed);
+                self.stats
+                    .written
+                    .fetch_add(outcome.written as u64, Ordering::Relaxed);
+                self.stats
+                    .duplicates
+                    .fetch_add(outcome.duplicates as u64, Ordering::Relaxed);
+                self.ack(receipts).await;
+            }
+            Err(e) if e.is_transient() => {
+                self.stats.failed_batches.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(error = %e, orders = orders.len(), "order batch failed; will retry");
+                if let Err(e) = self.log.retry_later(receipts, &e.to_string()).await {
+                    tracing::warn!(error = %e, "could not mark the batch for retry");
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, orders = orders.len(), "order batch failed; writing one by one");
+                self.stats.failed_batches.fetch_add(1, Ordering::Relaxed);
+                for (order, receipt) in orders.into_iter().zip(receipts) {
+                    self.write_alone(order, receipt).await;
+                }
+            }
+        }
+    }
+
+    async fn write_alone(&self, order: NewOrder, receipt: Receipt) {
+        match self.store.write_orders(std::slice::from_ref(&order)).await {
+            Ok(outcome) => {
+                self.stats
+                    .written
+                    .fetch_add(outcome.written as u64, Ordering::Relaxed);
+                self.stats
+                    .duplicates
+                    .fetch_add(outcome.duplicates as u64, Ordering::Relaxed);
+                self.ack(vec![receipt]).await;
+            }
+            Err(e) if e.is_transient() => {
+                let _ = self.log.retry_later(vec![receipt], &e.to_string()).await;
+            }
+            Err(e) => {
+                let reason = format!("order {} of sale {}: {e}", order.id, order.sale_id);
+                self.dead_letter(receipt, &reason).await;
+            }
+        }
+    }
+
+    async fn ack(&self, receipts: Vec<Receipt>) {
+        // An ack lost here is harmless: the entry is redelivered and found already written.
+        if let Err(e) = self.log.ack(receipts).await {
+            tracing::warn!(error = %e, "ack failed; entries will be redelivered and skipped");
+        }
+    }
+
+    async fn dead_letter(&self, receipt: Receipt, reason: &str) {
+        self.stats.dead_letters.fetch_add(1, Ordering::Relaxed);
+        if let Err(e) = self.log.dead_letter(receipt, reason).await {
+            tracing::error!(error = %e, reason, "could not dead-letter an entry; it stays pending");
+        }
+    }
+}
