@@ -155,11 +155,14 @@ pub async fn get_order(
         {
             continue;
         }
-        if st.gate.queued_order_user(sale.id, order_id).await? == Some(user_id) {
+        let Some((owner, quantity)) = st.gate.queued_order(sale.id, order_id).await? else {
+            continue;
+        };
+        if owner == user_id {
             return Ok(Json(OrderView {
                 id: order_id.to_string(),
                 sale_id: sale.id.to_string(),
-                quantity: 0,
+                quantity,
                 price_cents: sale.price_cents,
                 status: OrderStatus::Queued,
                 accepted_at: rfc3339(accepted_at),

@@ -162,11 +162,11 @@ impl Gate for MemoryGate {
         Ok(())
     }
 
-    async fn queued_order_user(
+    async fn queued_order(
         &self,
         _sale_id: i64,
         _order_id: i64,
-    ) -> Result<Option<i64>, GateError> {
+    ) -> Result<Option<(i64, i64)>, GateError> {
         // Embedded orders are answered only once written: none is ever queued.
         Ok(None)
     }

@@ -92,10 +92,10 @@ pub trait Gate: Send + Sync {
     /// Stops or restarts purchases of a loaded sale (kill switch).
     async fn set_paused(&self, sale_id: i64, paused: bool) -> Result<(), GateError>;
 
-    /// The user of an order the gate accepted but SQL may not hold yet (status `queued`).
-    async fn queued_order_user(
+    /// (user, quantity) of an order the gate accepted but SQL may not hold yet (`queued`).
+    async fn queued_order(
         &self,
         sale_id: i64,
         order_id: i64,
-    ) -> Result<Option<i64>, GateError>;
+    ) -> Result<Option<(i64, i64)>, GateError>;
 }

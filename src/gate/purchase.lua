@@ -2,7 +2,7 @@
 -- KEYS[1] sale hash    {stock, limit, begins, ends, paused, price}
 -- KEYS[2] buyers hash  user_id -> units held
 -- KEYS[3] order stream (the order log)
--- KEYS[4] accepted hash order_id -> user_id (answers "queued" before SQL has the order)
+-- KEYS[4] accepted hash order_id -> 'user_id:quantity' (answers "queued" before SQL has it)
 -- ARGV[1] user_id  ARGV[2] quantity  ARGV[3] order_id  ARGV[4] sale_id
 -- Returns {code, number}: code is ok | not_loaded | not_started | ended | paused |
 -- already_purchased | over_limit | sold_out.
@@ -41,5 +41,5 @@ redis.call('HINCRBY', KEYS[2], ARGV[1], qty)
 redis.call('XADD', KEYS[3], '*',
   'order_id', ARGV[3], 'sale_id', ARGV[4], 'user_id', ARGV[1],
   'quantity', qty, 'price_cents', sale[6], 'accepted_at', now)
-redis.call('HSET', KEYS[4], ARGV[3], ARGV[1])
+redis.call('HSET', KEYS[4], ARGV[3], ARGV[1] .. ':' .. qty)
 return {'ok', stock - qty}

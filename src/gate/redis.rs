@@ -212,18 +212,22 @@ impl Gate for RedisGate {
         Ok(())
     }
 
-    async fn queued_order_user(
+    async fn queued_order(
         &self,
         sale_id: i64,
         order_id: i64,
-    ) -> Result<Option<i64>, GateError> {
+    ) -> Result<Option<(i64, i64)>, GateError> {
         let mut conn = self.conn.clone();
-        let user: Option<i64> = redis::cmd("HGET")
+        let entry: Option<String> = redis::cmd("HGET")
             .arg(self.keys(sale_id).accepted)
             .arg(order_id)
             .query_async(&mut conn)
             .await?;
-        Ok(user)
+        let Some(entry) = entry else { return Ok(None) };
+        let parsed = entry
+            .split_once(':')
+            .and_then(|(u, q)| Some((u.parse().ok()?, q.parse().ok()?)));
+        parsed.map(Some).ok_or(GateError::BadReply(entry))
     }
 }
 

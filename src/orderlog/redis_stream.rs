@@ -16,8 +16,8 @@ use super::{Batch, Delivery, LogError, Malformed, OrderLog, Receipt};
 use crate::gate::redis::{SaleKeys, WRITER_GROUP};
 use crate::model::NewOrder;
 
-/// Entries idle this long in some consumer's pending list are taken over.
-const RECLAIM_IDLE_MS: u64 = 10_000;
+/// Entries idle this long in some consumer's pending list are taken over (default).
+pub const RECLAIM_IDLE_MS: u64 = 10_000;
 const BLOCK_MS: u64 = 500;
 
 pub struct StreamLog {
@@ -27,6 +27,7 @@ pub struct StreamLog {
     prefix: String,
     consumer: String,
     streams: RwLock<Vec<String>>,
+    reclaim_idle_ms: u64,
 }
 
 impl StreamLog {
@@ -46,7 +47,14 @@ impl StreamLog {
             prefix: prefix.to_string(),
             consumer: consumer_name(),
             streams: RwLock::new(Vec::new()),
+            reclaim_idle_ms: RECLAIM_IDLE_MS,
         })
+    }
+
+    /// How long an entry must sit unacknowledged before another consumer takes it over.
+    pub fn with_reclaim_idle(mut self, idle: Duration) -> Self {
+        self.reclaim_idle_ms = idle.as_millis() as u64;
+        self
     }
 
     pub fn consumer(&self) -> &str {
@@ -249,7 +257,7 @@ impl OrderLog for StreamLog {
                 .arg(&stream)
                 .arg(WRITER_GROUP)
                 .arg(&self.consumer)
-                .arg(RECLAIM_IDLE_MS)
+                .arg(self.reclaim_idle_ms)
                 .arg("0-0")
                 .arg("COUNT")
                 .arg(max)

@@ -51,23 +51,16 @@ impl StoreError {
                 | sqlx::Error::Tls(_) => true,
                 sqlx::Error::Database(db) => {
                     let code = db.code().map(|c| c.to_string()).unwrap_or_default();
-                    // PG serialization/deadlock, admin shutdown; MySQL deadlock, lock wait,
-                    // gone away; SQLite busy/locked.
+                    let msg = db.message();
+                    // PG serialization failure, deadlock, shutdown; SQLite busy/locked (and
+                    // their extended codes); MySQL reports deadlocks as 40001 and the rest
+                    // only in words.
                     matches!(
                         code.as_str(),
-                        "40001"
-                            | "40P01"
-                            | "57P01"
-                            | "57P03"
-                            | "1213"
-                            | "1205"
-                            | "2006"
-                            | "2013"
-                            | "5"
-                            | "6"
-                            | "261"
-                            | "517"
-                    )
+                        "40001" | "40P01" | "57P01" | "57P03" | "5" | "6" | "261" | "517"
+                    ) || msg.contains("Deadlock found")
+                        || msg.contains("Lock wait timeout")
+                        || msg.contains("server has gone away")
                 }
                 _ => false,
             },
@@ -185,8 +178,31 @@ impl Store {
 
     // ---- schema -------------------------------------------------------------------------
 
-    /// Applies every migration not yet applied. Safe to run from several processes.
+    /// Applies every migration not yet applied. Safe to run from several processes at
+    /// once: they take turns under a database-wide lock.
     pub async fn migrate(&self) -> Result<Vec<i64>, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        let (lock, unlock) = match self.dialect {
+            Dialect::Postgres => (
+                "SELECT pg_advisory_lock(7362001)",
+                "SELECT pg_advisory_unlock(7362001)",
+            ),
+            Dialect::MySql => (
+                "SELECT GET_LOCK('seckill_migrate', 60)",
+                "SELECT RELEASE_LOCK('seckill_migrate')",
+            ),
+            // SQLite serializes writers itself; busy_timeout makes the others wait.
+            Dialect::Sqlite => ("SELECT 1", "SELECT 1"),
+        };
+        sqlx::query(lock).execute(&mut *conn).await?;
+        let result = self.migrate_locked(&mut conn).await;
+        if sqlx::query(unlock).execute(&mut *conn).await.is_err() {
+            conn.detach();
+        }
+        result
+    }
+
+    async fn migrate_locked(&self, conn: &mut sqlx::AnyConnection) -> Result<Vec<i64>, StoreError> {
         let int = if self.dialect == Dialect::Sqlite {
             "INTEGER"
         } else {
@@ -195,36 +211,33 @@ impl Store {
         sqlx::query(&format!(
             "CREATE TABLE IF NOT EXISTS schema_migrations (version {int} PRIMARY KEY, applied_at {int} NOT NULL)"
         ))
-        .execute(&self.pool)
+        .execute(&mut *conn)
         .await?;
         let mut applied = Vec::new();
         for (version, statements) in schema::migrations(self.dialect) {
             let done =
                 sqlx::query(&self.sql("SELECT version FROM schema_migrations WHERE version = ?"))
                     .bind(version)
-                    .fetch_optional(&self.pool)
+                    .fetch_optional(&mut *conn)
                     .await?;
             if done.is_some() {
                 continue;
             }
             for stmt in statements {
-                if let Err(e) = sqlx::query(&stmt).execute(&self.pool).await {
-                    // A concurrent migrator may have created the same index first.
+                if let Err(e) = sqlx::query(&stmt).execute(&mut *conn).await {
+                    // A half-applied earlier run (MySQL DDL is not transactional) left it.
                     if !is_already_exists(&e) {
                         return Err(e.into());
                     }
                 }
             }
-            let q = format!(
-                "{} VALUES (?, ?){}",
-                self.insert_ignore("schema_migrations (version, applied_at)"),
-                self.on_conflict_nothing()
-            );
-            sqlx::query(&self.sql(&q))
-                .bind(version)
-                .bind(crate::now_ms())
-                .execute(&self.pool)
-                .await?;
+            sqlx::query(
+                &self.sql("INSERT INTO schema_migrations (version, applied_at) VALUES (?, ?)"),
+            )
+            .bind(version)
+            .bind(crate::now_ms())
+            .execute(&mut *conn)
+            .await?;
             applied.push(version);
         }
         Ok(applied)
@@ -758,8 +771,9 @@ fn is_already_exists(e: &sqlx::Error) -> bool {
         sqlx::Error::Database(db) => {
             let code = db.code().map(|c| c.to_string()).unwrap_or_default();
             // PG duplicate_table/duplicate_object, MySQL duplicate key name, SQLite "already exists".
-            matches!(code.as_str(), "42P07" | "42710" | "1061" | "1050")
+            matches!(code.as_str(), "42P07" | "42710")
                 || db.message().contains("already exists")
+                || db.message().contains("Duplicate key name")
         }
         _ => false,
     }

@@ -1,0 +1,329 @@
+//! Helpers shared by the integration tests: a fresh database or key prefix per test, on
+//! the real local servers (PostgreSQL, MariaDB, Redis), and a running `seckill` binary.
+#![allow(dead_code)]
+
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use seckill::model::Sale;
+use seckill::store::Store;
+
+pub fn pg_admin_url() -> String {
+    std::env::var("SECKILL_TEST_PG")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+
+pub fn mysql_admin_url() -> String {
+    std::env::var("SECKILL_TEST_MYSQL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
+}
+
+pub fn redis_url() -> String {
+    std::env::var("SECKILL_TEST_REDIS").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into())
+}
+
+pub fn unique(tag: &str) -> String {
+    format!(
+        "sk_{tag}_{:x}_{:08x}",
+        std::process::id(),
+        rand::random::<u32>()
+    )
+}
+
+/// The backends of the SQL store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sql {
+    Sqlite,
+    Postgres,
+    MySql,
+}
+
+pub const ALL_SQL: [Sql; 3] = [Sql::Sqlite, Sql::Postgres, Sql::MySql];
+
+fn replace_db(url: &str, db: &str) -> String {
+    let (base, _) = url.rsplit_once('/').expect("database URL has a path");
+    format!("{base}/{db}")
+}
+
+/// Creates an empty database of its own for one test and returns its URL.
+pub async fn fresh_database(kind: Sql) -> String {
+    let name = unique("t");
+    match kind {
+        Sql::Sqlite => {
+            let dir = std::env::temp_dir().join(&name);
+            std::fs::create_dir_all(&dir).unwrap();
+            format!("sqlite://{}/seckill.db", dir.display())
+        }
+        Sql::Postgres | Sql::MySql => {
+            let admin = if kind == Sql::Postgres {
+                pg_admin_url()
+            } else {
+                mysql_admin_url()
+            };
+            sqlx::any::install_default_drivers();
+            let pool = sqlx::any::AnyPoolOptions::new()
+                .max_connections(1)
+                .connect(&admin)
+                .await
+                .unwrap_or_else(|e| {
+                    panic!("cannot reach {admin}: {e} (run scripts/test, which starts it)")
+                });
+            sqlx::query(&format!("CREATE DATABASE {name}"))
+                .execute(&pool)
+                .await
+                .unwrap();
+            pool.close().await;
+            replace_db(&admin, &name)
+        }
+    }
+}
+
+pub async fn fresh_store(kind: Sql) -> (Store, String) {
+    let url = fresh_database(kind).await;
+    let store = Store::connect(&url, 16).await.unwrap();
+    store.migrate().await.unwrap();
+    (store, url)
+}
+
+pub fn sale(id: i64, stock: i64, limit: i64) -> Sale {
+    let now = seckill::now_ms();
+    Sale {
+        id,
+        title: format!("test sale {id}"),
+        price_cents: 999,
+        initial_stock: stock,
+        stock,
+        per_user_limit: limit,
+        begins_at: now - 60_000,
+        ends_at: now + 3_600_000,
+        payment_window_secs: 900,
+        approved: true,
+        paused: false,
+        updated_at: now,
+    }
+}
+
+pub fn next_id() -> i64 {
+    static IDS: std::sync::OnceLock<seckill::ids::IdGenerator> = std::sync::OnceLock::new();
+    IDS.get_or_init(|| seckill::ids::IdGenerator::fixed(1000 + (std::process::id() % 20) as u16))
+        .next()
+        .unwrap()
+}
+
+// ---- a running server ----------------------------------------------------------------------
+
+pub struct Server {
+    pub child: Child,
+    pub base: String,
+    pub admin: String,
+    pub env: Vec<(String, String)>,
+    pub args: Vec<String>,
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl Server {
+    /// Starts `seckill <args>` with these settings and waits until it answers /healthz.
+    pub async fn start(env: Vec<(String, String)>, args: Vec<String>) -> Server {
+        let port = free_port();
+        let admin = "test-admin-token".to_string();
+        let mut all_env = env.clone();
+        all_env.push(("SECKILL_LISTEN".into(), format!("127.0.0.1:{port}")));
+        all_env.push(("SECKILL_ADMIN_TOKEN".into(), admin.clone()));
+        all_env.push(("SECKILL_LOG".into(), "warn".into()));
+        let mut server = Server {
+            child: spawn(&all_env, &args),
+            base: format!("http://127.0.0.1:{port}"),
+            admin,
+            env: all_env,
+            args,
+        };
+        server.wait_ready().await;
+        server
+    }
+
+    async fn wait_ready(&mut self) {
+        let client = reqwest::Client::new();
+        for _ in 0..300 {
+            if let Ok(r) = client.get(format!("{}/healthz", self.base)).send().await {
+                if r.status().is_success() {
+                    return;
+                }
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("seckill exited early: {status}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("seckill did not become ready at {}", self.base);
+    }
+
+    /// SIGKILL: no shutdown, no flush.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts the same command again, on the same port, after a kill.
+    pub async fn restart(&mut self) {
+        self.child = spawn(&self.env, &self.args);
+        self.wait_ready().await;
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn spawn(env: &[(String, String)], args: &[String]) -> Child {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_seckill"));
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit());
+    for key in [
+        "SECKILL_REDIS_URL",
+        "SECKILL_DATABASE_URL",
+        "SECKILL_DEV",
+        "SECKILL_CONFIG",
+    ] {
+        cmd.env_remove(key);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.spawn().expect("spawn seckill")
+}
+
+/// An HTTP client for storms: many connections, no proxy.
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .pool_max_idle_per_host(512)
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap()
+}
+
+/// Creates and approves a sale that is open now; returns its id.
+pub async fn open_sale(c: &reqwest::Client, s: &Server, stock: i64, limit: i64) -> String {
+    let now = time::OffsetDateTime::now_utc();
+    let fmt = &time::format_description::well_known::Rfc3339;
+    let body = serde_json::json!({
+        "title": "e2e sale",
+        "price_cents": 1999,
+        "stock": stock,
+        "per_user_limit": limit,
+        "begins_at": (now - time::Duration::seconds(5)).format(fmt).unwrap(),
+        "ends_at": (now + time::Duration::hours(1)).format(fmt).unwrap(),
+    });
+    let r = c
+        .post(format!("{}/api/admin/sales", s.base))
+        .bearer_auth(&s.admin)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let id = r.json::<serde_json::Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let r = c
+        .post(format!("{}/api/admin/sales/{id}/approve", s.base))
+        .bearer_auth(&s.admin)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    id
+}
+
+/// Logs `n` distinct users in through the API (code, then login); returns their tokens.
+pub async fn login_users(c: &reqwest::Client, base: &str, n: usize) -> Vec<String> {
+    let prefix = 10_000_000_000u64 + (rand::random::<u32>() as u64) * 1000;
+    let sem = Arc::new(tokio::sync::Semaphore::new(64));
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        let (c, base, sem) = (c.clone(), base.to_string(), sem.clone());
+        tasks.push(tokio::spawn(async move {
+            let _permit = sem.acquire().await.unwrap();
+            let phone = format!("+{}", prefix * 1000 + i as u64);
+            let r: serde_json::Value = c
+                .post(format!("{base}/api/auth/code"))
+                .json(&serde_json::json!({ "phone": phone }))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            let code = r["dev_code"]
+                .as_str()
+                .unwrap_or_else(|| panic!("no dev_code in {r}"))
+                .to_string();
+            let r: serde_json::Value = c
+                .post(format!("{base}/api/auth/login"))
+                .json(&serde_json::json!({ "phone": phone, "code": code }))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            r["token"].as_str().unwrap().to_string()
+        }));
+    }
+    let mut tokens = Vec::with_capacity(n);
+    for t in tasks {
+        tokens.push(t.await.unwrap());
+    }
+    tokens
+}
+
+/// The user id inside a token (`{user}.{exp}.{sig}`).
+pub fn user_of(token: &str) -> i64 {
+    token.split('.').next().unwrap().parse().unwrap()
+}
+
+/// One purchase; returns (HTTP status, body).
+pub async fn buy(
+    c: &reqwest::Client,
+    base: &str,
+    sale: &str,
+    token: &str,
+) -> (u16, serde_json::Value) {
+    let r = c
+        .post(format!("{base}/api/sales/{sale}/purchase"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(serde_json::Value::Null))
+}
+
+/// Waits until `check` holds, or panics with `what` after `secs`.
+pub async fn eventually<F, Fut>(secs: u64, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = std::time::Instant::now() + Duration::from_secs(secs);
+    while std::time::Instant::now() < deadline {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("timed out waiting for: {what}");
+}

@@ -1,0 +1,333 @@
+//! One conformance suite for every gate: the embedded memory gate (with its local order
+//! log drained into SQLite by the real writer) and the Redis Lua gate (on the local Redis,
+//! under a key prefix of its own). Each case runs against both.
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use seckill::gate::memory::MemoryGate;
+use seckill::gate::redis::RedisGate;
+use seckill::gate::{Gate, Purchase, Rejection, SaleLoad, Verdict};
+use seckill::model::Sale;
+use seckill::orderlog::local;
+use seckill::store::Store;
+use seckill::writer::{Writer, WriterStats};
+
+struct Harness {
+    name: &'static str,
+    gate: Arc<dyn Gate>,
+    store: Store,
+    _stop: Option<tokio::sync::watch::Sender<bool>>,
+}
+
+impl Harness {
+    async fn memory() -> Harness {
+        let (store, _) = common::fresh_store(common::Sql::Sqlite).await;
+        let (log, reader) = local::channel();
+        let (stop, stop_rx) = tokio::sync::watch::channel(false);
+        let writer = Writer {
+            log: Arc::new(reader),
+            store: store.clone(),
+            batch_max: 500,
+            stats: Arc::new(WriterStats::default()),
+        };
+        tokio::spawn(writer.run(stop_rx));
+        Harness {
+            name: "memory",
+            gate: Arc::new(MemoryGate::new(log)),
+            store,
+            _stop: Some(stop),
+        }
+    }
+
+    async fn redis() -> Harness {
+        let (store, _) = common::fresh_store(common::Sql::Sqlite).await;
+        let (_, conn) = seckill::app::redis_manager(&common::redis_url())
+            .await
+            .unwrap();
+        let gate = RedisGate::new(conn, &common::unique("gate"));
+        gate.prepare().await.unwrap();
+        Harness {
+            name: "redis",
+            gate: Arc::new(gate),
+            store,
+            _stop: None,
+        }
+    }
+
+    async fn all() -> Vec<Harness> {
+        vec![Harness::memory().await, Harness::redis().await]
+    }
+
+    /// Puts a sale in SQL (the memory gate's writer needs it) and opens it in the gate.
+    async fn open(&self, sale: &Sale, buyers: Vec<(i64, i64)>) {
+        self.store.create_sale(sale).await.unwrap();
+        let load = SaleLoad {
+            sale: sale.clone(),
+            remaining: sale.stock,
+            buyers,
+        };
+        assert!(
+            self.gate.load(&load).await.unwrap(),
+            "{}: first load loads",
+            self.name
+        );
+    }
+
+    async fn buy(&self, sale_id: i64, user_id: i64, quantity: i64) -> Verdict {
+        self.gate
+            .purchase(Purchase {
+                sale_id,
+                user_id,
+                quantity,
+                order_id: common::next_id(),
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{}: gate error {e}", self.name))
+    }
+}
+
+fn accepted(v: &Verdict) -> bool {
+    matches!(v, Verdict::Accepted { .. })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn thousands_of_buyers_get_exactly_the_stock_one_each() {
+    for h in Harness::all().await {
+        let sale = common::sale(common::next_id(), 50, 1);
+        h.open(&sale, vec![]).await;
+        let gate = h.gate.clone();
+        let tasks: Vec<_> = (0..3000)
+            .map(|user| {
+                let gate = gate.clone();
+                tokio::spawn(async move {
+                    let v = gate
+                        .purchase(Purchase {
+                            sale_id: sale.id,
+                            user_id: 1_000_000 + user,
+                            quantity: 1,
+                            order_id: common::next_id(),
+                        })
+                        .await
+                        .unwrap();
+                    (1_000_000 + user, v)
+                })
+            })
+            .collect();
+        let mut winners = HashSet::new();
+        let mut sold_out = 0;
+        for t in tasks {
+            let (user, v) = t.await.unwrap();
+            match v {
+                Verdict::Accepted { .. } => assert!(winners.insert(user)),
+                Verdict::Rejected(Rejection::SoldOut { remaining: 0 }) => sold_out += 1,
+                other => panic!("{}: unexpected {other:?}", h.name),
+            }
+        }
+        assert_eq!(winners.len(), 50, "{}: exactly the stock is sold", h.name);
+        assert_eq!(sold_out, 2950, "{}", h.name);
+        let stock = h.gate.stock(sale.id).await.unwrap().unwrap();
+        assert_eq!((stock.remaining, stock.buyers), (0, 50), "{}", h.name);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_user_from_many_tasks_gets_one() {
+    for h in Harness::all().await {
+        let sale = common::sale(common::next_id(), 100, 1);
+        h.open(&sale, vec![]).await;
+        let tasks: Vec<_> = (0..300)
+            .map(|_| {
+                let gate = h.gate.clone();
+                tokio::spawn(async move {
+                    gate.purchase(Purchase {
+                        sale_id: sale.id,
+                        user_id: 77,
+                        quantity: 1,
+                        order_id: common::next_id(),
+                    })
+                    .await
+                    .unwrap()
+                })
+            })
+            .collect();
+        let mut ok = 0;
+        for t in tasks {
+            match t.await.unwrap() {
+                Verdict::Accepted { .. } => ok += 1,
+                Verdict::Rejected(Rejection::AlreadyPurchased) => {}
+                other => panic!("{}: unexpected {other:?}", h.name),
+            }
+        }
+        assert_eq!(ok, 1, "{}", h.name);
+        assert_eq!(
+            h.gate.stock(sale.id).await.unwrap().unwrap().remaining,
+            99,
+            "{}",
+            h.name
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn quantities_respect_the_per_user_limit_and_the_stock() {
+    for h in Harness::all().await {
+        let sale = common::sale(common::next_id(), 5, 3);
+        h.open(&sale, vec![]).await;
+        assert!(accepted(&h.buy(sale.id, 1, 2).await), "{}", h.name);
+        assert_eq!(
+            h.buy(sale.id, 1, 2).await,
+            Verdict::Rejected(Rejection::OverLimit { held: 2 }),
+            "{}: 2 + 2 > 3",
+            h.name
+        );
+        assert!(
+            accepted(&h.buy(sale.id, 1, 1).await),
+            "{}: 2 + 1 = 3",
+            h.name
+        );
+        assert_eq!(
+            h.buy(sale.id, 1, 1).await,
+            Verdict::Rejected(Rejection::AlreadyPurchased),
+            "{}",
+            h.name
+        );
+        assert_eq!(
+            h.buy(sale.id, 2, 3).await,
+            Verdict::Rejected(Rejection::SoldOut { remaining: 2 }),
+            "{}: 3 asked, 2 left",
+            h.name
+        );
+        assert_eq!(
+            h.buy(sale.id, 2, 2).await,
+            Verdict::Accepted { remaining: 0 },
+            "{}",
+            h.name
+        );
+        assert_eq!(
+            h.buy(sale.id, 3, 1).await,
+            Verdict::Rejected(Rejection::SoldOut { remaining: 0 }),
+            "{}",
+            h.name
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn window_pause_and_unknown_sales_are_refused_without_taking_stock() {
+    for h in Harness::all().await {
+        let now = seckill::now_ms();
+        let mut upcoming = common::sale(common::next_id(), 5, 1);
+        upcoming.begins_at = now + 60_000;
+        h.open(&upcoming, vec![]).await;
+        assert_eq!(
+            h.buy(upcoming.id, 1, 1).await,
+            Verdict::Rejected(Rejection::NotStarted),
+            "{}",
+            h.name
+        );
+
+        let mut ended = common::sale(common::next_id(), 5, 1);
+        ended.begins_at = now - 120_000;
+        ended.ends_at = now - 60_000;
+        h.open(&ended, vec![]).await;
+        assert_eq!(
+            h.buy(ended.id, 1, 1).await,
+            Verdict::Rejected(Rejection::Ended),
+            "{}",
+            h.name
+        );
+
+        let open = common::sale(common::next_id(), 5, 1);
+        h.open(&open, vec![]).await;
+        h.gate.set_paused(open.id, true).await.unwrap();
+        assert_eq!(
+            h.buy(open.id, 1, 1).await,
+            Verdict::Rejected(Rejection::Paused),
+            "{}",
+            h.name
+        );
+        h.gate.set_paused(open.id, false).await.unwrap();
+        assert!(accepted(&h.buy(open.id, 1, 1).await), "{}", h.name);
+
+        assert_eq!(
+            h.buy(common::next_id(), 1, 1).await,
+            Verdict::Rejected(Rejection::NotLoaded),
+            "{}",
+            h.name
+        );
+        for s in [&upcoming, &ended] {
+            assert_eq!(
+                h.gate.stock(s.id).await.unwrap().unwrap().remaining,
+                5,
+                "{}",
+                h.name
+            );
+        }
+        // Pausing a sale the gate does not hold must not make it look loaded.
+        let absent = common::next_id();
+        h.gate.set_paused(absent, true).await.unwrap();
+        assert!(!h.gate.is_loaded(absent).await.unwrap(), "{}", h.name);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_load_never_overwrites_live_stock_and_buyers_are_remembered() {
+    for h in Harness::all().await {
+        let sale = common::sale(common::next_id(), 10, 1);
+        h.open(&sale, vec![(500, 1)]).await;
+        assert_eq!(
+            h.buy(sale.id, 500, 1).await,
+            Verdict::Rejected(Rejection::AlreadyPurchased),
+            "{}",
+            h.name
+        );
+        assert!(accepted(&h.buy(sale.id, 501, 1).await), "{}", h.name);
+        let again = SaleLoad {
+            sale: sale.clone(),
+            remaining: 10,
+            buyers: vec![],
+        };
+        assert!(
+            !h.gate.load(&again).await.unwrap(),
+            "{}: already loaded",
+            h.name
+        );
+        assert_eq!(
+            h.gate.stock(sale.id).await.unwrap().unwrap().remaining,
+            9,
+            "{}",
+            h.name
+        );
+        assert_eq!(
+            h.buy(sale.id, 501, 1).await,
+            Verdict::Rejected(Rejection::AlreadyPurchased),
+            "{}",
+            h.name
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_buyer_lists_load_through_staging() {
+    for h in Harness::all().await {
+        let sale = common::sale(common::next_id(), 10, 1);
+        let buyers: Vec<(i64, i64)> = (1..=2500).map(|u| (u, 1)).collect();
+        h.open(&sale, buyers).await;
+        assert_eq!(
+            h.gate.stock(sale.id).await.unwrap().unwrap().buyers,
+            2500,
+            "{}",
+            h.name
+        );
+        assert_eq!(
+            h.buy(sale.id, 2500, 1).await,
+            Verdict::Rejected(Rejection::AlreadyPurchased),
+            "{}",
+            h.name
+        );
+        assert!(accepted(&h.buy(sale.id, 2501, 1).await), "{}", h.name);
+    }
+}
