@@ -1,0 +1,185 @@
+//! One store suite, run against SQLite, PostgreSQL and MariaDB (each test in a database of
+//! its own): idempotent batch writes, the stock guard, concurrent writers, migrations.
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use common::{Sql, ALL_SQL};
+use seckill::model::{NewOrder, OrderStatus};
+use seckill::store::{Store, StoreError};
+
+fn order(sale_id: i64, user_id: i64, quantity: i64) -> NewOrder {
+    NewOrder {
+        id: common::next_id(),
+        sale_id,
+        user_id,
+        quantity,
+        price_cents: 999,
+        accepted_at: seckill::now_ms(),
+    }
+}
+
+async fn stock(store: &Store, sale_id: i64) -> i64 {
+    store.sale(sale_id).await.unwrap().unwrap().stock
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_is_written_once_however_often_it_is_delivered() {
+    for kind in ALL_SQL {
+        let (store, _) = common::fresh_store(kind).await;
+        let sale = common::sale(common::next_id(), 100, 2);
+        store.create_sale(&sale).await.unwrap();
+        let batch: Vec<NewOrder> = (0..40).map(|u| order(sale.id, u, 1 + u % 2)).collect();
+        let units: i64 = batch.iter().map(|o| o.quantity).sum();
+
+        let first = store.write_orders(&batch).await.unwrap();
+        assert_eq!((first.written, first.duplicates), (40, 0), "{kind:?}");
+        assert_eq!(stock(&store, sale.id).await, 100 - units, "{kind:?}");
+
+        let again = store.write_orders(&batch).await.unwrap();
+        assert_eq!((again.written, again.duplicates), (0, 40), "{kind:?}: redelivery writes nothing");
+        assert_eq!(stock(&store, sale.id).await, 100 - units, "{kind:?}: stock taken once");
+
+        // A batch mixing old and new entries, with one entry twice in it.
+        let mut mixed: Vec<NewOrder> = batch[..10].to_vec();
+        let fresh = order(sale.id, 999, 1);
+        mixed.push(fresh.clone());
+        mixed.push(fresh.clone());
+        let out = store.write_orders(&mixed).await.unwrap();
+        assert_eq!((out.written, out.duplicates), (1, 11), "{kind:?}");
+        assert_eq!(stock(&store, sale.id).await, 100 - units - 1, "{kind:?}");
+
+        let orders = store.orders_of_sale(sale.id).await.unwrap();
+        assert_eq!(orders.len(), 41, "{kind:?}");
+        assert!(orders.iter().all(|o| o.status == OrderStatus::PendingPayment), "{kind:?}");
+        let deadline = orders[0].pay_deadline - seckill::now_ms();
+        assert!(deadline > 890_000 && deadline <= 900_000, "{kind:?}: deadline from the sale's window");
+        let counts = store.sale_counts(sale.id).await.unwrap();
+        assert_eq!((counts.orders, counts.units), (41, units + 1), "{kind:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stock_guard_rolls_back_the_whole_batch() {
+    for kind in ALL_SQL {
+        let (store, _) = common::fresh_store(kind).await;
+        let sale = common::sale(common::next_id(), 3, 5);
+        store.create_sale(&sale).await.unwrap();
+        let batch = vec![order(sale.id, 1, 2), order(sale.id, 2, 2)];
+        let err = store.write_orders(&batch).await.unwrap_err();
+        assert!(matches!(err, StoreError::StockGuard { sale_id } if sale_id == sale.id), "{kind:?}: {err}");
+        assert!(!err.is_transient(), "{kind:?}");
+        assert_eq!(stock(&store, sale.id).await, 3, "{kind:?}: nothing taken");
+        assert!(store.orders_of_sale(sale.id).await.unwrap().is_empty(), "{kind:?}: nothing written");
+
+        let err = store.write_orders(&[order(common::next_id(), 1, 1)]).await.unwrap_err();
+        assert!(matches!(err, StoreError::UnknownSale(_)), "{kind:?}: {err}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_writers_of_the_same_entries_write_each_once() {
+    for kind in ALL_SQL {
+        let (store, _) = common::fresh_store(kind).await;
+        let sale = common::sale(common::next_id(), 1000, 1);
+        store.create_sale(&sale).await.unwrap();
+        let batch: Arc<Vec<NewOrder>> = Arc::new((0..300).map(|u| order(sale.id, u, 1)).collect());
+        // Four writers race over overlapping slices of the same entries, as a writer and a
+        // reclaiming writer would; transient conflicts are retried as the writer does.
+        let tasks: Vec<_> = (0..4)
+            .map(|w| {
+                let (store, batch) = (store.clone(), batch.clone());
+                tokio::spawn(async move {
+                    for chunk in batch[w * 50..].chunks(60) {
+                        loop {
+                            match store.write_orders(chunk).await {
+                                Ok(_) => break,
+                                Err(e) if e.is_transient() => tokio::task::yield_now().await,
+                                Err(e) => panic!("{e}"),
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let orders = store.orders_of_sale(sale.id).await.unwrap();
+        let ids: HashSet<i64> = orders.iter().map(|o| o.id).collect();
+        assert_eq!(orders.len(), 300, "{kind:?}");
+        assert_eq!(ids.len(), 300, "{kind:?}");
+        assert_eq!(stock(&store, sale.id).await, 700, "{kind:?}: stock taken once per order");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_buyers_sum_units_per_user() {
+    for kind in ALL_SQL {
+        let (store, _) = common::fresh_store(kind).await;
+        let sale = common::sale(common::next_id(), 100, 5);
+        store.create_sale(&sale).await.unwrap();
+        store
+            .write_orders(&[order(sale.id, 1, 2), order(sale.id, 1, 1), order(sale.id, 2, 4)])
+            .await
+            .unwrap();
+        let mut buyers = store.live_buyers(sale.id).await.unwrap();
+        buyers.sort();
+        assert_eq!(buyers, vec![(1, 3), (2, 4)], "{kind:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn migrations_are_idempotent_and_safe_to_race() {
+    for kind in ALL_SQL {
+        let url = common::fresh_database(kind).await;
+        let tasks: Vec<_> = (0..4)
+            .map(|_| {
+                let url = url.clone();
+                tokio::spawn(async move {
+                    let store = Store::connect(&url, 2).await.unwrap();
+                    store.migrate().await.unwrap()
+                })
+            })
+            .collect();
+        let mut applied = 0;
+        for t in tasks {
+            applied += t.await.unwrap().len();
+        }
+        assert_eq!(applied, 1, "{kind:?}: exactly one process applies version 1");
+        let store = Store::connect(&url, 2).await.unwrap();
+        assert!(store.migrate().await.unwrap().is_empty(), "{kind:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn users_codes_and_meta() {
+    for kind in ALL_SQL {
+        let (store, _) = common::fresh_store(kind).await;
+        let a = store.user_for_phone("+100200300", common::next_id()).await.unwrap();
+        let b = store.user_for_phone("+100200300", common::next_id()).await.unwrap();
+        assert_eq!(a, b, "{kind:?}: one user per phone");
+        assert!(store.user_exists(a).await.unwrap());
+
+        let now = seckill::now_ms();
+        store.put_login_code("+1", "123456", now, now + 60_000).await.unwrap();
+        store.put_login_code("+1", "654321", now, now + 60_000).await.unwrap();
+        assert_eq!(store.spend_login_attempt("+1", now, 2).await.unwrap().as_deref(), Some("654321"));
+        assert!(store.spend_login_attempt("+1", now, 2).await.unwrap().is_some());
+        assert_eq!(store.spend_login_attempt("+1", now, 2).await.unwrap(), None, "{kind:?}: attempts used up");
+        assert_eq!(store.spend_login_attempt("+1", now + 61_000, 9).await.unwrap(), None, "{kind:?}: expired");
+
+        let first = store.meta_get_or_init("k", "one").await.unwrap();
+        let second = store.meta_get_or_init("k", "two").await.unwrap();
+        assert_eq!((first.as_str(), second.as_str()), ("one", "one"), "{kind:?}");
+    }
+}
+
+#[tokio::test]
+async fn sqlite_is_created_on_first_use() {
+    let url = common::fresh_database(Sql::Sqlite).await;
+    let store = Store::connect(&url, 2).await.unwrap();
+    assert_eq!(store.migrate().await.unwrap(), vec![1]);
+}
