@@ -54,7 +54,11 @@ async fn distributed(kind: Sql) -> Deployment {
     worker_env.push(("SECKILL_LOG".into(), "warn".into()));
     let worker = WorkerProcess(common::spawn(&worker_env, &["worker".to_string()]));
     Deployment {
-        name: if kind == Sql::Postgres { "redis+postgres" } else { "redis+mariadb" },
+        name: if kind == Sql::Postgres {
+            "redis+postgres"
+        } else {
+            "redis+mariadb"
+        },
         server,
         _worker: Some(worker),
         store: Store::connect(&db, 4).await.unwrap(),
@@ -73,7 +77,13 @@ struct Answers {
 
 /// Every token buys once; the first `repeat` tokens fire a second request at the same time.
 /// `kill_after_ok`: SIGKILL the server as soon as that many `ok` answers have arrived.
-async fn storm(d: &mut Deployment, sale: &str, tokens: &[String], repeat: usize, kill_after_ok: Option<usize>) -> Answers {
+async fn storm(
+    d: &mut Deployment,
+    sale: &str,
+    tokens: &[String],
+    repeat: usize,
+    kill_after_ok: Option<usize>,
+) -> Answers {
     let c = common::client();
     let base = d.server.base.clone();
     let sem = Arc::new(tokio::sync::Semaphore::new(256));
@@ -82,15 +92,29 @@ async fn storm(d: &mut Deployment, sale: &str, tokens: &[String], repeat: usize,
     let mut tasks = Vec::new();
     let requests = tokens.iter().chain(tokens[..repeat].iter());
     for token in requests {
-        let (c, base, sale, token, sem, ok_count, killed) =
-            (c.clone(), base.clone(), sale.to_string(), token.clone(), sem.clone(), ok_count.clone(), killed.clone());
+        let (c, base, sale, token, sem, ok_count, killed) = (
+            c.clone(),
+            base.clone(),
+            sale.to_string(),
+            token.clone(),
+            sem.clone(),
+            ok_count.clone(),
+            killed.clone(),
+        );
         tasks.push(tokio::spawn(async move {
             let _permit = sem.acquire().await.unwrap();
-            let r = c.post(format!("{base}/api/sales/{sale}/purchase")).bearer_auth(&token).send().await;
+            let r = c
+                .post(format!("{base}/api/sales/{sale}/purchase"))
+                .bearer_auth(&token)
+                .send()
+                .await;
             let answer = match r {
                 Ok(r) => {
                     let status = r.status().as_u16();
-                    r.json::<serde_json::Value>().await.ok().map(|b| (status, b))
+                    r.json::<serde_json::Value>()
+                        .await
+                        .ok()
+                        .map(|b| (status, b))
                 }
                 Err(_) => None,
             };
@@ -112,7 +136,11 @@ async fn storm(d: &mut Deployment, sale: &str, tokens: &[String], repeat: usize,
         match answer {
             Some((status, body)) => {
                 let code = body["code"].as_str().unwrap_or("<no code>").to_string();
-                assert!(body["message"].is_string() || code == "ok", "{}: body {body}", d.name);
+                assert!(
+                    body["message"].is_string() || code == "ok",
+                    "{}: body {body}",
+                    d.name
+                );
                 if code == "ok" {
                     assert_eq!(status, 200);
                     let id: i64 = body["order_id"].as_str().unwrap().parse().unwrap();
@@ -130,7 +158,13 @@ async fn storm(d: &mut Deployment, sale: &str, tokens: &[String], repeat: usize,
 
 /// The database after the order log has drained: exactly `expected` orders, one per user,
 /// holding every order answered `ok`, and `sales.stock` equal to what is left.
-async fn check_database(d: &Deployment, sale: &str, stock: i64, ok_ids: &HashSet<i64>, expected: usize) {
+async fn check_database(
+    d: &Deployment,
+    sale: &str,
+    stock: i64,
+    ok_ids: &HashSet<i64>,
+    expected: usize,
+) {
     let sale_id: i64 = sale.parse().unwrap();
     let store = d.store.clone();
     common::eventually(60, "the order log drains into SQL", || {
@@ -145,10 +179,19 @@ async fn check_database(d: &Deployment, sale: &str, stock: i64, ok_ids: &HashSet
     let users: HashSet<i64> = orders.iter().map(|o| o.user_id).collect();
     assert_eq!(users.len(), orders.len(), "{}: one order per user", d.name);
     let db_ids: HashSet<i64> = orders.iter().map(|o| o.id).collect();
-    assert!(ok_ids.is_subset(&db_ids), "{}: every ok answer has its order in SQL", d.name);
+    assert!(
+        ok_ids.is_subset(&db_ids),
+        "{}: every ok answer has its order in SQL",
+        d.name
+    );
     let sale_row = d.store.sale(sale_id).await.unwrap().unwrap();
     let units: i64 = orders.iter().map(|o| o.quantity).sum();
-    assert_eq!(sale_row.stock, stock - units, "{}: sales.stock is what is left", d.name);
+    assert_eq!(
+        sale_row.stock,
+        stock - units,
+        "{}: sales.stock is what is left",
+        d.name
+    );
     assert!(sale_row.stock >= 0);
 }
 
@@ -162,11 +205,26 @@ async fn run_deployment(mut d: Deployment) {
     let sale = common::open_sale(&c, &d.server, STOCK, 1).await;
     let answers = storm(&mut d, &sale, &tokens, BUYERS / 4, None).await;
     let ok_ids: HashSet<i64> = answers.ok.values().flatten().copied().collect();
-    assert_eq!(ok_ids.len(), STOCK as usize, "{}: exactly the stock gets ok: {:?}", d.name, answers.by_code);
-    assert!(answers.ok.values().all(|v| v.len() == 1), "{}: nobody got two", d.name);
+    assert_eq!(
+        ok_ids.len(),
+        STOCK as usize,
+        "{}: exactly the stock gets ok: {:?}",
+        d.name,
+        answers.by_code
+    );
+    assert!(
+        answers.ok.values().all(|v| v.len() == 1),
+        "{}: nobody got two",
+        d.name
+    );
     assert_eq!(answers.lost, 0);
     assert_eq!(
-        answers.by_code.get("sold_out").copied().unwrap_or(0) + answers.by_code.get("already_purchased").copied().unwrap_or(0),
+        answers.by_code.get("sold_out").copied().unwrap_or(0)
+            + answers
+                .by_code
+                .get("already_purchased")
+                .copied()
+                .unwrap_or(0),
         BUYERS + BUYERS / 4 - STOCK as usize,
         "{}: {:?}",
         d.name,
@@ -183,13 +241,30 @@ async fn run_deployment(mut d: Deployment) {
     // Everyone tries again: winners are refused, the rest compete for what is left.
     let second = storm(&mut d, &sale, &tokens, 0, None).await;
     for user in first.ok.keys() {
-        assert!(!second.ok.contains_key(user), "{}: a winner bought again after restart", d.name);
+        assert!(
+            !second.ok.contains_key(user),
+            "{}: a winner bought again after restart",
+            d.name
+        );
     }
-    let all_ok: HashSet<i64> = after_kill.iter().chain(second.ok.values().flatten()).copied().collect();
+    let all_ok: HashSet<i64> = after_kill
+        .iter()
+        .chain(second.ok.values().flatten())
+        .copied()
+        .collect();
     let winners: HashSet<i64> = first.ok.keys().chain(second.ok.keys()).copied().collect();
-    assert!(all_ok.len() <= STOCK as usize, "{}: no oversell across the restart", d.name);
+    assert!(
+        all_ok.len() <= STOCK as usize,
+        "{}: no oversell across the restart",
+        d.name
+    );
     assert_eq!(
-        second.by_code.get("already_purchased").copied().unwrap_or(0) + second.by_code.get("sold_out").copied().unwrap_or(0)
+        second
+            .by_code
+            .get("already_purchased")
+            .copied()
+            .unwrap_or(0)
+            + second.by_code.get("sold_out").copied().unwrap_or(0)
             + second.ok.len(),
         BUYERS,
         "{}: {:?}",
@@ -201,7 +276,11 @@ async fn run_deployment(mut d: Deployment) {
     check_database(&d, &sale, STOCK, &all_ok, STOCK as usize).await;
     let orders = d.store.orders_of_sale(sale.parse().unwrap()).await.unwrap();
     for o in &orders {
-        assert!(winners.contains(&o.user_id) || first.lost > 0, "{}: order of a user never told ok", d.name);
+        assert!(
+            winners.contains(&o.user_id) || first.lost > 0,
+            "{}: order of a user never told ok",
+            d.name
+        );
     }
 }
 

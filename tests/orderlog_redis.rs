@@ -26,7 +26,9 @@ struct Setup {
 
 async fn setup(kind: Sql) -> Setup {
     let prefix = common::unique("log");
-    let (client, conn) = seckill::app::redis_manager(&common::redis_url()).await.unwrap();
+    let (client, conn) = seckill::app::redis_manager(&common::redis_url())
+        .await
+        .unwrap();
     let gate = RedisGate::new(conn.clone(), &prefix);
     gate.prepare().await.unwrap();
     let (store, _) = common::fresh_store(kind).await;
@@ -107,13 +109,20 @@ async fn a_killed_consumers_batch_is_reclaimed_and_written_once() {
 
         // Consumer B finds nothing new, then reclaims A's entries once they are idle.
         let b = s.consumer(Duration::from_millis(300), sale_id).await;
-        assert!(b.next_batch(1000).await.unwrap().is_empty(), "{kind:?}: nothing new");
+        assert!(
+            b.next_batch(1000).await.unwrap().is_empty(),
+            "{kind:?}: nothing new"
+        );
         tokio::time::sleep(Duration::from_millis(400)).await;
         let reclaimed = b.reclaim(1000).await.unwrap();
         assert_eq!(reclaimed.deliveries.len(), 60, "{kind:?}");
 
         // The same entries delivered twice (the reclaim raced a slow original) are written once.
-        let orders: Vec<_> = reclaimed.deliveries.iter().map(|d| d.order.clone()).collect();
+        let orders: Vec<_> = reclaimed
+            .deliveries
+            .iter()
+            .map(|d| d.order.clone())
+            .collect();
         let writer = s.writer(b.clone());
         writer.process(reclaimed).await;
         let out = s.store.write_orders(&orders).await.unwrap();
@@ -125,12 +134,21 @@ async fn a_killed_consumers_batch_is_reclaimed_and_written_once() {
         got.sort();
         want.sort();
         assert_eq!(got, want, "{kind:?}: every accepted order, exactly once");
-        assert_eq!(s.store.sale(sale_id).await.unwrap().unwrap().stock, 40, "{kind:?}");
+        assert_eq!(
+            s.store.sale(sale_id).await.unwrap().unwrap().stock,
+            40,
+            "{kind:?}"
+        );
         let mut conn = s.conn.clone();
-        let (len, pending, dead) = seckill::orderlog::redis_stream::backlog(&mut conn, &s.prefix, sale_id)
-            .await
-            .unwrap();
-        assert_eq!((len, pending, dead), (0, 0, 0), "{kind:?}: acknowledged and removed");
+        let (len, pending, dead) =
+            seckill::orderlog::redis_stream::backlog(&mut conn, &s.prefix, sale_id)
+                .await
+                .unwrap();
+        assert_eq!(
+            (len, pending, dead),
+            (0, 0, 0),
+            "{kind:?}: acknowledged and removed"
+        );
     }
 }
 
@@ -183,12 +201,33 @@ async fn the_running_writer_drains_the_stream_and_dead_letters_the_unwritable() 
     stop.send(true).unwrap();
     task.await.unwrap();
 
-    assert_eq!(stats.dead_letters.load(std::sync::atomic::Ordering::Relaxed), 2);
-    let dead: redis::Value = redis::cmd("XRANGE").arg(&keys.dead).arg("-").arg("+").query_async(&mut conn).await.unwrap();
+    assert_eq!(
+        stats
+            .dead_letters
+            .load(std::sync::atomic::Ordering::Relaxed),
+        2
+    );
+    let dead: redis::Value = redis::cmd("XRANGE")
+        .arg(&keys.dead)
+        .arg("-")
+        .arg("+")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
     let text = format!("{dead:?}");
-    assert!(text.contains("not an integer") || text.contains("missing field"), "{text}");
+    assert!(
+        text.contains("not an integer") || text.contains("missing field"),
+        "{text}"
+    );
     assert!(text.contains("does not exist"), "{text}");
-    let written: Vec<i64> = s.store.orders_of_sale(sale_id).await.unwrap().iter().map(|o| o.id).collect();
+    let written: Vec<i64> = s
+        .store
+        .orders_of_sale(sale_id)
+        .await
+        .unwrap()
+        .iter()
+        .map(|o| o.id)
+        .collect();
     assert!(ids.iter().all(|id| written.contains(id)));
 }
 
@@ -198,7 +237,11 @@ async fn a_vanished_group_is_recreated_not_fatal() {
     let sale_id = s.open_sale(10).await;
     let log = s.consumer(Duration::from_secs(10), sale_id).await;
     let mut conn = s.conn.clone();
-    let _: i64 = redis::cmd("DEL").arg(SaleKeys::new(&s.prefix, sale_id).stream).query_async(&mut conn).await.unwrap();
+    let _: i64 = redis::cmd("DEL")
+        .arg(SaleKeys::new(&s.prefix, sale_id).stream)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
     // NOGROUP on this read: answered with an empty batch and the group made again.
     assert!(log.next_batch(10).await.unwrap().is_empty());
     s.buy_all(sale_id, 1..4).await;

@@ -39,8 +39,16 @@ async fn a_batch_is_written_once_however_often_it_is_delivered() {
         assert_eq!(stock(&store, sale.id).await, 100 - units, "{kind:?}");
 
         let again = store.write_orders(&batch).await.unwrap();
-        assert_eq!((again.written, again.duplicates), (0, 40), "{kind:?}: redelivery writes nothing");
-        assert_eq!(stock(&store, sale.id).await, 100 - units, "{kind:?}: stock taken once");
+        assert_eq!(
+            (again.written, again.duplicates),
+            (0, 40),
+            "{kind:?}: redelivery writes nothing"
+        );
+        assert_eq!(
+            stock(&store, sale.id).await,
+            100 - units,
+            "{kind:?}: stock taken once"
+        );
 
         // A batch mixing old and new entries, with one entry twice in it.
         let mut mixed: Vec<NewOrder> = batch[..10].to_vec();
@@ -53,9 +61,17 @@ async fn a_batch_is_written_once_however_often_it_is_delivered() {
 
         let orders = store.orders_of_sale(sale.id).await.unwrap();
         assert_eq!(orders.len(), 41, "{kind:?}");
-        assert!(orders.iter().all(|o| o.status == OrderStatus::PendingPayment), "{kind:?}");
+        assert!(
+            orders
+                .iter()
+                .all(|o| o.status == OrderStatus::PendingPayment),
+            "{kind:?}"
+        );
         let deadline = orders[0].pay_deadline - seckill::now_ms();
-        assert!(deadline > 890_000 && deadline <= 900_000, "{kind:?}: deadline from the sale's window");
+        assert!(
+            deadline > 890_000 && deadline <= 900_000,
+            "{kind:?}: deadline from the sale's window"
+        );
         let counts = store.sale_counts(sale.id).await.unwrap();
         assert_eq!((counts.orders, counts.units), (41, units + 1), "{kind:?}");
     }
@@ -69,12 +85,21 @@ async fn the_stock_guard_rolls_back_the_whole_batch() {
         store.create_sale(&sale).await.unwrap();
         let batch = vec![order(sale.id, 1, 2), order(sale.id, 2, 2)];
         let err = store.write_orders(&batch).await.unwrap_err();
-        assert!(matches!(err, StoreError::StockGuard { sale_id } if sale_id == sale.id), "{kind:?}: {err}");
+        assert!(
+            matches!(err, StoreError::StockGuard { sale_id } if sale_id == sale.id),
+            "{kind:?}: {err}"
+        );
         assert!(!err.is_transient(), "{kind:?}");
         assert_eq!(stock(&store, sale.id).await, 3, "{kind:?}: nothing taken");
-        assert!(store.orders_of_sale(sale.id).await.unwrap().is_empty(), "{kind:?}: nothing written");
+        assert!(
+            store.orders_of_sale(sale.id).await.unwrap().is_empty(),
+            "{kind:?}: nothing written"
+        );
 
-        let err = store.write_orders(&[order(common::next_id(), 1, 1)]).await.unwrap_err();
+        let err = store
+            .write_orders(&[order(common::next_id(), 1, 1)])
+            .await
+            .unwrap_err();
         assert!(matches!(err, StoreError::UnknownSale(_)), "{kind:?}: {err}");
     }
 }
@@ -111,7 +136,11 @@ async fn concurrent_writers_of_the_same_entries_write_each_once() {
         let ids: HashSet<i64> = orders.iter().map(|o| o.id).collect();
         assert_eq!(orders.len(), 300, "{kind:?}");
         assert_eq!(ids.len(), 300, "{kind:?}");
-        assert_eq!(stock(&store, sale.id).await, 700, "{kind:?}: stock taken once per order");
+        assert_eq!(
+            stock(&store, sale.id).await,
+            700,
+            "{kind:?}: stock taken once per order"
+        );
     }
 }
 
@@ -122,7 +151,11 @@ async fn live_buyers_sum_units_per_user() {
         let sale = common::sale(common::next_id(), 100, 5);
         store.create_sale(&sale).await.unwrap();
         store
-            .write_orders(&[order(sale.id, 1, 2), order(sale.id, 1, 1), order(sale.id, 2, 4)])
+            .write_orders(&[
+                order(sale.id, 1, 2),
+                order(sale.id, 1, 1),
+                order(sale.id, 2, 4),
+            ])
             .await
             .unwrap();
         let mut buyers = store.live_buyers(sale.id).await.unwrap();
@@ -148,7 +181,10 @@ async fn migrations_are_idempotent_and_safe_to_race() {
         for t in tasks {
             applied += t.await.unwrap().len();
         }
-        assert_eq!(applied, 1, "{kind:?}: exactly one process applies version 1");
+        assert_eq!(
+            applied, 1,
+            "{kind:?}: exactly one process applies version 1"
+        );
         let store = Store::connect(&url, 2).await.unwrap();
         assert!(store.migrate().await.unwrap().is_empty(), "{kind:?}");
     }
@@ -158,22 +194,60 @@ async fn migrations_are_idempotent_and_safe_to_race() {
 async fn users_codes_and_meta() {
     for kind in ALL_SQL {
         let (store, _) = common::fresh_store(kind).await;
-        let a = store.user_for_phone("+100200300", common::next_id()).await.unwrap();
-        let b = store.user_for_phone("+100200300", common::next_id()).await.unwrap();
+        let a = store
+            .user_for_phone("+100200300", common::next_id())
+            .await
+            .unwrap();
+        let b = store
+            .user_for_phone("+100200300", common::next_id())
+            .await
+            .unwrap();
         assert_eq!(a, b, "{kind:?}: one user per phone");
         assert!(store.user_exists(a).await.unwrap());
 
         let now = seckill::now_ms();
-        store.put_login_code("+1", "123456", now, now + 60_000).await.unwrap();
-        store.put_login_code("+1", "654321", now, now + 60_000).await.unwrap();
-        assert_eq!(store.spend_login_attempt("+1", now, 2).await.unwrap().as_deref(), Some("654321"));
-        assert!(store.spend_login_attempt("+1", now, 2).await.unwrap().is_some());
-        assert_eq!(store.spend_login_attempt("+1", now, 2).await.unwrap(), None, "{kind:?}: attempts used up");
-        assert_eq!(store.spend_login_attempt("+1", now + 61_000, 9).await.unwrap(), None, "{kind:?}: expired");
+        store
+            .put_login_code("+1", "123456", now, now + 60_000)
+            .await
+            .unwrap();
+        store
+            .put_login_code("+1", "654321", now, now + 60_000)
+            .await
+            .unwrap();
+        assert_eq!(
+            store
+                .spend_login_attempt("+1", now, 2)
+                .await
+                .unwrap()
+                .as_deref(),
+            Some("654321")
+        );
+        assert!(store
+            .spend_login_attempt("+1", now, 2)
+            .await
+            .unwrap()
+            .is_some());
+        assert_eq!(
+            store.spend_login_attempt("+1", now, 2).await.unwrap(),
+            None,
+            "{kind:?}: attempts used up"
+        );
+        assert_eq!(
+            store
+                .spend_login_attempt("+1", now + 61_000, 9)
+                .await
+                .unwrap(),
+            None,
+            "{kind:?}: expired"
+        );
 
         let first = store.meta_get_or_init("k", "one").await.unwrap();
         let second = store.meta_get_or_init("k", "two").await.unwrap();
-        assert_eq!((first.as_str(), second.as_str()), ("one", "one"), "{kind:?}");
+        assert_eq!(
+            (first.as_str(), second.as_str()),
+            ("one", "one"),
+            "{kind:?}"
+        );
     }
 }
 

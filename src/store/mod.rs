@@ -183,14 +183,24 @@ impl Store {
     pub async fn migrate(&self) -> Result<Vec<i64>, StoreError> {
         let mut conn = self.pool.acquire().await?;
         let (lock, unlock) = match self.dialect {
-            Dialect::Postgres => ("SELECT pg_advisory_lock(7362001)", "SELECT pg_advisory_unlock(7362001)"),
-            Dialect::MySql => ("SELECT GET_LOCK('seckill_migrate', 60)", "SELECT RELEASE_LOCK('seckill_migrate')"),
+            Dialect::Postgres => (
+                "SELECT pg_advisory_lock(7362001)",
+                "SELECT pg_advisory_unlock(7362001)",
+            ),
+            Dialect::MySql => (
+                "SELECT GET_LOCK('seckill_migrate', 60)",
+                "SELECT RELEASE_LOCK('seckill_migrate')",
+            ),
             // SQLite's DDL is transactional: one immediate transaction is the lock.
             Dialect::Sqlite => ("BEGIN IMMEDIATE", "COMMIT"),
         };
         sqlx::query(lock).execute(&mut *conn).await?;
         let result = self.migrate_locked(&mut conn).await;
-        let unlock = if result.is_err() && self.dialect == Dialect::Sqlite { "ROLLBACK" } else { unlock };
+        let unlock = if result.is_err() && self.dialect == Dialect::Sqlite {
+            "ROLLBACK"
+        } else {
+            unlock
+        };
         if let Err(e) = sqlx::query(unlock).execute(&mut *conn).await {
             conn.detach();
             return Err(e.into());

@@ -1,0 +1,222 @@
+//! Bad input of every kind, against the running binary: each gets a 4xx with a
+//! `{code, message}` body, never a 5xx, and changes nothing (stock and orders checked).
+
+mod common;
+
+use common::{Server, Sql};
+use reqwest::Method;
+use seckill::store::Store;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_requests_get_clear_errors_and_change_nothing() {
+    let db = common::fresh_database(Sql::Sqlite).await;
+    let server = Server::start(
+        vec![("SECKILL_DATABASE_URL".into(), db.clone())],
+        vec!["serve".into()],
+    )
+    .await;
+    let c = common::client();
+    let base = server.base.clone();
+    let sale = common::open_sale(&c, &server, 10, 2).await;
+    let tokens = common::login_users(&c, &base, 1).await;
+    let token = tokens[0].as_str();
+    let (user, exp, sig) = {
+        let p: Vec<&str> = token.split('.').collect();
+        (p[0].to_string(), p[1].to_string(), p[2].to_string())
+    };
+    let forged_user = format!("{}.{exp}.{sig}", user.parse::<i64>().unwrap() + 1);
+    let forged_exp = format!("{user}.{}.{sig}", exp.parse::<i64>().unwrap() + 1);
+    let huge = "x".repeat(1 << 20);
+    let deep = "[".repeat(10_000); // under the body limit, over serde's nesting limit
+    let purchase = format!("/api/sales/{sale}/purchase");
+
+    // (method, path, bearer, body, expected status, expected code)
+    let cases: Vec<(Method, String, Option<String>, Option<String>, u16, &str)> = vec![
+        (Method::POST, purchase.clone(), None, None, 401, "unauthorized"),
+        (Method::POST, purchase.clone(), Some("garbage".into()), None, 401, "unauthorized"),
+        (Method::POST, purchase.clone(), Some(forged_user), None, 401, "unauthorized"),
+        (Method::POST, purchase.clone(), Some(forged_exp), None, 401, "unauthorized"),
+        (Method::POST, purchase.clone(), Some(token.into()), Some("{".into()), 400, "invalid_request"),
+        (Method::POST, purchase.clone(), Some(token.into()), Some("not json".into()), 400, "invalid_request"),
+        (Method::POST, purchase.clone(), Some(token.into()), Some(r#"{"quantity":0}"#.into()), 400, "invalid_request"),
+        (Method::POST, purchase.clone(), Some(token.into()), Some(r#"{"quantity":-5}"#.into()), 400, "invalid_request"),
+        (Method::POST, purchase.clone(), Some(token.into()), Some(r#"{"quantity":3}"#.into()), 400, "invalid_request"),
+        (Method::POST, purchase.clone(), Some(token.into()), Some(r#"{"quantity":1e3}"#.into()), 400, "invalid_request"),
+        (Method::POST, purchase.clone(), Some(token.into()), Some(r#"{"quantity":"1"}"#.into()), 400, "invalid_request"),
+        (Method::POST, purchase.clone(), Some(token.into()), Some(r#"{"quantity":1,"x":2}"#.into()), 400, "invalid_request"),
+        (Method::POST, purchase.clone(), Some(token.into()), Some(deep.clone()), 400, "invalid_request"),
+        (Method::POST, purchase.clone(), Some(token.into()), Some(huge.clone()), 413, "payload_too_large"),
+        (Method::POST, "/api/sales/12345/purchase".into(), Some(token.into()), None, 404, "not_found"),
+        (Method::POST, "/api/sales/-1/purchase".into(), Some(token.into()), None, 400, "invalid_request"),
+        (Method::POST, "/api/sales/abc/purchase".into(), Some(token.into()), None, 400, "invalid_request"),
+        (Method::POST, "/api/sales/99999999999999999999999/purchase".into(), Some(token.into()), None, 400, "invalid_request"),
+        (Method::GET, purchase.clone(), Some(token.into()), None, 405, "method_not_allowed"),
+        (Method::GET, "/api/orders/1".into(), Some(token.into()), None, 404, "not_found"),
+        (Method::GET, "/api/orders/x".into(), Some(token.into()), None, 400, "invalid_request"),
+        (Method::GET, "/api/nothing".into(), None, None, 404, "not_found"),
+        (Method::POST, "/api/auth/code".into(), None, Some(r#"{"phone":"12"}"#.into()), 400, "invalid_request"),
+        (Method::POST, "/api/auth/code".into(), None, Some("[]".into()), 400, "invalid_request"),
+        (Method::POST, "/api/auth/login".into(), None, Some(r#"{"phone":"+123456","code":"000000"}"#.into()), 401, "invalid_code"),
+        (Method::POST, "/api/admin/sales".into(), None, Some("{}".into()), 401, "unauthorized"),
+        (Method::POST, "/api/admin/sales".into(), Some("wrong".into()), Some("{}".into()), 401, "unauthorized"),
+        (Method::POST, "/api/admin/sales".into(), Some(server.admin.clone()), Some("{}".into()), 400, "invalid_request"),
+        (
+            Method::POST,
+            "/api/admin/sales".into(),
+            Some(server.admin.clone()),
+            Some(r#"{"title":"t","price_cents":1,"stock":-1,"begins_at":"2026-01-01T00:00:00Z","ends_at":"2026-01-02T00:00:00Z"}"#.into()),
+            400,
+            "invalid_request",
+        ),
+        (
+            Method::POST,
+            "/api/admin/sales".into(),
+            Some(server.admin.clone()),
+            Some(r#"{"title":"t","price_cents":1,"stock":1,"begins_at":"2026-01-02T00:00:00Z","ends_at":"2026-01-01T00:00:00Z"}"#.into()),
+            400,
+            "invalid_request",
+        ),
+        (Method::POST, "/api/admin/sales/1/approve".into(), Some(server.admin.clone()), None, 404, "not_found"),
+    ];
+    for (method, path, bearer, body, status, code) in cases {
+        let mut req = c.request(method.clone(), format!("{base}{path}"));
+        if let Some(b) = &bearer {
+            req = req.bearer_auth(b);
+        }
+        if let Some(b) = body.clone() {
+            req = req.body(b);
+        }
+        let r = req.send().await.unwrap();
+        let got = r.status().as_u16();
+        let json: serde_json::Value = r
+            .json()
+            .await
+            .unwrap_or_else(|e| panic!("{method} {path}: body is not JSON: {e}"));
+        let short: String = body.unwrap_or_default().chars().take(60).collect();
+        assert_eq!(got, status, "{method} {path} {short}: {json}");
+        assert_eq!(json["code"], code, "{method} {path} {short}: {json}");
+        assert!(
+            json["message"].as_str().is_some_and(|m| !m.is_empty()),
+            "{method} {path}: {json}"
+        );
+    }
+
+    // Nothing changed: the sale still has its whole stock and no order exists.
+    let store = Store::connect(&db, 2).await.unwrap();
+    let sale_id: i64 = sale.parse().unwrap();
+    assert!(store.orders_of_sale(sale_id).await.unwrap().is_empty());
+    assert_eq!(store.sale(sale_id).await.unwrap().unwrap().stock, 10);
+    let stock: serde_json::Value = c
+        .get(format!("{base}/api/sales/{sale}/stock"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        stock,
+        serde_json::json!({"state": "active", "remaining": 10})
+    );
+
+    // And a valid purchase still works afterwards, with quantity up to the limit.
+    let r = c
+        .post(format!("{base}{purchase}"))
+        .bearer_auth(token)
+        .body(r#"{"quantity":2}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(store.orders_of_sale(sale_id).await.unwrap().len(), 1);
+    assert_eq!(store.sale(sale_id).await.unwrap().unwrap().stock, 8);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn catalogue_is_cacheable_and_orders_are_private() {
+    let db = common::fresh_database(Sql::Sqlite).await;
+    let server = Server::start(
+        vec![("SECKILL_DATABASE_URL".into(), db)],
+        vec!["serve".into()],
+    )
+    .await;
+    let c = common::client();
+    let base = server.base.clone();
+    let sale = common::open_sale(&c, &server, 5, 1).await;
+
+    let r = c
+        .get(format!("{base}/api/sales/{sale}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let etag = r.headers()["etag"].to_str().unwrap().to_string();
+    assert!(r.headers()["cache-control"]
+        .to_str()
+        .unwrap()
+        .contains("max-age"));
+    let r = c
+        .get(format!("{base}/api/sales/{sale}"))
+        .header("If-None-Match", &etag)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 304);
+    let list: serde_json::Value = c
+        .get(format!("{base}/api/sales"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(list
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|s| s["id"] == sale.as_str()));
+
+    let tokens = common::login_users(&c, &base, 2).await;
+    let (status, body) = common::buy(&c, &base, &sale, &tokens[0]).await;
+    assert_eq!(status, 200, "{body}");
+    let order = body["order_id"].as_str().unwrap();
+    let mine: serde_json::Value = c
+        .get(format!("{base}/api/orders/{order}"))
+        .bearer_auth(&tokens[0])
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        mine["status"], "pending_payment",
+        "embedded answers ok only once written"
+    );
+    let theirs = c
+        .get(format!("{base}/api/orders/{order}"))
+        .bearer_auth(&tokens[1])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(theirs.status(), 404, "another user's order is not visible");
+    let list: serde_json::Value = c
+        .get(format!("{base}/api/orders"))
+        .bearer_auth(&tokens[1])
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(list, serde_json::json!([]));
+    let stock: serde_json::Value = c
+        .get(format!("{base}/api/sales/{sale}/stock"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(stock["remaining"], 4);
+}
