@@ -296,5 +296,5 @@ async fn redis_postgres_storm_and_sigkill() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn redis_mariadb_storm_and_sigkill() {
-    run_deployment(distributed(Sql::MySql).await).await;
+    run_deployment(distributed(Sql::Mariadb).await).await;
 }

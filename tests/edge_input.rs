@@ -31,7 +31,8 @@ async fn malformed_requests_get_clear_errors_and_change_nothing() {
     let purchase = format!("/api/sales/{sale}/purchase");
 
     // (method, path, bearer, body, expected status, expected code)
-    let cases: Vec<(Method, String, Option<String>, Option<String>, u16, &str)> = vec![
+    type Case<'a> = (Method, String, Option<String>, Option<String>, u16, &'a str);
+    let cases: Vec<Case> = vec![
         (Method::POST, purchase.clone(), None, None, 401, "unauthorized"),
         (Method::POST, purchase.clone(), Some("garbage".into()), None, 401, "unauthorized"),
         (Method::POST, purchase.clone(), Some(forged_user), None, 401, "unauthorized"),

@@ -95,7 +95,7 @@ impl Setup {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_consumers_batch_is_reclaimed_and_written_once() {
-    for kind in [Sql::Postgres, Sql::MySql] {
+    for kind in [Sql::Postgres, Sql::Mariadb] {
         let s = setup(kind).await;
         let sale_id = s.open_sale(100).await;
         let ids = s.buy_all(sale_id, 1..61).await;

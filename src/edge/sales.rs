@@ -175,7 +175,7 @@ fn validate_new_sale(n: &NewSale) -> Result<(i64, i64), ApiError> {
     if title_len == 0 || title_len > 200 {
         return Err(ApiError::invalid("title must be 1 to 200 characters"));
     }
-    if !(0..=1_000_000_000_00).contains(&n.price_cents) {
+    if !(0..=100_000_000_000).contains(&n.price_cents) {
         return Err(ApiError::invalid(
             "price_cents must be between 0 and 100000000000",
         ));

@@ -36,18 +36,61 @@ pub fn unique(tag: &str) -> String {
 pub enum Sql {
     Sqlite,
     Postgres,
-    MySql,
+    Mariadb,
 }
 
-pub const ALL_SQL: [Sql; 3] = [Sql::Sqlite, Sql::Postgres, Sql::MySql];
+pub const ALL_SQL: [Sql; 3] = [Sql::Sqlite, Sql::Postgres, Sql::Mariadb];
 
 fn replace_db(url: &str, db: &str) -> String {
     let (base, _) = url.rsplit_once('/').expect("database URL has a path");
     format!("{base}/{db}")
 }
 
+/// The pid inside a name made by [`unique`], if that process has ended.
+fn dead_owner(name: &str) -> bool {
+    let pid = name.split(['_', ':']).nth(2).and_then(|p| u32::from_str_radix(p, 16).ok());
+    pid.is_some_and(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists())
+}
+
+/// Drops the databases and Redis keys left by test processes that have ended, once per
+/// test process, so that the shared servers do not fill up run after run.
+async fn sweep_leftovers() {
+    static SWEPT: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    SWEPT
+        .get_or_init(|| async {
+            sqlx::any::install_default_drivers();
+            for (admin, list) in [
+                (pg_admin_url(), "SELECT CAST(datname AS TEXT) FROM pg_database WHERE datname LIKE 'sk\\_%'"),
+                (mysql_admin_url(), "SELECT schema_name FROM information_schema.schemata WHERE schema_name LIKE 'sk\\_%'"),
+            ] {
+                let Ok(pool) = sqlx::any::AnyPoolOptions::new().max_connections(1).connect(&admin).await else {
+                    continue;
+                };
+                let names: Vec<String> = sqlx::query(list)
+                    .fetch_all(&pool)
+                    .await
+                    .map(|rows| rows.iter().filter_map(|r| sqlx::Row::try_get::<String, _>(r, 0).ok()).collect())
+                    .unwrap_or_default();
+                for name in names.iter().filter(|n| dead_owner(n)) {
+                    let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {name}")).execute(&pool).await;
+                }
+                pool.close().await;
+            }
+            if let Ok(client) = redis::Client::open(redis_url()) {
+                if let Ok(mut conn) = client.get_multiplexed_async_connection().await {
+                    let keys: Vec<String> = redis::cmd("KEYS").arg("sk_*").query_async(&mut conn).await.unwrap_or_default();
+                    for key in keys.iter().filter(|k| dead_owner(k)) {
+                        let _: Result<i64, _> = redis::cmd("DEL").arg(key).query_async(&mut conn).await;
+                    }
+                }
+            }
+        })
+        .await;
+}
+
 /// Creates an empty database of its own for one test and returns its URL.
 pub async fn fresh_database(kind: Sql) -> String {
+    sweep_leftovers().await;
     let name = unique("t");
     match kind {
         Sql::Sqlite => {
@@ -55,7 +98,7 @@ pub async fn fresh_database(kind: Sql) -> String {
             std::fs::create_dir_all(&dir).unwrap();
             format!("sqlite://{}/seckill.db", dir.display())
         }
-        Sql::Postgres | Sql::MySql => {
+        Sql::Postgres | Sql::Mariadb => {
             let admin = if kind == Sql::Postgres {
                 pg_admin_url()
             } else {
