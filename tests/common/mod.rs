@@ -48,7 +48,10 @@ fn replace_db(url: &str, db: &str) -> String {
 
 /// The pid inside a name made by [`unique`], if that process has ended.
 fn dead_owner(name: &str) -> bool {
-    let pid = name.split(['_', ':']).nth(2).and_then(|p| u32::from_str_radix(p, 16).ok());
+    let pid = name
+        .split(['_', ':'])
+        .nth(2)
+        .and_then(|p| u32::from_str_radix(p, 16).ok());
     pid.is_some_and(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists())
 }
 
