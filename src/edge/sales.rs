@@ -269,7 +269,7 @@ pub async fn approve_sale(
     let now = crate::now_ms();
     let opens_soon = sale.begins_at <= now + st.config.preload_ahead_secs as i64 * 1000;
     let loaded = if sale.ends_at > now && opens_soon {
-        crate::scheduler::load_sale(&st.store, st.gate.as_ref(), &sale).await?;
+        crate::scheduler::load_sale(&st.store, st.gate.as_ref(), &st.sales, &sale).await?;
         true
     } else {
         false

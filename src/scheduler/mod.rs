@@ -32,6 +32,9 @@ pub enum SchedulerError {
 #[derive(Default)]
 pub struct SaleCache {
     sales: RwLock<HashMap<i64, Arc<Sale>>>,
+    /// Sales being loaded into the gate right now: one load at a time per sale, so that a
+    /// crowd meeting an empty gate (Redis lost its data) triggers one rebuild, not thousands.
+    loading: std::sync::Mutex<std::collections::HashSet<i64>>,
 }
 
 impl SaleCache {
@@ -69,8 +72,32 @@ impl SaleCache {
     }
 }
 
-/// Loads one sale into the gate from SQL, unless the gate has it.
+/// Loads one sale into the gate from SQL, unless the gate has it or another task of this
+/// process is loading it already.
 pub async fn load_sale(
+    store: &Store,
+    gate: &dyn Gate,
+    cache: &SaleCache,
+    sale: &Sale,
+) -> Result<bool, SchedulerError> {
+    let claimed = cache
+        .loading
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(sale.id);
+    if !claimed {
+        return Ok(false);
+    }
+    let result = load_unclaimed(store, gate, sale).await;
+    cache
+        .loading
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&sale.id);
+    result
+}
+
+async fn load_unclaimed(
     store: &Store,
     gate: &dyn Gate,
     sale: &Sale,
@@ -108,7 +135,7 @@ pub async fn preload(
     for sale in cache.all() {
         if sale.ends_at > now
             && sale.begins_at <= now + ahead_ms
-            && load_sale(store, gate, &sale).await?
+            && load_sale(store, gate, cache, &sale).await?
         {
             loaded += 1;
         }
