@@ -3,6 +3,7 @@
 //! the few statements that differ). Owns the schema and every SQL statement; never
 //! decides a purchase (that is the gate's job) and is never called on the purchase path.
 
+pub mod lifecycle;
 mod schema;
 
 use std::collections::{HashMap, HashSet};

@@ -71,5 +71,45 @@ pub fn migrations(d: Dialect) -> Vec<(i64, Vec<String>)> {
             ){tail}"
         ),
     ];
-    vec![(1, v1)]
+    let v2 = vec![
+        // Each status is reached at most once per order, so (order_id, status) is the key
+        // and doubles as a guard against recording a transition twice.
+        format!(
+            "CREATE TABLE IF NOT EXISTS order_events (
+                order_id {int} NOT NULL,
+                status VARCHAR(20) NOT NULL,
+                at {int} NOT NULL,
+                detail VARCHAR(200) NOT NULL,
+                PRIMARY KEY (order_id, status)
+            ){tail}"
+        ),
+        format!(
+            "CREATE TABLE IF NOT EXISTS payments (
+                intent_id {int} PRIMARY KEY,
+                order_id {int} NOT NULL,
+                user_id {int} NOT NULL,
+                amount_cents {int} NOT NULL,
+                status VARCHAR(16) NOT NULL,
+                provider_ref VARCHAR(64) NOT NULL,
+                created_at {int} NOT NULL,
+                updated_at {int} NOT NULL
+            ){tail}"
+        ),
+        "CREATE INDEX payments_by_order ON payments (order_id)".to_string(),
+        // The outbox of stock going back to the gate: written in the transaction that
+        // cancels or expires the order, cleared once the gate has taken the units back.
+        format!(
+            "CREATE TABLE IF NOT EXISTS stock_returns (
+                order_id {int} PRIMARY KEY,
+                sale_id {int} NOT NULL,
+                user_id {int} NOT NULL,
+                quantity {int} NOT NULL,
+                reason VARCHAR(16) NOT NULL,
+                created_at {int} NOT NULL,
+                gate_done_at {int}
+            ){tail}"
+        ),
+        "CREATE INDEX orders_by_deadline ON orders (status, pay_deadline)".to_string(),
+    ];
+    vec![(1, v1), (2, v2)]
 }

@@ -1,0 +1,476 @@
+//! SQL side of the order lifecycle: guarded transitions out of `pending_payment`, the
+//! stock-return outbox, and payment intents. A transition is one transaction whose guard
+//! (`WHERE status = 'pending_payment'`) lets exactly one of pay, cancel and expire win.
+
+use sqlx::Row;
+
+use super::{Dialect, Store, StoreError};
+use crate::model::{Order, OrderStatus};
+
+/// Where an order may go from `pending_payment`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Paid,
+    Cancelled,
+    Expired,
+}
+
+impl Outcome {
+    pub fn status(self) -> OrderStatus {
+        match self {
+            Outcome::Paid => OrderStatus::Paid,
+            Outcome::Cancelled => OrderStatus::Cancelled,
+            Outcome::Expired => OrderStatus::Expired,
+        }
+    }
+
+    fn returns_stock(self) -> bool {
+        self != Outcome::Paid
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TransitionError {
+    #[error("order {0} does not exist")]
+    NoSuchOrder(i64),
+    /// The order is not in a state this transition may leave (or the deadline decides).
+    #[error("order is {from}; it cannot become {to}")]
+    Illegal {
+        from: &'static str,
+        to: &'static str,
+    },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<sqlx::Error> for TransitionError {
+    fn from(e: sqlx::Error) -> Self {
+        TransitionError::Store(StoreError::Db(e))
+    }
+}
+
+/// A unit of stock owed back to the gate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StockReturn {
+    pub order_id: i64,
+    pub sale_id: i64,
+    pub user_id: i64,
+    pub quantity: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Payment {
+    pub intent_id: i64,
+    pub order_id: i64,
+    pub user_id: i64,
+    pub amount_cents: i64,
+    pub status: String,
+    pub created_at: i64,
+}
+
+/// How a provider's "paid" notification was settled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PaymentSettlement {
+    /// The order is paid.
+    Paid,
+    /// The same notification was settled before: nothing changed.
+    Duplicate,
+    /// The order had expired or been cancelled first: the money is owed back.
+    RefundDue,
+}
+
+impl Store {
+    /// Moves a `pending_payment` order to `outcome` in one transaction; cancellation and
+    /// expiry put the units back on `sales.stock` and into the gate outbox. `owner`, when
+    /// given, must own the order. Payment must arrive before the deadline; expiry after it.
+    pub async fn transition(
+        &self,
+        order_id: i64,
+        owner: Option<i64>,
+        outcome: Outcome,
+        now: i64,
+        detail: &str,
+    ) -> Result<Order, TransitionError> {
+        let mut conn = self.pool.acquire().await.map_err(StoreError::from)?;
+        let begin = if self.dialect == Dialect::Sqlite {
+            "BEGIN IMMEDIATE"
+        } else {
+            "BEGIN"
+        };
+        sqlx::query(begin).execute(&mut *conn).await?;
+        let result = self
+            .transition_in_tx(&mut conn, order_id, owner, outcome, now, detail)
+            .await;
+        let end = if result.is_ok() { "COMMIT" } else { "ROLLBACK" };
+        if let Err(e) = sqlx::query(end).execute(&mut *conn).await {
+            conn.detach();
+            return Err(e.into());
+        }
+        result
+    }
+
+    async fn transition_in_tx(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        order_id: i64,
+        owner: Option<i64>,
+        outcome: Outcome,
+        now: i64,
+        detail: &str,
+    ) -> Result<Order, TransitionError> {
+        let deadline_guard = match outcome {
+            Outcome::Paid => " AND pay_deadline > ?",
+            Outcome::Expired => " AND pay_deadline <= ?",
+            Outcome::Cancelled => " AND ? = ?",
+        };
+        let q = format!(
+            "UPDATE orders SET status = ?, updated_at = ? WHERE id = ? AND status = 'pending_payment'{deadline_guard}{}",
+            if owner.is_some() { " AND user_id = ?" } else { "" }
+        );
+        let q = self.sql(&q);
+        let mut update = sqlx::query(&q)
+            .bind(outcome.status().as_str())
+            .bind(now)
+            .bind(order_id)
+            .bind(now);
+        if outcome == Outcome::Cancelled {
+            update = update.bind(now);
+        }
+        if let Some(user) = owner {
+            update = update.bind(user);
+        }
+        let changed = update.execute(&mut *conn).await?.rows_affected();
+        let order = self.order_in(conn, order_id).await?;
+        let order = match order {
+            Some(o) if owner.is_none_or(|u| u == o.user_id) => o,
+            _ => return Err(TransitionError::NoSuchOrder(order_id)),
+        };
+        if changed != 1 {
+            let from = if order.status == OrderStatus::PendingPayment {
+                "past its payment deadline"
+            } else {
+                order.status.as_str()
+            };
+            return Err(TransitionError::Illegal {
+                from,
+                to: outcome.status().as_str(),
+            });
+        }
+        sqlx::query(
+            &self
+                .sql("INSERT INTO order_events (order_id, status, at, detail) VALUES (?, ?, ?, ?)"),
+        )
+        .bind(order_id)
+        .bind(outcome.status().as_str())
+        .bind(now)
+        .bind(detail.chars().take(200).collect::<String>())
+        .execute(&mut *conn)
+        .await?;
+        if outcome.returns_stock() {
+            sqlx::query(
+                &self.sql("UPDATE sales SET stock = stock + ?, updated_at = ? WHERE id = ?"),
+            )
+            .bind(order.quantity)
+            .bind(now)
+            .bind(order.sale_id)
+            .execute(&mut *conn)
+            .await?;
+            sqlx::query(&self.sql(
+                "INSERT INTO stock_returns (order_id, sale_id, user_id, quantity, reason, created_at, gate_done_at) \
+                 VALUES (?, ?, ?, ?, ?, ?, NULL)",
+            ))
+            .bind(order_id)
+            .bind(order.sale_id)
+            .bind(order.user_id)
+            .bind(order.quantity)
+            .bind(outcome.status().as_str())
+            .bind(now)
+            .execute(&mut *conn)
+            .await?;
+        }
+        Ok(order)
+    }
+
+    async fn order_in(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        id: i64,
+    ) -> Result<Option<Order>, StoreError> {
+        let q = format!("SELECT {} FROM orders WHERE id = ?", Self::ORDER_COLS);
+        let row = sqlx::query(&self.sql(&q))
+            .bind(id)
+            .fetch_optional(&mut *conn)
+            .await?;
+        Ok(match row {
+            Some(r) => Some(Self::order_from_row(&r)?),
+            None => None,
+        })
+    }
+
+    /// Orders whose payment deadline has passed, oldest first.
+    pub async fn due_for_expiry(&self, now: i64, limit: i64) -> Result<Vec<i64>, StoreError> {
+        let rows = sqlx::query(&self.sql(
+            "SELECT id FROM orders WHERE status = 'pending_payment' AND pay_deadline <= ? ORDER BY pay_deadline LIMIT ?",
+        ))
+        .bind(now)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| r.try_get::<i64, _>(0).map_err(Into::into))
+            .collect()
+    }
+
+    /// Returns not yet taken back by the gate; `sale_id` narrows them to one sale.
+    pub async fn pending_returns(
+        &self,
+        sale_id: Option<i64>,
+        limit: i64,
+    ) -> Result<Vec<StockReturn>, StoreError> {
+        let base = "SELECT order_id, sale_id, user_id, quantity FROM stock_returns WHERE gate_done_at IS NULL";
+        let rows = match sale_id {
+            Some(id) => {
+                let q = self.sql(&format!("{base} AND sale_id = ? ORDER BY order_id LIMIT ?"));
+                sqlx::query(&q)
+                    .bind(id)
+                    .bind(limit)
+                    .fetch_all(&self.pool)
+                    .await?
+            }
+            None => {
+                let q = self.sql(&format!("{base} ORDER BY order_id LIMIT ?"));
+                sqlx::query(&q).bind(limit).fetch_all(&self.pool).await?
+            }
+        };
+        rows.iter()
+            .map(|r| {
+                Ok(StockReturn {
+                    order_id: r.try_get(0)?,
+                    sale_id: r.try_get(1)?,
+                    user_id: r.try_get(2)?,
+                    quantity: r.try_get(3)?,
+                })
+            })
+            .collect()
+    }
+
+    pub async fn mark_returned(&self, order_id: i64, now: i64) -> Result<(), StoreError> {
+        sqlx::query(&self.sql(
+            "UPDATE stock_returns SET gate_done_at = ? WHERE order_id = ? AND gate_done_at IS NULL",
+        ))
+        .bind(now)
+        .bind(order_id)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// The sale's SQL stock and its returns still owed to the gate, read so that no return
+    /// can fall between the two (the sale row is locked while they are read). A gate loaded
+    /// from these counts the returns already and must ignore them when they arrive.
+    pub async fn stock_for_load(&self, sale_id: i64) -> Result<(i64, Vec<i64>), StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        let (begin, lock) = match self.dialect {
+            Dialect::Sqlite => ("BEGIN IMMEDIATE", "SELECT stock FROM sales WHERE id = ?"),
+            _ => ("BEGIN", "SELECT stock FROM sales WHERE id = ? FOR UPDATE"),
+        };
+        sqlx::query(begin).execute(&mut *conn).await?;
+        let read = async {
+            let row = sqlx::query(&self.sql(lock))
+                .bind(sale_id)
+                .fetch_optional(&mut *conn)
+                .await?;
+            let stock: i64 = match row {
+                Some(r) => r.try_get(0)?,
+                None => return Err(StoreError::UnknownSale(sale_id)),
+            };
+            let rows = sqlx::query(&self.sql(
+                "SELECT order_id FROM stock_returns WHERE sale_id = ? AND gate_done_at IS NULL",
+            ))
+            .bind(sale_id)
+            .fetch_all(&mut *conn)
+            .await?;
+            let returned = rows
+                .iter()
+                .map(|r| r.try_get::<i64, _>(0))
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok((stock, returned))
+        }
+        .await;
+        if sqlx::query("COMMIT").execute(&mut *conn).await.is_err() {
+            conn.detach();
+        }
+        read
+    }
+
+    // ---- payments -----------------------------------------------------------------------
+
+    pub async fn create_payment(&self, p: &Payment) -> Result<(), StoreError> {
+        sqlx::query(&self.sql(
+            "INSERT INTO payments (intent_id, order_id, user_id, amount_cents, status, provider_ref, created_at, updated_at) \
+             VALUES (?, ?, ?, ?, 'created', '', ?, ?)",
+        ))
+        .bind(p.intent_id)
+        .bind(p.order_id)
+        .bind(p.user_id)
+        .bind(p.amount_cents)
+        .bind(p.created_at)
+        .bind(p.created_at)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    const PAYMENT_COLS: &'static str =
+        "intent_id, order_id, user_id, amount_cents, status, created_at";
+
+    fn payment_from_row(r: &sqlx::any::AnyRow) -> Result<Payment, sqlx::Error> {
+        Ok(Payment {
+            intent_id: r.try_get(0)?,
+            order_id: r.try_get(1)?,
+            user_id: r.try_get(2)?,
+            amount_cents: r.try_get(3)?,
+            status: r.try_get(4)?,
+            created_at: r.try_get(5)?,
+        })
+    }
+
+    pub async fn payment(&self, intent_id: i64) -> Result<Option<Payment>, StoreError> {
+        let q = format!(
+            "SELECT {} FROM payments WHERE intent_id = ?",
+            Self::PAYMENT_COLS
+        );
+        let row = sqlx::query(&self.sql(&q))
+            .bind(intent_id)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(match row {
+            Some(r) => Some(Self::payment_from_row(&r)?),
+            None => None,
+        })
+    }
+
+    /// The newest payment intent of an order still waiting for the provider.
+    pub async fn open_payment_of(&self, order_id: i64) -> Result<Option<Payment>, StoreError> {
+        let q = format!(
+            "SELECT {} FROM payments WHERE order_id = ? AND status = 'created' ORDER BY intent_id DESC LIMIT 1",
+            Self::PAYMENT_COLS
+        );
+        let row = sqlx::query(&self.sql(&q))
+            .bind(order_id)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(match row {
+            Some(r) => Some(Self::payment_from_row(&r)?),
+            None => None,
+        })
+    }
+
+    /// A provider said the intent failed: it can no longer be paid (the buyer may start another).
+    pub async fn fail_payment(
+        &self,
+        intent_id: i64,
+        provider_ref: &str,
+        now: i64,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(&self.sql(
+            "UPDATE payments SET status = 'failed', provider_ref = ?, updated_at = ? WHERE intent_id = ? AND status = 'created'",
+        ))
+        .bind(provider_ref)
+        .bind(now)
+        .bind(intent_id)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// A provider said the intent was paid. One transaction claims the payment and moves
+    /// the order: the order becomes `paid`, or, if it expired or was cancelled first, the
+    /// payment is recorded as a refund due. A repeated notification changes nothing.
+    pub async fn settle_payment(
+        &self,
+        intent_id: i64,
+        provider_ref: &str,
+        now: i64,
+    ) -> Result<PaymentSettlement, TransitionError> {
+        let mut conn = self.pool.acquire().await.map_err(StoreError::from)?;
+        let begin = if self.dialect == Dialect::Sqlite {
+            "BEGIN IMMEDIATE"
+        } else {
+            "BEGIN"
+        };
+        sqlx::query(begin).execute(&mut *conn).await?;
+        let result = self
+            .settle_in_tx(&mut conn, intent_id, provider_ref, now)
+            .await;
+        let end = if result.is_ok() { "COMMIT" } else { "ROLLBACK" };
+        if let Err(e) = sqlx::query(end).execute(&mut *conn).await {
+            conn.detach();
+            return Err(e.into());
+        }
+        result
+    }
+
+    async fn settle_in_tx(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        intent_id: i64,
+        provider_ref: &str,
+        now: i64,
+    ) -> Result<PaymentSettlement, TransitionError> {
+        // Claim the intent first: a concurrent duplicate waits on this row, then finds it
+        // settled. It is marked refund_due until the order is known to be paid.
+        let claimed = sqlx::query(&self.sql(
+            "UPDATE payments SET status = 'refund_due', provider_ref = ?, updated_at = ? WHERE intent_id = ? AND status = 'created'",
+        ))
+        .bind(provider_ref)
+        .bind(now)
+        .bind(intent_id)
+        .execute(&mut *conn)
+        .await?
+        .rows_affected();
+        let q = format!(
+            "SELECT {} FROM payments WHERE intent_id = ?",
+            Self::PAYMENT_COLS
+        );
+        let row = sqlx::query(&self.sql(&q))
+            .bind(intent_id)
+            .fetch_optional(&mut *conn)
+            .await?;
+        let payment = match row {
+            Some(r) => Self::payment_from_row(&r)?,
+            None => return Err(TransitionError::NoSuchOrder(intent_id)),
+        };
+        if claimed != 1 {
+            return Ok(PaymentSettlement::Duplicate);
+        }
+        let detail = format!("payment {intent_id}");
+        match self
+            .transition_in_tx(conn, payment.order_id, None, Outcome::Paid, now, &detail)
+            .await
+        {
+            Ok(_) => {
+                sqlx::query(&self.sql("UPDATE payments SET status = 'paid' WHERE intent_id = ?"))
+                    .bind(intent_id)
+                    .execute(&mut *conn)
+                    .await?;
+                Ok(PaymentSettlement::Paid)
+            }
+            Err(TransitionError::Illegal { .. }) => Ok(PaymentSettlement::RefundDue),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Payments of a sale by status (for stats).
+    pub async fn payment_counts(&self, sale_id: i64) -> Result<Vec<(String, i64)>, StoreError> {
+        let rows = sqlx::query(&self.sql(
+            "SELECT p.status, COUNT(*) FROM payments p JOIN orders o ON o.id = p.order_id WHERE o.sale_id = ? GROUP BY p.status",
+        ))
+        .bind(sale_id)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| Ok((r.try_get::<String, _>(0)?, r.try_get::<i64, _>(1)?)))
+            .collect()
+    }
+}
