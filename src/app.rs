@@ -14,6 +14,7 @@ use crate::gate::memory::MemoryGate;
 use crate::gate::redis::RedisGate;
 use crate::gate::Gate;
 use crate::ids::{self, IdGenerator};
+use crate::lifecycle::payment::SimulatedProvider;
 use crate::orderlog::redis_stream::StreamLog;
 use crate::orderlog::{local, OrderLog};
 use crate::scheduler::{SaleCache, Scheduler};
@@ -74,6 +75,21 @@ pub async fn token_signer(config: &Config, store: &Store) -> Result<TokenSigner,
     Ok(TokenSigner::new(&secret))
 }
 
+/// The payment provider's callback secret: configured, or generated once and shared.
+pub async fn payment_provider(
+    config: &Config,
+    store: &Store,
+) -> Result<SimulatedProvider, AppError> {
+    let secret = match &config.payment_secret {
+        Some(s) => s.clone(),
+        None => {
+            let candidate = crate::edge::auth::hex(&rand::random::<[u8; 32]>());
+            store.meta_get_or_init("payment_secret", &candidate).await?
+        }
+    };
+    Ok(SimulatedProvider::new(&secret))
+}
+
 pub async fn redis_manager(
     url: &str,
 ) -> Result<(redis::Client, redis::aio::ConnectionManager), AppError> {
@@ -89,6 +105,7 @@ pub async fn assemble(config: Config, role: Role) -> Result<App, AppError> {
     let config = Arc::new(config);
     let store = connect_store(&config).await?;
     let tokens = token_signer(&config, &store).await?;
+    let payments = payment_provider(&config, &store).await?;
     let (gate, log, ids, redis, streams): (
         Arc<dyn Gate>,
         Arc<dyn OrderLog>,
@@ -133,6 +150,7 @@ pub async fn assemble(config: Config, role: Role) -> Result<App, AppError> {
         gate,
         ids,
         tokens,
+        payments,
         sales: Arc::new(SaleCache::default()),
         redis,
         writer_stats: Arc::new(WriterStats::default()),

@@ -65,6 +65,15 @@ pub struct ConfigArgs {
     #[arg(long, env = "SECKILL_DEV", global = true, num_args = 0..=1, default_missing_value = "true",
           value_parser = clap::builder::BoolishValueParser::new())]
     pub dev: Option<bool>,
+    /// Secret shared with the payment provider to sign its callbacks; generated once and
+    /// kept in the database when unset (the built-in simulated provider uses it too).
+    #[arg(
+        long,
+        env = "SECKILL_PAYMENT_SECRET",
+        global = true,
+        hide_env_values = true
+    )]
+    pub payment_secret: Option<String>,
     /// Command run to deliver a login code (env SECKILL_PHONE, SECKILL_CODE) outside dev mode.
     #[arg(long, env = "SECKILL_SMS_HOOK", global = true)]
     pub sms_hook: Option<String>,
@@ -98,6 +107,7 @@ pub struct Config {
     pub redis_prefix: String,
     pub admin_token: Option<String>,
     pub token_secret: Option<String>,
+    pub payment_secret: Option<String>,
     pub dev: bool,
     pub sms_hook: Option<String>,
     pub run_writer: bool,
@@ -140,6 +150,10 @@ impl Config {
                 .unwrap_or_else(|| "seckill".to_string()),
             admin_token: a.admin_token.or(f.admin_token).filter(|s| !s.is_empty()),
             token_secret: a.token_secret.or(f.token_secret).filter(|s| !s.is_empty()),
+            payment_secret: a
+                .payment_secret
+                .or(f.payment_secret)
+                .filter(|s| !s.is_empty()),
             dev: a.dev.or(f.dev).unwrap_or(embedded),
             sms_hook: a.sms_hook.or(f.sms_hook),
             run_writer: !a.no_writer.or(f.no_writer).unwrap_or(false),
@@ -220,6 +234,7 @@ impl Config {
             format!("redis_prefix       = {}", self.redis_prefix),
             format!("admin_token        = {}", mask(&self.admin_token)),
             format!("token_secret       = {}", mask(&self.token_secret)),
+            format!("payment_secret     = {}", mask(&self.payment_secret)),
             format!("dev                = {}", self.dev),
             format!(
                 "sms_hook           = {}",

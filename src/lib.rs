@@ -11,7 +11,8 @@
 //! - [`orderlog`]: accepted orders on their way to SQL (a local queue, or a Redis Stream).
 //! - [`writer`]: drains the order log into SQL in batches, exactly once per order.
 //! - [`store`]: the SQL database (SQLite, PostgreSQL, MySQL/MariaDB): schema and queries.
-//! - [`scheduler`]: background duties: preload sales into the gate before they open.
+//! - [`lifecycle`]: after the purchase: payment (simulated provider), cancel, expiry, stock returns.
+//! - [`scheduler`]: background duties: preload sales, expire unpaid orders, return stock to the gate.
 //! - [`ids`]: 64-bit time-ordered ids, unique across instances.
 //! - [`app`]: assembles the parts for one of the two deployments (embedded or distributed).
 //! - [`cli`]: the `seckill` command: serve, worker, migrate, users mint.
@@ -23,6 +24,7 @@ pub mod config;
 pub mod edge;
 pub mod gate;
 pub mod ids;
+pub mod lifecycle;
 pub mod model;
 pub mod orderlog;
 pub mod scheduler;

@@ -68,6 +68,7 @@ impl Harness {
             sale: sale.clone(),
             remaining: sale.stock,
             buyers,
+            released: vec![],
         };
         assert!(
             self.gate.load(&load).await.unwrap(),
@@ -289,6 +290,7 @@ async fn a_second_load_never_overwrites_live_stock_and_buyers_are_remembered() {
             sale: sale.clone(),
             remaining: 10,
             buyers: vec![],
+            released: vec![],
         };
         assert!(
             !h.gate.load(&again).await.unwrap(),

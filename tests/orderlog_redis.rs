@@ -67,6 +67,7 @@ impl Setup {
             sale: sale.clone(),
             remaining: stock,
             buyers: vec![],
+            released: vec![],
         };
         assert!(self.gate.load(&load).await.unwrap());
         sale.id

@@ -6,6 +6,7 @@
 pub mod auth;
 pub mod error;
 pub mod orders;
+pub mod payments;
 pub mod sales;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -37,6 +38,7 @@ pub struct AppState {
     pub gate: Arc<dyn Gate>,
     pub ids: Arc<IdGenerator>,
     pub tokens: TokenSigner,
+    pub payments: crate::lifecycle::payment::SimulatedProvider,
     pub sales: Arc<SaleCache>,
     pub redis: Option<redis::aio::ConnectionManager>,
     pub writer_stats: Arc<WriterStats>,
@@ -99,6 +101,13 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/sales/{id}/purchase", post(orders::purchase))
         .route("/api/orders", get(orders::list_orders))
         .route("/api/orders/{id}", get(orders::get_order))
+        .route("/api/orders/{id}/pay", post(payments::pay))
+        .route("/api/orders/{id}/cancel", post(payments::cancel))
+        .route("/api/payments/notify", post(payments::notify))
+        .route(
+            "/api/admin/payments/{id}/simulate",
+            post(payments::simulate),
+        )
         .route(
             "/api/admin/sales",
             post(sales::create_sale).get(sales::admin_list_sales),

@@ -193,9 +193,9 @@ fn validate_new_sale(n: &NewSale) -> Result<(i64, i64), ApiError> {
         }
     }
     if let Some(w) = n.payment_window_secs {
-        if !(30..=7 * 86400).contains(&w) {
+        if !(1..=7 * 86400).contains(&w) {
             return Err(ApiError::invalid(
-                "payment_window_secs must be between 30 and 604800",
+                "payment_window_secs must be between 1 and 604800",
             ));
         }
     }
@@ -354,6 +354,7 @@ pub struct SaleStats {
     orders_written: i64,
     units_in_live_orders: i64,
     orders_by_status: std::collections::HashMap<String, i64>,
+    payments_by_status: std::collections::HashMap<String, i64>,
     log_backlog: Option<i64>,
     log_pending: Option<i64>,
     dead_letters: Option<i64>,
@@ -391,6 +392,7 @@ pub async fn sale_stats(
         orders_written: counts.orders,
         units_in_live_orders: counts.units,
         orders_by_status: counts.by_status,
+        payments_by_status: st.store.payment_counts(id).await?.into_iter().collect(),
         log_backlog: backlog.map(|b| b.0),
         log_pending: backlog.map(|b| b.1),
         dead_letters: backlog.map(|b| b.2),

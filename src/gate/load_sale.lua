@@ -2,8 +2,9 @@
 -- overwritten, so a late or repeated preload cannot resell units.
 -- KEYS[1] sale hash  KEYS[2] buyers hash  KEYS[3] order stream  KEYS[4] accepted hash
 -- KEYS[5] staging hash holding the buyers when there were too many to pass as ARGV
--- ARGV: stock, limit, begins, ends, paused, price, expire_at_ms, group,
---       then user_id, units pairs
+-- KEYS[6] released set: orders whose returned units the loaded stock already counts
+-- ARGV: stock, limit, begins, ends, paused, price, expire_at_ms, group, n_released,
+--       then n_released order ids, then user_id, units pairs
 if redis.call('EXISTS', KEYS[1]) == 1 then
   redis.call('DEL', KEYS[5])
   return 0
@@ -12,7 +13,12 @@ redis.call('DEL', KEYS[2])
 if redis.call('EXISTS', KEYS[5]) == 1 then
   redis.call('RENAME', KEYS[5], KEYS[2])
 end
-for i = 9, #ARGV, 2 do
+local n_released = tonumber(ARGV[9])
+redis.call('DEL', KEYS[6])
+for i = 10, 9 + n_released do
+  redis.call('SADD', KEYS[6], ARGV[i])
+end
+for i = 10 + n_released, #ARGV, 2 do
   redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1])
 end
 redis.call('HSET', KEYS[1], 'stock', ARGV[1], 'limit', ARGV[2], 'begins', ARGV[3],
@@ -22,7 +28,7 @@ local ok, err = pcall(redis.call, 'XGROUP', 'CREATE', KEYS[3], ARGV[8], '0', 'MK
 if not ok and not string.find(tostring(err), 'BUSYGROUP') then
   return redis.error_reply(tostring(err))
 end
-for i = 1, 2 do
+for _, i in ipairs({1, 2, 6}) do
   if redis.call('EXISTS', KEYS[i]) == 1 then
     redis.call('PEXPIREAT', KEYS[i], ARGV[7])
   end

@@ -8,7 +8,9 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use async_trait::async_trait;
 
-use super::{Gate, GateError, GateStock, Purchase, Rejection, SaleLoad, Verdict};
+use super::{
+    Gate, GateError, GateStock, Purchase, Rejection, Release, Released, SaleLoad, Verdict,
+};
 use crate::model::NewOrder;
 use crate::orderlog::local::LocalLog;
 
@@ -20,6 +22,7 @@ struct SaleState {
     paused: bool,
     price_cents: i64,
     held: HashMap<i64, i64>,
+    released: std::collections::HashSet<i64>,
 }
 
 pub struct MemoryGate {
@@ -135,9 +138,28 @@ impl Gate for MemoryGate {
                 .copied()
                 .filter(|(_, n)| *n > 0)
                 .collect(),
+            released: load.released.iter().copied().collect(),
         };
         sales.insert(load.sale.id, Arc::new(Mutex::new(state)));
         Ok(true)
+    }
+
+    async fn release(&self, r: Release) -> Result<Released, GateError> {
+        let Some(state) = self.sale(r.sale_id) else {
+            return Ok(Released::NotLoaded);
+        };
+        let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
+        if !s.released.insert(r.order_id) {
+            return Ok(Released::Before);
+        }
+        s.remaining += r.quantity;
+        let held = s.held.get(&r.user_id).copied().unwrap_or(0) - r.quantity;
+        if held > 0 {
+            s.held.insert(r.user_id, held);
+        } else {
+            s.held.remove(&r.user_id);
+        }
+        Ok(Released::Now)
     }
 
     async fn is_loaded(&self, sale_id: i64) -> Result<bool, GateError> {

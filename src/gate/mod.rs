@@ -63,6 +63,27 @@ pub struct SaleLoad {
     pub remaining: i64,
     /// (user_id, units held in live orders).
     pub buyers: Vec<(i64, i64)>,
+    /// Cancelled or expired orders whose units `remaining` already counts: a later
+    /// release of one of them must change nothing.
+    pub released: Vec<i64>,
+}
+
+/// Units of a cancelled or expired order going back to the gate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Release {
+    pub sale_id: i64,
+    pub order_id: i64,
+    pub user_id: i64,
+    pub quantity: i64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Released {
+    Now,
+    /// This order was given back before: nothing changed.
+    Before,
+    /// The sale is not in the gate; its next load reads the returned stock from SQL.
+    NotLoaded,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -88,6 +109,9 @@ pub trait Gate: Send + Sync {
 
     /// None when the sale is not in the gate.
     async fn stock(&self, sale_id: i64) -> Result<Option<GateStock>, GateError>;
+
+    /// Gives an order's units back and frees its buyer's slot, exactly once per order.
+    async fn release(&self, r: Release) -> Result<Released, GateError>;
 
     /// Stops or restarts purchases of a loaded sale (kill switch).
     async fn set_paused(&self, sale_id: i64, paused: bool) -> Result<(), GateError>;

@@ -7,7 +7,9 @@ use async_trait::async_trait;
 use redis::aio::ConnectionManager;
 use redis::{Script, Value};
 
-use super::{Gate, GateError, GateStock, Purchase, Rejection, SaleLoad, Verdict};
+use super::{
+    Gate, GateError, GateStock, Purchase, Rejection, Release, Released, SaleLoad, Verdict,
+};
 
 /// How long a sale's gate keys outlive its end, for late order lookups and stats.
 const KEEP_AFTER_END_MS: i64 = 7 * 86_400_000;
@@ -25,6 +27,7 @@ pub struct SaleKeys {
     pub accepted: String,
     pub staging: String,
     pub dead: String,
+    pub released: String,
 }
 
 impl SaleKeys {
@@ -37,6 +40,7 @@ impl SaleKeys {
             accepted: format!("{base}:accepted"),
             staging: format!("{base}:buyers:loading"),
             dead: format!("{base}:dead"),
+            released: format!("{base}:released"),
         }
     }
 }
@@ -47,6 +51,7 @@ pub struct RedisGate {
     purchase: Script,
     load: Script,
     pause: Script,
+    release: Script,
 }
 
 impl RedisGate {
@@ -57,6 +62,7 @@ impl RedisGate {
             purchase: Script::new(include_str!("purchase.lua")),
             load: Script::new(include_str!("load_sale.lua")),
             pause: Script::new(include_str!("set_paused.lua")),
+            release: Script::new(include_str!("release.lua")),
         }
     }
 
@@ -64,7 +70,7 @@ impl RedisGate {
     /// NOSCRIPT (after a Redis restart) reloads transparently.
     pub async fn prepare(&self) -> Result<(), GateError> {
         let mut conn = self.conn.clone();
-        for script in [&self.purchase, &self.load, &self.pause] {
+        for script in [&self.purchase, &self.load, &self.pause, &self.release] {
             script.prepare_invoke().load_async(&mut conn).await?;
         }
         Ok(())
@@ -156,6 +162,7 @@ impl Gate for RedisGate {
             .key(&k.stream)
             .key(&k.accepted)
             .key(&k.staging)
+            .key(&k.released)
             .arg(load.remaining)
             .arg(s.per_user_limit)
             .arg(s.begins_at)
@@ -163,7 +170,11 @@ impl Gate for RedisGate {
             .arg(if s.paused { "1" } else { "0" })
             .arg(s.price_cents)
             .arg(s.ends_at.saturating_add(KEEP_AFTER_END_MS))
-            .arg(WRITER_GROUP);
+            .arg(WRITER_GROUP)
+            .arg(load.released.len());
+        for order_id in &load.released {
+            call.arg(*order_id);
+        }
         if !staged {
             for (user, units) in &load.buyers {
                 call.arg(*user).arg(*units);
@@ -171,6 +182,26 @@ impl Gate for RedisGate {
         }
         let loaded: i64 = call.invoke_async(&mut conn).await?;
         Ok(loaded == 1)
+    }
+
+    async fn release(&self, r: Release) -> Result<Released, GateError> {
+        let k = self.keys(r.sale_id);
+        let mut conn = self.conn.clone();
+        let done: i64 = self
+            .release
+            .key(&k.sale)
+            .key(&k.buyers)
+            .key(&k.released)
+            .arg(r.order_id)
+            .arg(r.user_id)
+            .arg(r.quantity)
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(match done {
+            1 => Released::Now,
+            0 => Released::Before,
+            _ => Released::NotLoaded,
+        })
     }
 
     async fn is_loaded(&self, sale_id: i64) -> Result<bool, GateError> {

@@ -1,6 +1,7 @@
 //! Background duties on a one-second tick: refresh each instance's sale cache from SQL,
 //! preload approved sales into the gate before they open (never overwriting live stock),
-//! and point the order writer at the streams of current sales. Reads SQL, writes only to
+//! expire orders past their payment deadline, hand returned stock back to the gate, and
+//! point the order writer at the streams of current sales. Reads SQL, writes only to
 //! the gate's load step; never on the purchase path.
 
 use std::collections::HashMap;
@@ -25,6 +26,8 @@ pub enum SchedulerError {
     Gate(#[from] GateError),
     #[error(transparent)]
     Log(#[from] crate::orderlog::LogError),
+    #[error(transparent)]
+    Lifecycle(#[from] crate::lifecycle::LifecycleError),
 }
 
 /// Each instance's copy of the approved sales, so that the edge answers sale lookups and
@@ -105,11 +108,13 @@ async fn load_unclaimed(
     if gate.is_loaded(sale.id).await? {
         return Ok(false);
     }
+    let (remaining, released) = store.stock_for_load(sale.id).await?;
     let buyers = store.live_buyers(sale.id).await?;
     let load = SaleLoad {
         sale: sale.clone(),
-        remaining: sale.stock,
+        remaining,
         buyers,
+        released,
     };
     let loaded = gate.load(&load).await?;
     if loaded {
@@ -162,6 +167,15 @@ impl Scheduler {
             self.preload_ahead_ms,
         )
         .await?;
+        let expired = crate::lifecycle::expire_due(&self.store).await?;
+        let returned = crate::lifecycle::pump_returns(&self.store, self.gate.as_ref()).await?;
+        if expired + returned > 0 {
+            tracing::info!(
+                expired,
+                returned,
+                "unpaid orders expired; stock handed back to the gate"
+            );
+        }
         if let Some(streams) = &self.streams {
             let ids: Vec<i64> = self.cache.all().iter().map(|s| s.id).collect();
             streams.watch(&ids).await?;

@@ -1,0 +1,115 @@
+//! The order lifecycle after the purchase: payment, cancellation, expiry, and the stock
+//! that comes back. Transitions are decided in SQL (see `store::lifecycle`), where a
+//! guard lets exactly one of pay, cancel and expire win; returned units then go back to
+//! the gate through an outbox, exactly once. Never touches the purchase path.
+
+pub mod payment;
+
+use crate::gate::{Gate, GateError, Release, Released};
+use crate::store::lifecycle::{Outcome, StockReturn, TransitionError};
+use crate::store::{Store, StoreError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum LifecycleError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Gate(#[from] GateError),
+    #[error(transparent)]
+    Transition(#[from] TransitionError),
+}
+
+/// Hands one return to the gate and clears it from the outbox. Safe to repeat: the gate
+/// takes each order's units back once.
+pub async fn return_to_gate(
+    store: &Store,
+    gate: &dyn Gate,
+    r: &StockReturn,
+) -> Result<Released, LifecycleError> {
+    let released = gate
+        .release(Release {
+            sale_id: r.sale_id,
+            order_id: r.order_id,
+            user_id: r.user_id,
+            quantity: r.quantity,
+        })
+        .await?;
+    store.mark_returned(r.order_id, crate::now_ms()).await?;
+    Ok(released)
+}
+
+/// Empties the outbox of returned stock; returns how many were handed over.
+pub async fn pump_returns(store: &Store, gate: &dyn Gate) -> Result<usize, LifecycleError> {
+    let mut handed = 0;
+    loop {
+        let batch = store.pending_returns(None, 500).await?;
+        if batch.is_empty() {
+            return Ok(handed);
+        }
+        for r in &batch {
+            return_to_gate(store, gate, r).await?;
+            handed += 1;
+        }
+    }
+}
+
+/// Expires every order past its payment deadline; returns how many expired.
+pub async fn expire_due(store: &Store) -> Result<usize, LifecycleError> {
+    let mut expired = 0;
+    loop {
+        let now = crate::now_ms();
+        let due = store.due_for_expiry(now, 500).await?;
+        if due.is_empty() {
+            return Ok(expired);
+        }
+        for order_id in due.iter().copied() {
+            match store
+                .transition(
+                    order_id,
+                    None,
+                    Outcome::Expired,
+                    now,
+                    "payment deadline passed",
+                )
+                .await
+            {
+                Ok(_) => expired += 1,
+                // Paid or cancelled in the meantime: that transition won.
+                Err(TransitionError::Illegal { .. }) | Err(TransitionError::NoSuchOrder(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if due.len() < 500 {
+            return Ok(expired);
+        }
+    }
+}
+
+/// Cancels a buyer's order and gives its units back at once (the outbox is the fallback).
+pub async fn cancel(
+    store: &Store,
+    gate: &dyn Gate,
+    order_id: i64,
+    user_id: i64,
+) -> Result<(), LifecycleError> {
+    let order = store
+        .transition(
+            order_id,
+            Some(user_id),
+            Outcome::Cancelled,
+            crate::now_ms(),
+            "cancelled by the buyer",
+        )
+        .await?;
+    let r = StockReturn {
+        order_id,
+        sale_id: order.sale_id,
+        user_id: order.user_id,
+        quantity: order.quantity,
+    };
+    if let Err(e) = return_to_gate(store, gate, &r).await {
+        // Committed in SQL and in the outbox: the scheduler hands it over later.
+        tracing::warn!(error = %e, order_id, "stock return deferred to the scheduler");
+    }
+    Ok(())
+}

@@ -1,0 +1,202 @@
+//! Payments through a provider. The built-in simulated provider lets the whole flow run
+//! on one machine: it issues intents (a pay URL and a QR payload) and, when told to, calls
+//! back `POST /api/payments/notify` exactly as a real provider would: HMAC-SHA256 over
+//! `"{timestamp}.{raw body}"` in `X-Seckill-Signature`, the timestamp in
+//! `X-Seckill-Timestamp`. Verification refuses bad signatures and stale timestamps.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use hmac::{Hmac, Mac};
+use serde::{Deserialize, Serialize};
+use sha2::Sha256;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+type HmacSha256 = Hmac<Sha256>;
+
+pub const TIMESTAMP_HEADER: &str = "x-seckill-timestamp";
+pub const SIGNATURE_HEADER: &str = "x-seckill-signature";
+/// Notifications older (or newer) than this are refused, so a captured one cannot be replayed later.
+pub const MAX_SKEW_SECS: i64 = 300;
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum NotifyError {
+    #[error("missing or malformed signature headers")]
+    MissingHeaders,
+    #[error("the notification timestamp is too old or in the future")]
+    Stale,
+    #[error("the signature does not match")]
+    BadSignature,
+    #[error("the notification body is not valid: {0}")]
+    BadBody(String),
+}
+
+/// What the provider tells us about an intent.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Notification {
+    pub intent_id: String,
+    pub status: NotifiedStatus,
+    #[serde(default)]
+    pub provider_ref: String,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum NotifiedStatus {
+    Paid,
+    Failed,
+}
+
+/// What a client shows the buyer to pay.
+#[derive(Debug, Clone, Serialize)]
+pub struct IntentView {
+    pub intent_id: String,
+    pub order_id: String,
+    pub amount_cents: i64,
+    pub pay_url: String,
+    pub qr_payload: String,
+    pub expires_at: String,
+}
+
+#[derive(Clone)]
+pub struct SimulatedProvider {
+    secret: Vec<u8>,
+}
+
+impl SimulatedProvider {
+    pub fn new(secret: &str) -> Self {
+        SimulatedProvider {
+            secret: secret.as_bytes().to_vec(),
+        }
+    }
+
+    pub fn intent_view(
+        &self,
+        intent_id: i64,
+        order_id: i64,
+        amount_cents: i64,
+        expires_at: &str,
+    ) -> IntentView {
+        IntentView {
+            intent_id: intent_id.to_string(),
+            order_id: order_id.to_string(),
+            amount_cents,
+            pay_url: format!("/simulated-pay/{intent_id}"),
+            qr_payload: format!("seckill-sim://pay?intent={intent_id}&amount={amount_cents}"),
+            expires_at: expires_at.to_string(),
+        }
+    }
+
+    fn mac(&self, timestamp: i64, body: &[u8]) -> HmacSha256 {
+        let mut mac =
+            <HmacSha256 as Mac>::new_from_slice(&self.secret).unwrap_or_else(|_| unreachable!());
+        mac.update(timestamp.to_string().as_bytes());
+        mac.update(b".");
+        mac.update(body);
+        mac
+    }
+
+    pub fn sign(&self, timestamp: i64, body: &[u8]) -> String {
+        crate::edge::auth::hex(&self.mac(timestamp, body).finalize().into_bytes())
+    }
+
+    /// Checks a callback's signature and age, then reads it.
+    pub fn verify(
+        &self,
+        timestamp: Option<&str>,
+        signature: Option<&str>,
+        body: &[u8],
+        now_secs: i64,
+    ) -> Result<Notification, NotifyError> {
+        let ts: i64 = timestamp
+            .and_then(|t| t.trim().parse().ok())
+            .ok_or(NotifyError::MissingHeaders)?;
+        let sig = signature
+            .and_then(|s| unhex(s.trim()))
+            .ok_or(NotifyError::MissingHeaders)?;
+        if (now_secs - ts).abs() > MAX_SKEW_SECS {
+            return Err(NotifyError::Stale);
+        }
+        self.mac(ts, body)
+            .verify_slice(&sig)
+            .map_err(|_| NotifyError::BadSignature)?;
+        serde_json::from_slice(body).map_err(|e| NotifyError::BadBody(e.to_string()))
+    }
+
+    /// Delivers a signed notification to a seckill server, as the provider would.
+    pub async fn deliver(&self, target: SocketAddr, n: &Notification) -> std::io::Result<u16> {
+        let body = serde_json::to_vec(n).map_err(std::io::Error::other)?;
+        let ts = crate::now_ms() / 1000;
+        let request = format!(
+            "POST /api/payments/notify HTTP/1.1\r\nHost: {target}\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\n{TIMESTAMP_HEADER}: {ts}\r\n{SIGNATURE_HEADER}: {}\r\nConnection: close\r\n\r\n",
+            body.len(),
+            self.sign(ts, &body)
+        );
+        let mut stream = tokio::time::timeout(
+            Duration::from_secs(5),
+            tokio::net::TcpStream::connect(target),
+        )
+        .await??;
+        stream.write_all(request.as_bytes()).await?;
+        stream.write_all(&body).await?;
+        let mut answer = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer)).await??;
+        let status = String::from_utf8_lossy(&answer)
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        Ok(status)
+    }
+}
+
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    if s.len() % 2 != 0 || !s.is_ascii() {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).ok())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signatures_bind_body_and_time() {
+        let p = SimulatedProvider::new("k");
+        let body = br#"{"intent_id":"5","status":"paid"}"#;
+        let sig = p.sign(1000, body);
+        let ok = p.verify(Some("1000"), Some(&sig), body, 1010).unwrap();
+        assert_eq!(ok.status, NotifiedStatus::Paid);
+        assert_eq!(
+            p.verify(Some("1000"), Some(&sig), body, 1000 + MAX_SKEW_SECS + 1),
+            Err(NotifyError::Stale)
+        );
+        assert_eq!(
+            p.verify(Some("1001"), Some(&sig), body, 1001),
+            Err(NotifyError::BadSignature)
+        );
+        let other = br#"{"intent_id":"6","status":"paid"}"#;
+        assert_eq!(
+            p.verify(Some("1000"), Some(&sig), other, 1000),
+            Err(NotifyError::BadSignature)
+        );
+        assert_eq!(
+            SimulatedProvider::new("x").verify(Some("1000"), Some(&sig), body, 1000),
+            Err(NotifyError::BadSignature)
+        );
+        assert_eq!(
+            p.verify(None, Some(&sig), body, 1000),
+            Err(NotifyError::MissingHeaders)
+        );
+        assert_eq!(
+            p.verify(Some("1000"), Some("zz"), body, 1000),
+            Err(NotifyError::MissingHeaders)
+        );
+    }
+}
