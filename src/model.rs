@@ -59,7 +59,7 @@ pub struct NewOrder {
     pub accepted_at: i64,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OrderStatus {
     /// Accepted by the gate, not yet written to SQL.

@@ -182,7 +182,11 @@ async fn migrations_are_idempotent_and_safe_to_race() {
             applied.extend(t.await.unwrap());
         }
         applied.sort();
-        assert_eq!(applied, vec![1, 2], "{kind:?}: each version applied by exactly one process");
+        assert_eq!(
+            applied,
+            vec![1, 2],
+            "{kind:?}: each version applied by exactly one process"
+        );
         let store = Store::connect(&url, 2).await.unwrap();
         assert!(store.migrate().await.unwrap().is_empty(), "{kind:?}");
     }
