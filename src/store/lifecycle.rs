@@ -7,6 +7,9 @@ use sqlx::Row;
 use super::{Dialect, Store, StoreError};
 use crate::model::{Order, OrderStatus};
 
+/// Attempts of a lifecycle transaction that keeps losing deadlocks before giving up.
+const RETRIES: u32 = 5;
+
 /// Where an order may go from `pending_payment`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
@@ -83,7 +86,31 @@ impl Store {
     /// Moves a `pending_payment` order to `outcome` in one transaction; cancellation and
     /// expiry put the units back on `sales.stock` and into the gate outbox. `owner`, when
     /// given, must own the order. Payment must arrive before the deadline; expiry after it.
+    /// A transaction that loses a deadlock (InnoDB gap locks) is tried again.
     pub async fn transition(
+        &self,
+        order_id: i64,
+        owner: Option<i64>,
+        outcome: Outcome,
+        now: i64,
+        detail: &str,
+    ) -> Result<Order, TransitionError> {
+        let mut attempt = 0;
+        loop {
+            match self
+                .transition_once(order_id, owner, outcome, now, detail)
+                .await
+            {
+                Err(TransitionError::Store(e)) if e.is_transient() && attempt < RETRIES => {
+                    attempt += 1
+                }
+                other => return other,
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5 << attempt)).await;
+        }
+    }
+
+    async fn transition_once(
         &self,
         order_id: i64,
         owner: Option<i64>,
@@ -388,6 +415,24 @@ impl Store {
     /// the order: the order becomes `paid`, or, if it expired or was cancelled first, the
     /// payment is recorded as a refund due. A repeated notification changes nothing.
     pub async fn settle_payment(
+        &self,
+        intent_id: i64,
+        provider_ref: &str,
+        now: i64,
+    ) -> Result<PaymentSettlement, TransitionError> {
+        let mut attempt = 0;
+        loop {
+            match self.settle_payment_once(intent_id, provider_ref, now).await {
+                Err(TransitionError::Store(e)) if e.is_transient() && attempt < RETRIES => {
+                    attempt += 1
+                }
+                other => return other,
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5 << attempt)).await;
+        }
+    }
+
+    async fn settle_payment_once(
         &self,
         intent_id: i64,
         provider_ref: &str,

@@ -1,0 +1,374 @@
+//! Lifecycle races against every SQL backend, and the gate's release against every gate:
+//! payment and expiry at the same instant, cancel twice at once, the same notification
+//! delivered concurrently, and an expired order redelivered by the order log.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::ALL_SQL;
+use seckill::gate::{Gate, Purchase, Release, Released, SaleLoad, Verdict};
+use seckill::model::{NewOrder, OrderStatus};
+use seckill::store::lifecycle::{Outcome, Payment, PaymentSettlement, TransitionError};
+use seckill::store::Store;
+
+async fn written_orders(store: &Store, sale_id: i64, n: i64) -> Vec<NewOrder> {
+    let orders: Vec<NewOrder> = (0..n)
+        .map(|u| NewOrder {
+            id: common::next_id(),
+            sale_id,
+            user_id: 100 + u,
+            quantity: 1,
+            price_cents: 999,
+            accepted_at: seckill::now_ms(),
+        })
+        .collect();
+    store.write_orders(&orders).await.unwrap();
+    orders
+}
+
+async fn live_units(store: &Store, sale_id: i64) -> i64 {
+    store
+        .orders_of_sale(sale_id)
+        .await
+        .unwrap()
+        .iter()
+        .filter(|o| matches!(o.status, OrderStatus::Paid | OrderStatus::PendingPayment))
+        .map(|o| o.quantity)
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn payment_and_expiry_at_the_same_instant_have_one_winner() {
+    for kind in ALL_SQL {
+        let (store, _) = common::fresh_store(kind).await;
+        let sale = common::sale(common::next_id(), 40, 1);
+        store.create_sale(&sale).await.unwrap();
+        let orders = written_orders(&store, sale.id, 40).await;
+        let mut tasks = Vec::new();
+        for o in &orders {
+            let deadline = store.order(o.id).await.unwrap().unwrap().pay_deadline;
+            for outcome in [Outcome::Paid, Outcome::Expired] {
+                let (store, id) = (store.clone(), o.id);
+                // Both guards hold at these instants: only the status guard can decide.
+                let now = if outcome == Outcome::Paid {
+                    deadline - 1
+                } else {
+                    deadline
+                };
+                tasks.push(tokio::spawn(async move {
+                    (id, store.transition(id, None, outcome, now, "race").await)
+                }));
+            }
+        }
+        let mut wins = std::collections::HashMap::new();
+        for t in tasks {
+            let (id, r) = t.await.unwrap();
+            match r {
+                Ok(_) => *wins.entry(id).or_insert(0) += 1,
+                Err(TransitionError::Illegal { .. }) => {}
+                Err(e) => panic!("{kind:?}: {e}"),
+            }
+        }
+        assert_eq!(wins.len(), 40, "{kind:?}: every order settled");
+        assert!(
+            wins.values().all(|n| *n == 1),
+            "{kind:?}: exactly one winner per order"
+        );
+        let expired = store
+            .orders_of_sale(sale.id)
+            .await
+            .unwrap()
+            .iter()
+            .filter(|o| o.status == OrderStatus::Expired)
+            .count() as i64;
+        let returns = store.pending_returns(Some(sale.id), 1000).await.unwrap();
+        assert_eq!(
+            returns.len() as i64,
+            expired,
+            "{kind:?}: one return per expired order"
+        );
+        let stock = store.sale(sale.id).await.unwrap().unwrap().stock;
+        assert_eq!(stock + live_units(&store, sale.id).await, 40, "{kind:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cancel_twice_at_once_returns_stock_once() {
+    for kind in ALL_SQL {
+        let (store, _) = common::fresh_store(kind).await;
+        let sale = common::sale(common::next_id(), 5, 1);
+        store.create_sale(&sale).await.unwrap();
+        let o = written_orders(&store, sale.id, 1).await.remove(0);
+        let tasks: Vec<_> = (0..8)
+            .map(|_| {
+                let store = store.clone();
+                tokio::spawn(async move {
+                    store
+                        .transition(
+                            o.id,
+                            Some(o.user_id),
+                            Outcome::Cancelled,
+                            seckill::now_ms(),
+                            "c",
+                        )
+                        .await
+                })
+            })
+            .collect();
+        let mut ok = 0;
+        for t in tasks {
+            match t.await.unwrap() {
+                Ok(_) => ok += 1,
+                Err(TransitionError::Illegal {
+                    from: "cancelled", ..
+                }) => {}
+                Err(e) => panic!("{kind:?}: {e}"),
+            }
+        }
+        assert_eq!(ok, 1, "{kind:?}");
+        assert_eq!(
+            store.sale(sale.id).await.unwrap().unwrap().stock,
+            5,
+            "{kind:?}: returned once"
+        );
+        assert_eq!(
+            store
+                .pending_returns(Some(sale.id), 10)
+                .await
+                .unwrap()
+                .len(),
+            1,
+            "{kind:?}"
+        );
+        let other_user = store
+            .transition(
+                o.id,
+                Some(o.user_id + 1),
+                Outcome::Cancelled,
+                seckill::now_ms(),
+                "c",
+            )
+            .await;
+        assert!(
+            matches!(other_user, Err(TransitionError::NoSuchOrder(_))),
+            "{kind:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_notification_delivered_many_times_pays_once_and_a_late_one_is_refunded() {
+    for kind in ALL_SQL {
+        let (store, _) = common::fresh_store(kind).await;
+        let sale = common::sale(common::next_id(), 5, 1);
+        store.create_sale(&sale).await.unwrap();
+        let orders = written_orders(&store, sale.id, 2).await;
+        let mut intents = Vec::new();
+        for o in &orders {
+            let p = Payment {
+                intent_id: common::next_id(),
+                order_id: o.id,
+                user_id: o.user_id,
+                amount_cents: 999,
+                status: "created".into(),
+                created_at: seckill::now_ms(),
+            };
+            store.create_payment(&p).await.unwrap();
+            intents.push(p.intent_id);
+        }
+        let tasks: Vec<_> = (0..6)
+            .map(|_| {
+                let (store, intent) = (store.clone(), intents[0]);
+                tokio::spawn(async move {
+                    store
+                        .settle_payment(intent, "ref", seckill::now_ms())
+                        .await
+                        .unwrap()
+                })
+            })
+            .collect();
+        let mut outcomes = Vec::new();
+        for t in tasks {
+            outcomes.push(t.await.unwrap());
+        }
+        assert_eq!(
+            outcomes
+                .iter()
+                .filter(|o| **o == PaymentSettlement::Paid)
+                .count(),
+            1,
+            "{kind:?}: {outcomes:?}"
+        );
+        assert!(outcomes
+            .iter()
+            .all(|o| matches!(o, PaymentSettlement::Paid | PaymentSettlement::Duplicate)));
+        assert_eq!(
+            store.payment(intents[0]).await.unwrap().unwrap().status,
+            "paid",
+            "{kind:?}"
+        );
+
+        // The second order expires before its payment arrives: refund due, no oversell.
+        let deadline = store
+            .order(orders[1].id)
+            .await
+            .unwrap()
+            .unwrap()
+            .pay_deadline;
+        store
+            .transition(orders[1].id, None, Outcome::Expired, deadline, "deadline")
+            .await
+            .unwrap();
+        let late = store
+            .settle_payment(intents[1], "ref2", deadline + 1)
+            .await
+            .unwrap();
+        assert_eq!(late, PaymentSettlement::RefundDue, "{kind:?}");
+        assert_eq!(
+            store.order(orders[1].id).await.unwrap().unwrap().status,
+            OrderStatus::Expired
+        );
+        assert_eq!(
+            store.payment(intents[1]).await.unwrap().unwrap().status,
+            "refund_due",
+            "{kind:?}"
+        );
+        assert_eq!(
+            store.sale(sale.id).await.unwrap().unwrap().stock + live_units(&store, sale.id).await,
+            5
+        );
+
+        // The order log redelivering an order that has since expired writes nothing.
+        let again = store.write_orders(&orders).await.unwrap();
+        assert_eq!((again.written, again.duplicates), (0, 2), "{kind:?}");
+        assert_eq!(
+            store.order(orders[1].id).await.unwrap().unwrap().status,
+            OrderStatus::Expired,
+            "{kind:?}"
+        );
+        assert_eq!(
+            store.sale(sale.id).await.unwrap().unwrap().stock,
+            4,
+            "{kind:?}: stock not taken twice"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn gates_take_each_order_back_once_and_skip_what_their_load_counted() {
+    let (_, conn) = seckill::app::redis_manager(&common::redis_url())
+        .await
+        .unwrap();
+    let redis = seckill::gate::redis::RedisGate::new(conn, &common::unique("rel"));
+    redis.prepare().await.unwrap();
+    let (log, reader) = seckill::orderlog::local::channel();
+    let (store, _) = common::fresh_store(common::Sql::Sqlite).await;
+    let writer = seckill::writer::Writer {
+        log: Arc::new(reader),
+        store: store.clone(),
+        batch_max: 100,
+        stats: Default::default(),
+    };
+    let (_stop, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(writer.run(stop_rx));
+    let gates: Vec<(&str, Arc<dyn Gate>)> = vec![
+        (
+            "memory",
+            Arc::new(seckill::gate::memory::MemoryGate::new(log)),
+        ),
+        ("redis", Arc::new(redis)),
+    ];
+    for (name, gate) in gates {
+        let mut sale = common::sale(common::next_id(), 1, 1);
+        // SQL gets room for the second purchase: here only the gate sees the release.
+        sale.stock = 2;
+        store.create_sale(&sale).await.unwrap();
+        let counted = common::next_id();
+        let load = SaleLoad {
+            sale: sale.clone(),
+            remaining: 1,
+            buyers: vec![],
+            released: vec![counted],
+        };
+        gate.load(&load).await.unwrap();
+        let order_id = common::next_id();
+        let buy = |user, order_id| Purchase {
+            sale_id: sale.id,
+            user_id: user,
+            quantity: 1,
+            order_id,
+        };
+        assert!(
+            matches!(
+                gate.purchase(buy(1, order_id)).await.unwrap(),
+                Verdict::Accepted { remaining: 0 }
+            ),
+            "{name}"
+        );
+        let release = Release {
+            sale_id: sale.id,
+            order_id,
+            user_id: 1,
+            quantity: 1,
+        };
+        let results = futures_join(gate.clone(), release, 5).await;
+        assert_eq!(
+            results.iter().filter(|r| **r == Released::Now).count(),
+            1,
+            "{name}: {results:?}"
+        );
+        let stock = gate.stock(sale.id).await.unwrap().unwrap();
+        assert_eq!(
+            (stock.remaining, stock.buyers),
+            (1, 0),
+            "{name}: unit and slot back once"
+        );
+        // The same user may buy again; a release the load already counted changes nothing.
+        assert!(
+            matches!(
+                gate.purchase(buy(1, common::next_id())).await.unwrap(),
+                Verdict::Accepted { .. }
+            ),
+            "{name}"
+        );
+        let counted_release = Release {
+            order_id: counted,
+            user_id: 9,
+            ..release
+        };
+        assert_eq!(
+            gate.release(counted_release).await.unwrap(),
+            Released::Before,
+            "{name}"
+        );
+        assert_eq!(
+            gate.stock(sale.id).await.unwrap().unwrap().remaining,
+            0,
+            "{name}"
+        );
+        let absent = Release {
+            sale_id: common::next_id(),
+            ..release
+        };
+        assert_eq!(
+            gate.release(absent).await.unwrap(),
+            Released::NotLoaded,
+            "{name}"
+        );
+    }
+}
+
+async fn futures_join(gate: Arc<dyn Gate>, r: Release, n: usize) -> Vec<Released> {
+    let tasks: Vec<_> = (0..n)
+        .map(|_| {
+            let gate = gate.clone();
+            tokio::spawn(async move { gate.release(r).await.unwrap() })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.unwrap());
+    }
+    out
+}
