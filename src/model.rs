@@ -107,6 +107,8 @@ pub struct Order {
     pub status: OrderStatus,
     pub accepted_at: i64,
     pub pay_deadline: i64,
+    /// When the writer put it in SQL: the step from `queued` to `pending_payment`.
+    pub written_at: i64,
 }
 
 #[cfg(test)]

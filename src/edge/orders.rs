@@ -116,6 +116,15 @@ pub struct OrderView {
     accepted_at: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pay_deadline: Option<String>,
+    /// Every step of the order with its time (single-order view only).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    history: Vec<Step>,
+}
+
+#[derive(Serialize)]
+pub struct Step {
+    status: String,
+    at: String,
 }
 
 impl From<&Order> for OrderView {
@@ -128,6 +137,7 @@ impl From<&Order> for OrderView {
             status: o.status,
             accepted_at: rfc3339(o.accepted_at),
             pay_deadline: Some(rfc3339(o.pay_deadline)),
+            history: Vec::new(),
         }
     }
 }
@@ -142,7 +152,24 @@ pub async fn get_order(
     if let Some(order) = st.store.order(order_id).await? {
         // Someone else's order is indistinguishable from no order at all.
         return if order.user_id == user_id {
-            Ok(Json(OrderView::from(&order)))
+            let mut view = OrderView::from(&order);
+            view.history = vec![
+                Step {
+                    status: "queued".into(),
+                    at: rfc3339(order.accepted_at),
+                },
+                Step {
+                    status: "pending_payment".into(),
+                    at: rfc3339(order.written_at),
+                },
+            ];
+            for (status, at) in st.store.order_events(order_id).await? {
+                view.history.push(Step {
+                    status,
+                    at: rfc3339(at),
+                });
+            }
+            Ok(Json(view))
         } else {
             Err(not_found())
         };
@@ -167,6 +194,10 @@ pub async fn get_order(
                 status: OrderStatus::Queued,
                 accepted_at: rfc3339(accepted_at),
                 pay_deadline: None,
+                history: vec![Step {
+                    status: "queued".into(),
+                    at: rfc3339(accepted_at),
+                }],
             }));
         }
     }

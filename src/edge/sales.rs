@@ -350,6 +350,8 @@ pub struct SaleStats {
     initial_stock: i64,
     gate_stock: Option<i64>,
     gate_buyers: Option<i64>,
+    /// Orders the gate accepted since it was (last) loaded.
+    gate_accepted: Option<i64>,
     sql_stock: i64,
     orders_written: i64,
     units_in_live_orders: i64,
@@ -388,6 +390,7 @@ pub async fn sale_stats(
         initial_stock: sale.initial_stock,
         gate_stock: gate.map(|g| g.remaining),
         gate_buyers: gate.map(|g| g.buyers),
+        gate_accepted: gate.map(|g| g.accepted),
         sql_stock: sale.stock,
         orders_written: counts.orders,
         units_in_live_orders: counts.units,

@@ -22,6 +22,7 @@ struct SaleState {
     paused: bool,
     price_cents: i64,
     held: HashMap<i64, i64>,
+    accepted: i64,
     released: std::collections::HashSet<i64>,
 }
 
@@ -79,6 +80,7 @@ impl MemoryGate {
             });
         }
         s.remaining -= p.quantity;
+        s.accepted += 1;
         s.held.insert(p.user_id, held + p.quantity);
         let order = NewOrder {
             id: p.order_id,
@@ -94,6 +96,7 @@ impl MemoryGate {
     fn give_back(state: &Mutex<SaleState>, p: &Purchase) {
         let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
         s.remaining += p.quantity;
+        s.accepted -= 1;
         let held = s.held.get(&p.user_id).copied().unwrap_or(0) - p.quantity;
         if held > 0 {
             s.held.insert(p.user_id, held);
@@ -139,6 +142,7 @@ impl Gate for MemoryGate {
                 .filter(|(_, n)| *n > 0)
                 .collect(),
             released: load.released.iter().copied().collect(),
+            accepted: 0,
         };
         sales.insert(load.sale.id, Arc::new(Mutex::new(state)));
         Ok(true)
@@ -173,6 +177,7 @@ impl Gate for MemoryGate {
                 remaining: s.remaining,
                 paused: s.paused,
                 buyers: s.held.len() as i64,
+                accepted: s.accepted,
             }
         }))
     }

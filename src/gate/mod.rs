@@ -53,6 +53,8 @@ pub struct GateStock {
     pub remaining: i64,
     pub paused: bool,
     pub buyers: i64,
+    /// Orders the gate has accepted for this sale since it was loaded.
+    pub accepted: i64,
 }
 
 /// What the gate needs to open a sale: its terms, its stock and who already holds units.

@@ -216,19 +216,22 @@ impl Gate for RedisGate {
     async fn stock(&self, sale_id: i64) -> Result<Option<GateStock>, GateError> {
         let k = self.keys(sale_id);
         let mut conn = self.conn.clone();
-        let (fields, buyers): ((Option<i64>, Option<String>), i64) = redis::pipe()
+        let (fields, buyers, accepted): ((Option<i64>, Option<String>), i64, i64) = redis::pipe()
             .cmd("HMGET")
             .arg(&k.sale)
             .arg("stock")
             .arg("paused")
             .cmd("HLEN")
             .arg(&k.buyers)
+            .cmd("HLEN")
+            .arg(&k.accepted)
             .query_async(&mut conn)
             .await?;
         Ok(fields.0.map(|remaining| GateStock {
             remaining,
             paused: fields.1.as_deref() == Some("1"),
             buyers,
+            accepted,
         }))
     }
 

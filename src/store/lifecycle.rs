@@ -234,6 +234,19 @@ impl Store {
         })
     }
 
+    /// The recorded transitions of an order after it was written: (status, at), in order.
+    pub async fn order_events(&self, order_id: i64) -> Result<Vec<(String, i64)>, StoreError> {
+        let rows = sqlx::query(
+            &self.sql("SELECT status, at FROM order_events WHERE order_id = ? ORDER BY at"),
+        )
+        .bind(order_id)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| Ok((r.try_get::<String, _>(0)?, r.try_get::<i64, _>(1)?)))
+            .collect()
+    }
+
     /// Orders whose payment deadline has passed, oldest first.
     pub async fn due_for_expiry(&self, now: i64, limit: i64) -> Result<Vec<i64>, StoreError> {
         let rows = sqlx::query(&self.sql(

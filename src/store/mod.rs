@@ -696,7 +696,7 @@ impl Store {
     }
 
     const ORDER_COLS: &'static str =
-        "id, sale_id, user_id, quantity, price_cents, status, accepted_at, pay_deadline";
+        "id, sale_id, user_id, quantity, price_cents, status, accepted_at, pay_deadline, written_at";
 
     fn order_from_row(row: &AnyRow) -> Result<Order, sqlx::Error> {
         let status: String = row.try_get(5)?;
@@ -710,6 +710,7 @@ impl Store {
                 .ok_or_else(|| sqlx::Error::Decode(format!("bad status {status}").into()))?,
             accepted_at: row.try_get(6)?,
             pay_deadline: row.try_get(7)?,
+            written_at: row.try_get(8)?,
         })
     }
 
