@@ -7,17 +7,19 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::config::Config;
+use crate::config::{Config, GateKind};
 use crate::edge::auth::TokenSigner;
 use crate::edge::{AppState, Metrics};
 use crate::gate::memory::MemoryGate;
 use crate::gate::redis::RedisGate;
+use crate::gate::sql::SqlGate;
 use crate::gate::Gate;
 use crate::ids::{self, IdGenerator};
 use crate::lifecycle::payment::SimulatedProvider;
 use crate::orderlog::redis_stream::StreamLog;
 use crate::orderlog::{local, OrderLog};
 use crate::scheduler::{SaleCache, Scheduler};
+use crate::store::lifecycle::SqlDecision;
 use crate::store::Store;
 use crate::writer::{Writer, WriterStats};
 
@@ -45,6 +47,66 @@ pub enum Role {
     Server,
     Worker,
     Tool,
+}
+
+/// The deployment-specific parts; everything else is shared.
+struct Parts {
+    gate: Arc<dyn Gate>,
+    log: Arc<dyn OrderLog>,
+    ids: Arc<IdGenerator>,
+    redis: Option<redis::aio::ConnectionManager>,
+    streams: Option<Arc<StreamLog>>,
+}
+
+fn sql_gate(config: &Config, store: &Store, how: SqlDecision) -> Arc<dyn Gate> {
+    // Leave a few connections for the writer, the scheduler and the other endpoints.
+    let in_flight = (config.db_max_connections as usize)
+        .saturating_sub(4)
+        .max(1);
+    Arc::new(SqlGate::new(store.clone(), how, in_flight))
+}
+
+fn embedded_parts(config: &Config, store: &Store, role: Role) -> Parts {
+    let (writer_end, reader) = local::channel();
+    let worker = if role == Role::Server {
+        ids::EMBEDDED_WORKER
+    } else {
+        ids::TOOL_WORKER
+    };
+    let gate: Arc<dyn Gate> = match config.gate {
+        GateKind::SqlLock => sql_gate(config, store, SqlDecision::Lock),
+        GateKind::SqlConditional => sql_gate(config, store, SqlDecision::Conditional),
+        _ => Arc::new(MemoryGate::new(writer_end)),
+    };
+    Parts {
+        gate,
+        log: Arc::new(reader),
+        ids: Arc::new(IdGenerator::fixed(worker)),
+        redis: None,
+        streams: None,
+    }
+}
+
+async fn distributed_parts(config: &Config, store: &Store, url: &str) -> Result<Parts, AppError> {
+    let (client, conn) = redis_manager(url).await?;
+    let ids = ids::lease_worker_id(conn.clone(), &config.redis_prefix).await?;
+    let streams = Arc::new(StreamLog::connect(&client, conn.clone(), &config.redis_prefix).await?);
+    let gate: Arc<dyn Gate> = match config.gate {
+        GateKind::SqlLock => sql_gate(config, store, SqlDecision::Lock),
+        GateKind::SqlConditional => sql_gate(config, store, SqlDecision::Conditional),
+        _ => {
+            let gate = RedisGate::new(conn.clone(), &config.redis_prefix);
+            gate.prepare().await?;
+            Arc::new(gate)
+        }
+    };
+    Ok(Parts {
+        gate,
+        log: streams.clone(),
+        ids,
+        redis: Some(conn),
+        streams: Some(streams),
+    })
 }
 
 /// Everything a running process holds.
@@ -106,44 +168,17 @@ pub async fn assemble(config: Config, role: Role) -> Result<App, AppError> {
     let store = connect_store(&config).await?;
     let tokens = token_signer(&config, &store).await?;
     let payments = payment_provider(&config, &store).await?;
-    let (gate, log, ids, redis, streams): (
-        Arc<dyn Gate>,
-        Arc<dyn OrderLog>,
-        Arc<IdGenerator>,
-        _,
-        _,
-    ) = match &config.redis_url {
-        None => {
-            let (writer_end, reader) = local::channel();
-            let worker = if role == Role::Server {
-                ids::EMBEDDED_WORKER
-            } else {
-                ids::TOOL_WORKER
-            };
-            (
-                Arc::new(MemoryGate::new(writer_end)),
-                Arc::new(reader),
-                Arc::new(IdGenerator::fixed(worker)),
-                None,
-                None,
-            )
-        }
-        Some(url) => {
-            let (client, conn) = redis_manager(url).await?;
-            let gate = RedisGate::new(conn.clone(), &config.redis_prefix);
-            gate.prepare().await?;
-            let ids = ids::lease_worker_id(conn.clone(), &config.redis_prefix).await?;
-            let streams =
-                Arc::new(StreamLog::connect(&client, conn.clone(), &config.redis_prefix).await?);
-            (
-                Arc::new(gate),
-                streams.clone(),
-                ids,
-                Some(conn),
-                Some(streams),
-            )
-        }
+    let parts = match &config.redis_url {
+        None => embedded_parts(&config, &store, role),
+        Some(url) => distributed_parts(&config, &store, url).await?,
     };
+    let Parts {
+        gate,
+        log,
+        ids,
+        redis,
+        streams,
+    } = parts;
     let state = Arc::new(AppState {
         config,
         store,

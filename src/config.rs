@@ -93,9 +93,38 @@ pub struct ConfigArgs {
     /// SQL connection pool size [default: 16].
     #[arg(long, env = "SECKILL_DB_MAX_CONNECTIONS", global = true)]
     pub db_max_connections: Option<u32>,
+    /// How purchases are decided: redis (default with --redis), embedded (default without),
+    /// sql-lock or sql-conditional (in the database; for comparison and as a fallback).
+    #[arg(long, env = "SECKILL_GATE", global = true)]
+    pub gate: Option<GateKind>,
     /// Log filter, tracing's EnvFilter syntax [default: info].
     #[arg(long, env = "SECKILL_LOG", global = true)]
     pub log: Option<String>,
+}
+
+/// Where purchases are decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum GateKind {
+    /// In process memory (the embedded deployment).
+    Embedded,
+    /// A Lua script in Redis (the distributed deployment).
+    Redis,
+    /// `SELECT ... FOR UPDATE` in SQL.
+    SqlLock,
+    /// A guarded `UPDATE ... WHERE stock >= qty` in SQL.
+    SqlConditional,
+}
+
+impl GateKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            GateKind::Embedded => "embedded",
+            GateKind::Redis => "redis",
+            GateKind::SqlLock => "sql-lock",
+            GateKind::SqlConditional => "sql-conditional",
+        }
+    }
 }
 
 /// The resolved configuration.
@@ -115,6 +144,7 @@ pub struct Config {
     pub preload_ahead_secs: u64,
     pub token_ttl_secs: u64,
     pub db_max_connections: u32,
+    pub gate: GateKind,
     pub log: String,
 }
 
@@ -164,6 +194,11 @@ impl Config {
                 .unwrap_or(3600),
             token_ttl_secs: a.token_ttl_secs.or(f.token_ttl_secs).unwrap_or(7 * 86400),
             db_max_connections: a.db_max_connections.or(f.db_max_connections).unwrap_or(16),
+            gate: a.gate.or(f.gate).unwrap_or(if embedded {
+                GateKind::Embedded
+            } else {
+                GateKind::Redis
+            }),
             log: a.log.or(f.log).unwrap_or_else(|| "info".to_string()),
         };
         config.validate()?;
@@ -191,6 +226,21 @@ impl Config {
                     "the embedded deployment writes orders in-process; --no-writer needs --redis"
                         .into(),
             });
+        }
+        match (self.gate, self.embedded()) {
+            (GateKind::Redis, true) => {
+                return Err(ConfigError::Invalid {
+                    name: "gate",
+                    message: "the redis gate needs --redis".into(),
+                })
+            }
+            (GateKind::Embedded, false) => return Err(ConfigError::Invalid {
+                name: "gate",
+                message:
+                    "the embedded gate lives in one process; it cannot be shared through --redis"
+                        .into(),
+            }),
+            _ => {}
         }
         if self.writer_batch == 0 || self.writer_batch > 5000 {
             return Err(ConfigError::Invalid {
@@ -245,6 +295,7 @@ impl Config {
             format!("preload_ahead_secs = {}", self.preload_ahead_secs),
             format!("token_ttl_secs     = {}", self.token_ttl_secs),
             format!("db_max_connections = {}", self.db_max_connections),
+            format!("gate               = {}", self.gate.name()),
             format!("log                = {}", self.log),
         ]
         .join("\n")

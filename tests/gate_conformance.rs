@@ -1,6 +1,7 @@
 //! One conformance suite for every gate: the embedded memory gate (with its local order
-//! log drained into SQLite by the real writer) and the Redis Lua gate (on the local Redis,
-//! under a key prefix of its own). Each case runs against both.
+//! log drained into SQLite by the real writer), the Redis Lua gate (on the local Redis,
+//! under a key prefix of its own), and the SQL gates (lock and conditional) on SQLite,
+//! PostgreSQL and MariaDB. Cases about loading a gate run on the gates that are loaded.
 
 mod common;
 
@@ -9,16 +10,20 @@ use std::sync::Arc;
 
 use seckill::gate::memory::MemoryGate;
 use seckill::gate::redis::RedisGate;
+use seckill::gate::sql::SqlGate;
 use seckill::gate::{Gate, Purchase, Rejection, SaleLoad, Verdict};
 use seckill::model::Sale;
 use seckill::orderlog::local;
+use seckill::store::lifecycle::SqlDecision;
 use seckill::store::Store;
 use seckill::writer::{Writer, WriterStats};
 
 struct Harness {
-    name: &'static str,
+    name: String,
     gate: Arc<dyn Gate>,
     store: Store,
+    /// False for the SQL gates: their state is SQL itself, nothing is loaded.
+    loadable: bool,
     _stop: Option<tokio::sync::watch::Sender<bool>>,
 }
 
@@ -35,9 +40,10 @@ impl Harness {
         };
         tokio::spawn(writer.run(stop_rx));
         Harness {
-            name: "memory",
+            name: "memory".into(),
             gate: Arc::new(MemoryGate::new(log)),
             store,
+            loadable: true,
             _stop: Some(stop),
         }
     }
@@ -50,15 +56,43 @@ impl Harness {
         let gate = RedisGate::new(conn, &common::unique("gate"));
         gate.prepare().await.unwrap();
         Harness {
-            name: "redis",
+            name: "redis".into(),
             gate: Arc::new(gate),
             store,
+            loadable: true,
             _stop: None,
         }
     }
 
-    async fn all() -> Vec<Harness> {
+    async fn sql(kind: common::Sql, how: SqlDecision) -> Harness {
+        let (store, _) = common::fresh_store(kind).await;
+        Harness {
+            name: format!("{how:?} on {kind:?}"),
+            gate: Arc::new(SqlGate::new(store.clone(), how, 12)),
+            store,
+            loadable: false,
+            _stop: None,
+        }
+    }
+
+    /// The gates that are loaded from SQL ahead of the sale.
+    async fn loadable() -> Vec<Harness> {
         vec![Harness::memory().await, Harness::redis().await]
+    }
+
+    async fn all() -> Vec<Harness> {
+        let mut all = Harness::loadable().await;
+        for kind in common::ALL_SQL {
+            for how in [SqlDecision::Lock, SqlDecision::Conditional] {
+                all.push(Harness::sql(kind, how).await);
+            }
+        }
+        all
+    }
+
+    async fn pause(&self, sale_id: i64, paused: bool) {
+        self.store.set_paused(sale_id, paused).await.unwrap();
+        self.gate.set_paused(sale_id, paused).await.unwrap();
     }
 
     /// Puts a sale in SQL (the memory gate's writer needs it) and opens it in the gate.
@@ -70,8 +104,9 @@ impl Harness {
             buyers,
             released: vec![],
         };
-        assert!(
+        assert_eq!(
             self.gate.load(&load).await.unwrap(),
+            self.loadable,
             "{}: first load loads",
             self.name
         );
@@ -243,14 +278,14 @@ async fn window_pause_and_unknown_sales_are_refused_without_taking_stock() {
 
         let open = common::sale(common::next_id(), 5, 1);
         h.open(&open, vec![]).await;
-        h.gate.set_paused(open.id, true).await.unwrap();
+        h.pause(open.id, true).await;
         assert_eq!(
             h.buy(open.id, 1, 1).await,
             Verdict::Rejected(Rejection::Paused),
             "{}",
             h.name
         );
-        h.gate.set_paused(open.id, false).await.unwrap();
+        h.pause(open.id, false).await;
         assert!(accepted(&h.buy(open.id, 1, 1).await), "{}", h.name);
 
         assert_eq!(
@@ -268,15 +303,17 @@ async fn window_pause_and_unknown_sales_are_refused_without_taking_stock() {
             );
         }
         // Pausing a sale the gate does not hold must not make it look loaded.
-        let absent = common::next_id();
-        h.gate.set_paused(absent, true).await.unwrap();
-        assert!(!h.gate.is_loaded(absent).await.unwrap(), "{}", h.name);
+        if h.loadable {
+            let absent = common::next_id();
+            h.gate.set_paused(absent, true).await.unwrap();
+            assert!(!h.gate.is_loaded(absent).await.unwrap(), "{}", h.name);
+        }
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_load_never_overwrites_live_stock_and_buyers_are_remembered() {
-    for h in Harness::all().await {
+    for h in Harness::loadable().await {
         let sale = common::sale(common::next_id(), 10, 1);
         h.open(&sale, vec![(500, 1)]).await;
         assert_eq!(
@@ -314,7 +351,7 @@ async fn a_second_load_never_overwrites_live_stock_and_buyers_are_remembered() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_buyer_lists_load_through_staging() {
-    for h in Harness::all().await {
+    for h in Harness::loadable().await {
         let sale = common::sale(common::next_id(), 10, 1);
         let buyers: Vec<(i64, i64)> = (1..=2500).map(|u| (u, 1)).collect();
         h.open(&sale, buyers).await;

@@ -6,6 +6,7 @@
 
 pub mod memory;
 pub mod redis;
+pub mod sql;
 
 use async_trait::async_trait;
 
@@ -94,6 +95,8 @@ pub enum GateError {
     Redis(#[from] ::redis::RedisError),
     #[error("unexpected answer from the gate script: {0}")]
     BadReply(String),
+    #[error("database: {0}")]
+    Sql(String),
     #[error("the order log refused the order: {0}")]
     Log(#[from] crate::orderlog::LogError),
 }
