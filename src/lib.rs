@@ -13,6 +13,7 @@
 //! - [`store`]: the SQL database (SQLite, PostgreSQL, MySQL/MariaDB): schema and queries.
 //! - [`lifecycle`]: after the purchase: payment (simulated provider), cancel, expiry, stock returns.
 //! - [`scheduler`]: background duties: preload sales, expire unpaid orders, return stock to the gate.
+//! - [`metrics`]: Prometheus counters and histograms on atomics.
 //! - [`ids`]: 64-bit time-ordered ids, unique across instances.
 //! - [`app`]: assembles the parts for one of the two deployments (embedded or distributed).
 //! - [`cli`]: the `seckill` command: serve, worker, migrate, users mint.
@@ -25,6 +26,7 @@ pub mod edge;
 pub mod gate;
 pub mod ids;
 pub mod lifecycle;
+pub mod metrics;
 pub mod model;
 pub mod orderlog;
 pub mod scheduler;

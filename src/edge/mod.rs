@@ -23,6 +23,7 @@ use serde::de::DeserializeOwned;
 use crate::config::Config;
 use crate::gate::Gate;
 use crate::ids::IdGenerator;
+use crate::metrics::{render_counter, Histogram};
 use crate::scheduler::SaleCache;
 use crate::store::Store;
 use crate::writer::WriterStats;
@@ -45,10 +46,23 @@ pub struct AppState {
     pub metrics: Metrics,
 }
 
-/// Purchase answers by code, for `/metrics`.
-#[derive(Default)]
+/// What the edge measures, for `/metrics`.
 pub struct Metrics {
     purchases: [AtomicU64; PURCHASE_CODES.len()],
+    /// Purchase requests, from the handler's start to its answer.
+    pub request_seconds: Histogram,
+    /// The gate's decision alone.
+    pub gate_seconds: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            purchases: Default::default(),
+            request_seconds: Histogram::new(crate::metrics::LATENCY_BUCKETS),
+            gate_seconds: Histogram::new(crate::metrics::LATENCY_BUCKETS),
+        }
+    }
 }
 
 const PURCHASE_CODES: [&str; 12] = [
@@ -174,6 +188,17 @@ async fn metrics(State(st): State<Arc<AppState>>) -> Response {
         let n = st.metrics.purchases[i].load(Ordering::Relaxed);
         out.push_str(&format!("seckill_purchases_total{{code=\"{code}\"}} {n}\n"));
     }
+    let m = &st.metrics;
+    m.request_seconds.render(
+        "seckill_purchase_request_seconds",
+        "Purchase request latency.",
+        &mut out,
+    );
+    m.gate_seconds.render(
+        "seckill_gate_seconds",
+        "Latency of the gate's decision.",
+        &mut out,
+    );
     let w = &st.writer_stats;
     for (name, help, v) in [
         (
@@ -202,11 +227,24 @@ async fn metrics(State(st): State<Arc<AppState>>) -> Response {
             &w.dead_letters,
         ),
     ] {
-        out.push_str(&format!(
-            "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}\n",
-            v.load(Ordering::Relaxed)
-        ));
+        render_counter(name, help, v.load(Ordering::Relaxed), &mut out);
     }
+    w.batch_orders.render(
+        "seckill_writer_batch_orders",
+        "Orders per committed writer transaction.",
+        &mut out,
+    );
+    w.lag_seconds.render(
+        "seckill_order_log_lag_seconds",
+        "From the gate's acceptance to the commit in SQL.",
+        &mut out,
+    );
+    render_counter(
+        "seckill_database_errors_total",
+        "Database errors seen by this process.",
+        crate::store::DB_ERRORS.load(Ordering::Relaxed),
+        &mut out,
+    );
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
 }
 

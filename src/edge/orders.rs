@@ -49,7 +49,11 @@ pub async fn purchase(
     Path(id): Path<String>,
     body: axum::body::Bytes,
 ) -> Result<Json<PurchaseOk>, ApiError> {
+    let started = std::time::Instant::now();
     let result = decide(&st, user_id, &id, &body).await;
+    st.metrics
+        .request_seconds
+        .observe(started.elapsed().as_secs_f64());
     st.metrics.count_purchase(match &result {
         Ok(_) => "ok",
         Err(e) => e.code(),
@@ -83,6 +87,7 @@ async fn decide(
         return Err(ApiError::from_rejection(Rejection::Ended, limit));
     }
     let order_id = st.ids.next()?;
+    let asked = std::time::Instant::now();
     let verdict = st
         .gate
         .purchase(Purchase {
@@ -91,7 +96,11 @@ async fn decide(
             quantity,
             order_id,
         })
-        .await?;
+        .await;
+    st.metrics
+        .gate_seconds
+        .observe(asked.elapsed().as_secs_f64());
+    let verdict = verdict?;
     match verdict {
         Verdict::Accepted { .. } => Ok(Json(PurchaseOk {
             code: "ok",

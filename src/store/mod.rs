@@ -24,7 +24,7 @@ pub enum Dialect {
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("database: {0}")]
-    Db(#[from] sqlx::Error),
+    Db(sqlx::Error),
     #[error("sale {0} does not exist")]
     UnknownSale(i64),
     #[error("sale {sale_id} has less stock in SQL than its orders need (guard stock >= qty)")]
@@ -35,6 +35,16 @@ pub enum StoreError {
     NotFound,
     #[error("unsupported database URL: {0}")]
     BadUrl(String),
+}
+
+/// Database errors seen by this process, for `/metrics`.
+pub static DB_ERRORS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+impl From<sqlx::Error> for StoreError {
+    fn from(e: sqlx::Error) -> Self {
+        DB_ERRORS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        StoreError::Db(e)
+    }
 }
 
 impl StoreError {

@@ -10,20 +10,38 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
+use crate::metrics::Histogram;
 use crate::model::NewOrder;
 use crate::orderlog::{Batch, OrderLog, Receipt};
 use crate::store::Store;
 
 const RECLAIM_EVERY: Duration = Duration::from_secs(5);
 
-/// Counters for stats and metrics.
-#[derive(Debug, Default)]
+/// Counters and histograms for stats and metrics.
 pub struct WriterStats {
     pub written: AtomicU64,
     pub duplicates: AtomicU64,
     pub batches: AtomicU64,
     pub dead_letters: AtomicU64,
     pub failed_batches: AtomicU64,
+    /// Orders per committed transaction.
+    pub batch_orders: Histogram,
+    /// Seconds from the gate's acceptance to the commit in SQL.
+    pub lag_seconds: Histogram,
+}
+
+impl Default for WriterStats {
+    fn default() -> Self {
+        WriterStats {
+            written: AtomicU64::new(0),
+            duplicates: AtomicU64::new(0),
+            batches: AtomicU64::new(0),
+            dead_letters: AtomicU64::new(0),
+            failed_batches: AtomicU64::new(0),
+            batch_orders: Histogram::new(crate::metrics::BATCH_BUCKETS),
+            lag_seconds: Histogram::new(crate::metrics::LAG_BUCKETS),
+        }
+    }
 }
 
 pub struct Writer {
@@ -86,6 +104,13 @@ impl Writer {
         match self.store.write_orders(&orders).await {
             Ok(outcome) => {
                 self.stats.batches.fetch_add(1, Ordering::Relaxed);
+                self.stats.batch_orders.observe(orders.len() as f64);
+                let now = crate::now_ms();
+                for o in &orders {
+                    self.stats
+                        .lag_seconds
+                        .observe((now - o.accepted_at).max(0) as f64 / 1000.0);
+                }
                 self.stats
                     .written
                     .fetch_add(outcome.written as u64, Ordering::Relaxed);
