@@ -220,4 +220,43 @@ async fn catalogue_is_cacheable_and_orders_are_private() {
         .await
         .unwrap();
     assert_eq!(stock["remaining"], 4);
+
+    let spec: serde_json::Value = c
+        .get(format!("{base}/openapi.json"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    for path in [
+        "/api/sales/{id}/purchase",
+        "/api/orders/{id}",
+        "/api/orders/{id}/pay",
+        "/api/payments/notify",
+        "/api/admin/sales",
+        "/api/auth/login",
+    ] {
+        assert!(
+            spec["paths"][path].is_object(),
+            "openapi.json describes {path}"
+        );
+    }
+    let metrics = c
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for series in [
+        "seckill_purchases_total{code=\"ok\"} 1\n",
+        "seckill_purchase_request_seconds_count 1\n",
+        "seckill_gate_seconds_count 1\n",
+        "seckill_writer_batch_orders_count 1\n",
+        "seckill_order_log_lag_seconds_bucket",
+    ] {
+        assert!(metrics.contains(series), "{series} in {metrics}");
+    }
 }
