@@ -16,10 +16,12 @@
 //! - [`metrics`]: Prometheus counters and histograms on atomics.
 //! - [`ids`]: 64-bit time-ordered ids, unique across instances.
 //! - [`app`]: assembles the parts for one of the two deployments (embedded or distributed).
+//! - [`bench`]: `seckill bench`, the load generator and its report (speaks HTTP only).
 //! - [`cli`]: the `seckill` command: serve, worker, migrate, users mint.
 //! - [`config`]: one typed configuration: flags, then `SECKILL_*` env, then a TOML file.
 
 pub mod app;
+pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod edge;

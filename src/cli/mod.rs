@@ -30,6 +30,8 @@ enum Command {
     Worker,
     /// Apply the database schema and exit.
     Migrate,
+    /// Storm a sale and report throughput, latency and the database's checks.
+    Bench(crate::bench::BenchArgs),
     /// Manage users.
     Users {
         #[command(subcommand)]
@@ -62,6 +64,9 @@ pub async fn main() -> ExitCode {
         Command::Serve => serve(config).await,
         Command::Worker => worker(config).await,
         Command::Migrate => migrate(config).await,
+        Command::Bench(args) => crate::bench::run(config, args)
+            .await
+            .map_err(|e| AppError::Other(e.to_string())),
         Command::Users {
             command: UsersCommand::Mint { count, out },
         } => mint(config, count, out).await,

@@ -130,6 +130,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/admin/sales/{id}/pause", post(sales::pause_sale))
         .route("/api/admin/sales/{id}/resume", post(sales::resume_sale))
         .route("/api/admin/sales/{id}/stats", get(sales::sale_stats))
+        .route("/api/admin/sales/{id}/audit", get(sales::sale_audit))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))

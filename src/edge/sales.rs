@@ -414,3 +414,72 @@ mod tests {
         assert!(parse_rfc3339("t", "2026-13-01T00:00:00Z").is_err());
     }
 }
+
+#[derive(Serialize)]
+pub struct Audit {
+    id: String,
+    initial_stock: i64,
+    sql_stock: i64,
+    per_user_limit: i64,
+    /// Orders in SQL that hold stock (pending payment or paid).
+    live_orders: i64,
+    live_units: i64,
+    distinct_buyers: i64,
+    max_units_per_buyer: i64,
+    /// Units sold beyond the stock; anything but 0 is a bug.
+    oversold: i64,
+    /// Orders accepted by the gate and not yet in SQL.
+    log_backlog: Option<i64>,
+    order_ids: Vec<String>,
+}
+
+/// The database's own account of a sale, for load tests and operators: what was sold, to
+/// how many buyers, the most any buyer holds, and every live order id.
+pub async fn sale_audit(
+    _: Admin,
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Json<Audit>, ApiError> {
+    let id = parse_id(&id, "sale id")?;
+    let sale = st
+        .store
+        .sale(id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("sale {id} does not exist")))?;
+    let orders = st.store.orders_of_sale(id).await?;
+    let mut per_buyer: std::collections::HashMap<i64, i64> = std::collections::HashMap::new();
+    let mut order_ids = Vec::new();
+    for o in orders.iter().filter(|o| {
+        matches!(
+            o.status,
+            crate::model::OrderStatus::PendingPayment | crate::model::OrderStatus::Paid
+        )
+    }) {
+        *per_buyer.entry(o.user_id).or_default() += o.quantity;
+        order_ids.push(o.id.to_string());
+    }
+    let live_units: i64 = per_buyer.values().sum();
+    let log_backlog = match &st.redis {
+        Some(conn) => {
+            let mut conn = conn.clone();
+            crate::orderlog::redis_stream::backlog(&mut conn, &st.config.redis_prefix, id)
+                .await
+                .map(|b| Some(b.0))
+                .map_err(|e| ApiError::Unavailable(format!("redis: {e}")))?
+        }
+        None => None,
+    };
+    Ok(Json(Audit {
+        id: id.to_string(),
+        initial_stock: sale.initial_stock,
+        sql_stock: sale.stock,
+        per_user_limit: sale.per_user_limit,
+        live_orders: order_ids.len() as i64,
+        live_units,
+        distinct_buyers: per_buyer.len() as i64,
+        max_units_per_buyer: per_buyer.values().copied().max().unwrap_or(0),
+        oversold: (live_units - sale.initial_stock).max(0),
+        log_backlog,
+        order_ids,
+    }))
+}

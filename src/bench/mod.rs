@@ -1,0 +1,544 @@
+//! `seckill bench`: the load generator and its report. It makes buyers (tokens) and a sale,
+//! waits for the window to open, storms the purchase endpoint (closed or open model), then
+//! waits for the order log to drain and checks the database through the admin audit:
+//! orders == min(stock, buyers), nobody over the limit, every `ok` in SQL, nothing oversold.
+//! Without `--target` it starts the server itself; `--compare` runs the same storm on every
+//! gate. Never used by the server; it only speaks HTTP to it.
+
+mod client;
+mod report;
+mod storm;
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::IsTerminal;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use hyper::Method;
+use rand::seq::SliceRandom;
+use serde::Deserialize;
+
+use crate::config::{Config, GateKind};
+use client::Connection;
+pub use report::Report;
+use storm::Model;
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchArgs {
+    /// A running server to storm (http://HOST:PORT); without it, bench starts its own.
+    #[arg(long)]
+    pub target: Option<String>,
+    /// Distinct buyers.
+    #[arg(long, default_value_t = 10_000)]
+    pub buyers: usize,
+    /// Stock of the sale.
+    #[arg(long, default_value_t = 100)]
+    pub stock: i64,
+    /// Per-user limit of the sale.
+    #[arg(long, default_value_t = 1)]
+    pub per_user_limit: i64,
+    /// Share of buyers (0 to 1) who press buy a second time.
+    #[arg(long, default_value_t = 0.2)]
+    pub repeat: f64,
+    /// Concurrent connections.
+    #[arg(long, default_value_t = 256)]
+    pub connections: usize,
+    /// Open model: requests per second, latency measured from each intended send time.
+    /// Without it, the closed model: every connection sends as fast as answers come.
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Bearer tokens, one per line (`seckill users mint`); otherwise bench makes users itself.
+    #[arg(long)]
+    pub tokens: Option<PathBuf>,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Run the same storm on each gate (sql-lock, sql-conditional, redis or embedded) and
+    /// print one comparison table.
+    #[arg(long)]
+    pub compare: bool,
+    /// Longest wait for the order log to drain after the storm.
+    #[arg(long, default_value_t = 120)]
+    pub drain_timeout_secs: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error("{0}")]
+    Setup(String),
+    #[error("http: {0}")]
+    Client(#[from] client::ClientError),
+    #[error("the checks failed")]
+    ChecksFailed,
+}
+
+fn setup(msg: impl Into<String>) -> BenchError {
+    BenchError::Setup(msg.into())
+}
+
+/// A server under test: started by bench, or given by `--target`.
+struct Target {
+    addr: SocketAddr,
+    admin: String,
+    child: Option<Child>,
+    /// Environment of the started server, to mint users against the same database.
+    env: Vec<(String, String)>,
+    workdir: Option<PathBuf>,
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.child {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if let Some(dir) = &self.workdir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+pub async fn run(config: Config, args: BenchArgs) -> Result<(), BenchError> {
+    if !(0.0..=1.0).contains(&args.repeat)
+        || args.buyers == 0
+        || args.stock <= 0
+        || args.connections == 0
+    {
+        return Err(setup(
+            "--repeat must be within 0..1; --buyers, --stock and --connections positive",
+        ));
+    }
+    let reports = if args.compare {
+        if args.target.is_some() {
+            return Err(setup(
+                "--compare starts a server per gate; it takes no --target",
+            ));
+        }
+        let mut gates = vec![GateKind::SqlLock, GateKind::SqlConditional];
+        gates.push(if config.redis_url.is_some() {
+            GateKind::Redis
+        } else {
+            GateKind::Embedded
+        });
+        let mut reports = Vec::new();
+        for gate in gates {
+            let target = start_server(&config, gate).await?;
+            reports.push(storm_once(&target, &args, gate.name()).await?);
+        }
+        reports
+    } else {
+        let target = match &args.target {
+            Some(url) => remote(url, &config).await?,
+            None => start_server(&config, config.gate).await?,
+        };
+        let gate = if args.target.is_some() {
+            "target".to_string()
+        } else {
+            config.gate.name().to_string()
+        };
+        vec![storm_once(&target, &args, &gate).await?]
+    };
+    if args.json {
+        let json = if args.compare {
+            serde_json::to_string_pretty(&reports)
+        } else {
+            serde_json::to_string_pretty(&reports[0])
+        };
+        println!("{}", json.map_err(|e| setup(e.to_string()))?);
+    } else if args.compare {
+        for r in &reports {
+            println!("{}", r.table());
+        }
+        println!("{}", report::comparison(&reports));
+    } else {
+        println!("{}", reports[0].table());
+    }
+    if reports.iter().all(|r| r.checks.passed) {
+        Ok(())
+    } else {
+        Err(BenchError::ChecksFailed)
+    }
+}
+
+async fn remote(url: &str, config: &Config) -> Result<Target, BenchError> {
+    let hostport = url
+        .strip_prefix("http://")
+        .ok_or_else(|| setup("--target must be http://HOST:PORT"))?
+        .trim_end_matches('/');
+    let addr = tokio::net::lookup_host(hostport)
+        .await
+        .map_err(|e| setup(format!("cannot resolve {hostport}: {e}")))?
+        .next()
+        .ok_or_else(|| setup(format!("{hostport} has no address")))?;
+    let admin = config.admin_token.clone().ok_or_else(|| {
+        setup("a --target needs the server's admin token (--admin-token or SECKILL_ADMIN_TOKEN)")
+    })?;
+    Ok(Target {
+        addr,
+        admin,
+        child: None,
+        env: Vec::new(),
+        workdir: None,
+    })
+}
+
+async fn start_server(config: &Config, gate: GateKind) -> Result<Target, BenchError> {
+    let workdir = std::env::temp_dir().join(format!("seckill-bench-{:08x}", rand::random::<u32>()));
+    std::fs::create_dir_all(&workdir).map_err(|e| setup(format!("temp dir: {e}")))?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(|e| setup(format!("no free port: {e}")))?
+        .port();
+    let admin = crate::edge::auth::hex(&rand::random::<[u8; 16]>());
+    let database = if config.database_url.starts_with("sqlite:") {
+        format!("sqlite://{}/bench.db", workdir.display())
+    } else {
+        config.database_url.clone()
+    };
+    let mut env = vec![
+        ("SECKILL_DATABASE_URL".to_string(), database),
+        ("SECKILL_GATE".to_string(), gate.name().to_string()),
+        ("SECKILL_ADMIN_TOKEN".to_string(), admin.clone()),
+        ("SECKILL_DEV".to_string(), "1".to_string()),
+        ("SECKILL_LISTEN".to_string(), format!("127.0.0.1:{port}")),
+        ("SECKILL_LOG".to_string(), "warn".to_string()),
+        (
+            "SECKILL_DB_MAX_CONNECTIONS".to_string(),
+            config.db_max_connections.to_string(),
+        ),
+    ];
+    if gate == GateKind::Redis {
+        let redis = config
+            .redis_url
+            .clone()
+            .ok_or_else(|| setup("the redis gate needs --redis"))?;
+        env.push(("SECKILL_REDIS_URL".to_string(), redis));
+        env.push((
+            "SECKILL_REDIS_PREFIX".to_string(),
+            format!("seckill-bench-{:08x}", rand::random::<u32>()),
+        ));
+    }
+    let exe = std::env::current_exe()
+        .map_err(|e| setup(format!("cannot find the seckill binary: {e}")))?;
+    let log =
+        std::fs::File::create(workdir.join("server.log")).map_err(|e| setup(e.to_string()))?;
+    let mut cmd = Command::new(exe);
+    cmd.arg("serve")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log);
+    for key in [
+        "SECKILL_REDIS_URL",
+        "SECKILL_CONFIG",
+        "SECKILL_GATE",
+        "SECKILL_NO_WRITER",
+    ] {
+        cmd.env_remove(key);
+    }
+    cmd.envs(env.iter().map(|(k, v)| (k, v)));
+    let child = cmd
+        .spawn()
+        .map_err(|e| setup(format!("cannot start the server: {e}")))?;
+    let mut target = Target {
+        addr: SocketAddr::from(([127, 0, 0, 1], port)),
+        admin,
+        child: Some(child),
+        env,
+        workdir: Some(workdir),
+    };
+    for _ in 0..300 {
+        if let Ok(mut c) = Connection::open(target.addr).await {
+            if let Ok((200, _)) = c.send(Method::GET, "/readyz", None, Bytes::new()).await {
+                return Ok(target);
+            }
+        }
+        if let Some(Ok(Some(status))) = target.child.as_mut().map(|c| c.try_wait()) {
+            return Err(setup(format!(
+                "the server exited ({status}); see its log in {:?}",
+                target.workdir
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(setup("the server did not become ready"))
+}
+
+async fn admin_call(
+    target: &Target,
+    method: Method,
+    path: &str,
+    body: serde_json::Value,
+) -> Result<serde_json::Value, BenchError> {
+    let mut c = Connection::open(target.addr).await?;
+    let body = if body.is_null() {
+        Bytes::new()
+    } else {
+        Bytes::from(body.to_string())
+    };
+    let (status, answer) = c.send(method, path, Some(&target.admin), body).await?;
+    let json: serde_json::Value = serde_json::from_slice(&answer).unwrap_or_default();
+    if status >= 300 {
+        return Err(setup(format!("{path} answered {status}: {json}")));
+    }
+    Ok(json)
+}
+
+/// Tokens for `n` buyers: from `--tokens`, minted into the started server's database, or
+/// logged in through the API (a target in dev mode).
+async fn buyer_tokens(target: &Target, args: &BenchArgs) -> Result<Vec<String>, BenchError> {
+    let n = args.buyers;
+    if let Some(path) = &args.tokens {
+        let text =
+            std::fs::read_to_string(path).map_err(|e| setup(format!("{}: {e}", path.display())))?;
+        let tokens: Vec<String> = text
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .take(n)
+            .map(String::from)
+            .collect();
+        if tokens.len() < n {
+            return Err(setup(format!(
+                "{} holds {} tokens; {n} buyers need as many",
+                path.display(),
+                tokens.len()
+            )));
+        }
+        return Ok(tokens);
+    }
+    if let Some(dir) = &target.workdir {
+        let out = dir.join("tokens.txt");
+        let exe = std::env::current_exe().map_err(|e| setup(e.to_string()))?;
+        let mut cmd = Command::new(exe);
+        cmd.args(["users", "mint", "--count", &n.to_string(), "--out"])
+            .arg(&out);
+        cmd.envs(target.env.iter().map(|(k, v)| (k, v)));
+        let status = cmd
+            .stdout(Stdio::null())
+            .status()
+            .map_err(|e| setup(e.to_string()))?;
+        if !status.success() {
+            return Err(setup("minting users failed"));
+        }
+        let text = std::fs::read_to_string(&out).map_err(|e| setup(e.to_string()))?;
+        return Ok(text.lines().map(String::from).collect());
+    }
+    login_through_api(target.addr, n).await
+}
+
+async fn login_through_api(addr: SocketAddr, n: usize) -> Result<Vec<String>, BenchError> {
+    #[derive(Deserialize)]
+    struct Code {
+        dev_code: Option<String>,
+    }
+    #[derive(Deserialize)]
+    struct Token {
+        token: String,
+    }
+    let base = 10_000_000_000u64 + rand::random::<u32>() as u64 * 100_000;
+    let next = Arc::new(AtomicUsize::new(0));
+    let tokens = Arc::new(std::sync::Mutex::new(vec![String::new(); n]));
+    let workers: Vec<_> = (0..64)
+        .map(|_| {
+            let (next, tokens) = (next.clone(), tokens.clone());
+            tokio::spawn(async move {
+                let mut c = Connection::open(addr).await?;
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= n {
+                        return Ok::<(), BenchError>(());
+                    }
+                    let phone = format!("+{}", base + i as u64);
+                    let body = Bytes::from(serde_json::json!({ "phone": phone }).to_string());
+                    let (_, answer) = c.send(Method::POST, "/api/auth/code", None, body).await?;
+                    let code: Code = serde_json::from_slice(&answer).map_err(|e| setup(e.to_string()))?;
+                    let code = code.dev_code.ok_or_else(|| {
+                        setup("the target does not return login codes (not in dev mode): pass --tokens from `seckill users mint`")
+                    })?;
+                    let body = Bytes::from(serde_json::json!({ "phone": phone, "code": code }).to_string());
+                    let (_, answer) = c.send(Method::POST, "/api/auth/login", None, body).await?;
+                    let token: Token = serde_json::from_slice(&answer).map_err(|e| setup(e.to_string()))?;
+                    tokens.lock().unwrap_or_else(|p| p.into_inner())[i] = token.token;
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.await.map_err(|e| setup(e.to_string()))??;
+    }
+    let tokens = std::mem::take(&mut *tokens.lock().unwrap_or_else(|p| p.into_inner()));
+    Ok(tokens)
+}
+
+#[derive(Deserialize)]
+struct Audit {
+    live_orders: i64,
+    live_units: i64,
+    max_units_per_buyer: i64,
+    oversold: i64,
+    log_backlog: Option<i64>,
+    order_ids: Vec<String>,
+}
+
+fn rfc3339(ms: i64) -> String {
+    crate::edge::sales::rfc3339(ms)
+}
+
+async fn storm_once(target: &Target, args: &BenchArgs, gate: &str) -> Result<Report, BenchError> {
+    let quiet = args.json || !std::io::stderr().is_terminal();
+    if !quiet {
+        eprintln!("preparing {} buyers ...", args.buyers);
+    }
+    let tokens = Arc::new(buyer_tokens(target, args).await?);
+
+    // A sale that opens shortly: the preloader has it in the gate before the first buyer.
+    let opens_at = crate::now_ms() + 2000;
+    let sale = admin_call(
+        target,
+        Method::POST,
+        "/api/admin/sales",
+        serde_json::json!({
+            "title": "seckill bench",
+            "price_cents": 100,
+            "stock": args.stock,
+            "per_user_limit": args.per_user_limit,
+            "begins_at": rfc3339(opens_at),
+            "ends_at": rfc3339(opens_at + 3_600_000),
+        }),
+    )
+    .await?;
+    let sale_id = sale["id"]
+        .as_str()
+        .ok_or_else(|| setup("no sale id"))?
+        .to_string();
+    admin_call(
+        target,
+        Method::POST,
+        &format!("/api/admin/sales/{sale_id}/approve"),
+        serde_json::Value::Null,
+    )
+    .await?;
+
+    // Every buyer once; a share of them twice, shuffled through the storm.
+    let repeats = (args.buyers as f64 * args.repeat).round() as usize;
+    let mut requests: Vec<usize> = (0..args.buyers).chain(0..repeats).collect();
+    requests.shuffle(&mut rand::rng());
+    let mut per_buyer: HashMap<usize, i64> = HashMap::new();
+    for b in &requests {
+        *per_buyer.entry(*b).or_default() += 1;
+    }
+    let possible: i64 = per_buyer
+        .values()
+        .map(|n| (*n).min(args.per_user_limit))
+        .sum();
+    let expected_orders = possible.min(args.stock);
+
+    let wait = (opens_at + 50 - crate::now_ms()).max(0) as u64;
+    tokio::time::sleep(Duration::from_millis(wait)).await;
+
+    let model = match args.rate {
+        Some(rate) => Model::Open {
+            rate,
+            connections: args.connections,
+        },
+        None => Model::Closed {
+            connections: args.connections,
+        },
+    };
+    let progress = Arc::new(AtomicUsize::new(0));
+    let total = requests.len();
+    let ticker = (!quiet).then(|| {
+        let progress = progress.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            loop {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                let done = progress.load(Ordering::Relaxed);
+                let filled = done * 30 / total.max(1);
+                let rate = done as f64 / started.elapsed().as_secs_f64().max(0.001);
+                eprint!(
+                    "\r[{}{}] {done}/{total} requests, {rate:.0} req/s   ",
+                    "#".repeat(filled),
+                    " ".repeat(30 - filled)
+                );
+            }
+        })
+    });
+    let sale_arc: Arc<str> = Arc::from(sale_id.as_str());
+    let observed = storm::run(
+        target.addr,
+        sale_arc,
+        tokens.clone(),
+        Arc::new(requests),
+        model,
+        progress,
+    )
+    .await;
+    if let Some(t) = ticker {
+        t.abort();
+        eprintln!();
+    }
+
+    // Wait for the order log to drain, then ask the database.
+    let ok_ids: Vec<&String> = observed.ok_orders.iter().map(|(_, id)| id).collect();
+    let drain_started = Instant::now();
+    let audit_path = format!("/api/admin/sales/{sale_id}/audit");
+    let audit: Audit = loop {
+        let a: Audit = serde_json::from_value(
+            admin_call(target, Method::GET, &audit_path, serde_json::Value::Null).await?,
+        )
+        .map_err(|e| setup(format!("audit: {e}")))?;
+        let drained = a.live_orders as usize >= ok_ids.len() && a.log_backlog.unwrap_or(0) == 0;
+        if drained || drain_started.elapsed() > Duration::from_secs(args.drain_timeout_secs) {
+            break a;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let drain_seconds = drain_started.elapsed().as_secs_f64();
+    let in_sql: std::collections::HashSet<&String> = audit.order_ids.iter().collect();
+    let found = ok_ids.iter().filter(|id| in_sql.contains(*id)).count();
+    let checks = report::Checks {
+        orders: audit.live_orders,
+        expected_orders,
+        max_units_per_buyer: audit.max_units_per_buyer,
+        per_user_limit: args.per_user_limit,
+        ok_answers: ok_ids.len(),
+        ok_orders_in_sql: found,
+        oversold: audit.oversold,
+        drain_seconds,
+        passed: audit.live_units == expected_orders
+            && audit.max_units_per_buyer <= args.per_user_limit
+            && found == ok_ids.len()
+            && audit.oversold == 0,
+    };
+    let h = &observed.latency;
+    let ms = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+    Ok(Report {
+        gate: gate.to_string(),
+        model: match model {
+            Model::Closed { .. } => "closed".into(),
+            Model::Open { rate, .. } => format!("open at {rate:.0} req/s"),
+        },
+        connections: args.connections,
+        buyers: args.buyers,
+        requests: observed.sent,
+        stock: args.stock,
+        seconds: observed.elapsed.as_secs_f64(),
+        throughput: observed.sent as f64 / observed.elapsed.as_secs_f64().max(1e-9),
+        latency: report::Latency {
+            mean_ms: h.mean() / 1000.0,
+            p50_ms: ms(0.5),
+            p90_ms: ms(0.9),
+            p99_ms: ms(0.99),
+            p999_ms: ms(0.999),
+            max_ms: h.max() as f64 / 1000.0,
+        },
+        answers: observed.by_code.into_iter().collect::<BTreeMap<_, _>>(),
+        errors: observed.errors,
+        checks,
+    })
+}
