@@ -12,6 +12,7 @@ use crate::edge::auth::TokenSigner;
 use crate::edge::{AppState, Metrics};
 use crate::gate::memory::MemoryGate;
 use crate::gate::redis::RedisGate;
+use crate::gate::soldout::{follow_stock_returns, SoldOutShortcut};
 use crate::gate::sql::SqlGate;
 use crate::gate::Gate;
 use crate::ids::{self, IdGenerator};
@@ -179,10 +180,20 @@ pub async fn assemble(config: Config, role: Role) -> Result<App, AppError> {
         redis,
         streams,
     } = parts;
+    let shortcut = Arc::new(SoldOutShortcut::new(gate));
+    if let Some(url) = &config.redis_url {
+        let client = redis::Client::open(url.as_str())?;
+        tokio::spawn(follow_stock_returns(
+            client,
+            config.redis_prefix.clone(),
+            shortcut.clone(),
+        ));
+    }
     let state = Arc::new(AppState {
         config,
         store,
-        gate,
+        gate: shortcut.clone(),
+        sold_out: shortcut,
         ids,
         tokens,
         payments,

@@ -62,6 +62,11 @@ pub struct BenchArgs {
     /// print one comparison table.
     #[arg(long)]
     pub compare: bool,
+    /// Instead of a sale, GET this URL (http://HOST:PORT/PATH) with the same connections and
+    /// model, as many times as the storm would send purchases: the ceiling of a server
+    /// answering a fixed page (say nginx), to compare the purchase path against.
+    #[arg(long)]
+    pub baseline: Option<String>,
     /// Longest wait for the order log to drain after the storm.
     #[arg(long, default_value_t = 120)]
     pub drain_timeout_secs: u64,
@@ -112,6 +117,9 @@ pub async fn run(config: Config, args: BenchArgs) -> Result<(), BenchError> {
         return Err(setup(
             "--repeat must be within 0..1; --buyers, --stock and --connections positive",
         ));
+    }
+    if let Some(url) = &args.baseline {
+        return baseline(url, &args).await;
     }
     let reports = if args.compare {
         if args.target.is_some() {
@@ -165,16 +173,81 @@ pub async fn run(config: Config, args: BenchArgs) -> Result<(), BenchError> {
     }
 }
 
+fn model_of(args: &BenchArgs) -> Model {
+    match args.rate {
+        Some(rate) => Model::Open {
+            rate,
+            connections: args.connections,
+        },
+        None => Model::Closed {
+            connections: args.connections,
+        },
+    }
+}
+
+/// GETs a fixed URL as hard as a storm would purchase; prints throughput and latency.
+async fn baseline(url: &str, args: &BenchArgs) -> Result<(), BenchError> {
+    let rest = url
+        .strip_prefix("http://")
+        .ok_or_else(|| setup("--baseline must be http://HOST:PORT/PATH"))?;
+    let (hostport, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/"),
+    };
+    let addr = resolve(hostport).await?;
+    let n = args.buyers + (args.buyers as f64 * args.repeat).round() as usize;
+    let shot = storm::Shot::Get {
+        path: Arc::from(path),
+    };
+    let progress = Arc::new(AtomicUsize::new(0));
+    let observed = storm::run(addr, shot, Arc::new(vec![0; n]), model_of(args), progress).await;
+    let h = &observed.latency;
+    let ms = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+    let throughput = observed.sent as f64 / observed.elapsed.as_secs_f64().max(1e-9);
+    let summary = serde_json::json!({
+        "baseline": url,
+        "connections": args.connections,
+        "requests": observed.sent,
+        "seconds": observed.elapsed.as_secs_f64(),
+        "throughput": throughput,
+        "latency": {
+            "mean_ms": h.mean() / 1000.0,
+            "p50_ms": ms(0.5),
+            "p99_ms": ms(0.99),
+            "max_ms": h.max() as f64 / 1000.0,
+        },
+        "answers": observed.by_code,
+        "errors": observed.errors,
+    });
+    if args.json {
+        println!("{summary:#}");
+    } else {
+        println!(
+            "baseline {url}: {throughput:.0} req/s over {:.2} s, mean {:.2} ms, p50 {:.2} ms, p99 {:.2} ms, errors {}",
+            observed.elapsed.as_secs_f64(),
+            h.mean() / 1000.0,
+            ms(0.5),
+            ms(0.99),
+            observed.errors
+        );
+    }
+    Ok(())
+}
+
+async fn resolve(hostport: &str) -> Result<SocketAddr, BenchError> {
+    tokio::net::lookup_host(hostport)
+        .await
+        .map_err(|e| setup(format!("cannot resolve {hostport}: {e}")))?
+        .next()
+        .ok_or_else(|| setup(format!("{hostport} has no address")))
+}
+
 async fn remote(url: &str, config: &Config) -> Result<Target, BenchError> {
     let hostport = url
         .strip_prefix("http://")
         .ok_or_else(|| setup("--target must be http://HOST:PORT"))?
         .trim_end_matches('/');
-    let addr = tokio::net::lookup_host(hostport)
-        .await
-        .map_err(|e| setup(format!("cannot resolve {hostport}: {e}")))?
-        .next()
-        .ok_or_else(|| setup(format!("{hostport} has no address")))?;
+    let addr = resolve(hostport).await?;
     let admin = config.admin_token.clone().ok_or_else(|| {
         setup("a --target needs the server's admin token (--admin-token or SECKILL_ADMIN_TOKEN)")
     })?;
@@ -380,7 +453,6 @@ struct Audit {
     live_units: i64,
     max_units_per_buyer: i64,
     oversold: i64,
-    log_backlog: Option<i64>,
     order_ids: Vec<String>,
 }
 
@@ -440,15 +512,7 @@ async fn storm_once(target: &Target, args: &BenchArgs, gate: &str) -> Result<Rep
     let wait = (opens_at + 50 - crate::now_ms()).max(0) as u64;
     tokio::time::sleep(Duration::from_millis(wait)).await;
 
-    let model = match args.rate {
-        Some(rate) => Model::Open {
-            rate,
-            connections: args.connections,
-        },
-        None => Model::Closed {
-            connections: args.connections,
-        },
-    };
+    let model = model_of(args);
     let progress = Arc::new(AtomicUsize::new(0));
     let total = requests.len();
     let ticker = (!quiet).then(|| {
@@ -468,16 +532,11 @@ async fn storm_once(target: &Target, args: &BenchArgs, gate: &str) -> Result<Rep
             }
         })
     });
-    let sale_arc: Arc<str> = Arc::from(sale_id.as_str());
-    let observed = storm::run(
-        target.addr,
-        sale_arc,
-        tokens.clone(),
-        Arc::new(requests),
-        model,
-        progress,
-    )
-    .await;
+    let shot = storm::Shot::Purchase {
+        sale: Arc::from(sale_id.as_str()),
+        tokens: tokens.clone(),
+    };
+    let observed = storm::run(target.addr, shot, Arc::new(requests), model, progress).await;
     if let Some(t) = ticker {
         t.abort();
         eprintln!();
@@ -486,19 +545,26 @@ async fn storm_once(target: &Target, args: &BenchArgs, gate: &str) -> Result<Rep
     // Wait for the order log to drain, then ask the database.
     let ok_ids: Vec<&String> = observed.ok_orders.iter().map(|(_, id)| id).collect();
     let drain_started = Instant::now();
-    let audit_path = format!("/api/admin/sales/{sale_id}/audit");
-    let audit: Audit = loop {
-        let a: Audit = serde_json::from_value(
-            admin_call(target, Method::GET, &audit_path, serde_json::Value::Null).await?,
-        )
-        .map_err(|e| setup(format!("audit: {e}")))?;
-        let drained = a.live_orders as usize >= ok_ids.len() && a.log_backlog.unwrap_or(0) == 0;
-        if drained || drain_started.elapsed() > Duration::from_secs(args.drain_timeout_secs) {
-            break a;
+    // Poll the cheap counts until SQL holds every ok and the log is empty, then read the
+    // full audit once (it lists every order id).
+    let stats_path = format!("/api/admin/sales/{sale_id}/stats");
+    loop {
+        let stats = admin_call(target, Method::GET, &stats_path, serde_json::Value::Null).await?;
+        let written = stats["orders_written"].as_u64().unwrap_or(0) as usize;
+        let backlog = stats["log_backlog"].as_i64().unwrap_or(0);
+        if (written >= ok_ids.len() && backlog == 0)
+            || drain_started.elapsed() > Duration::from_secs(args.drain_timeout_secs)
+        {
+            break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    }
     let drain_seconds = drain_started.elapsed().as_secs_f64();
+    let audit_path = format!("/api/admin/sales/{sale_id}/audit");
+    let audit: Audit = serde_json::from_value(
+        admin_call(target, Method::GET, &audit_path, serde_json::Value::Null).await?,
+    )
+    .map_err(|e| setup(format!("audit: {e}")))?;
     let in_sql: std::collections::HashSet<&String> = audit.order_ids.iter().collect();
     let found = ok_ids.iter().filter(|id| in_sql.contains(*id)).count();
     let checks = report::Checks {

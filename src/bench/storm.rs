@@ -65,11 +65,22 @@ impl Shared {
     }
 }
 
-/// `requests` are indices into `tokens`; each is one purchase attempt by that buyer.
+/// What each request of a storm is.
+#[derive(Clone)]
+pub enum Shot {
+    /// A purchase of the sale by the buyer whose token is `tokens[i]`.
+    Purchase {
+        sale: Arc<str>,
+        tokens: Arc<Vec<String>>,
+    },
+    /// A plain GET, for the baseline of a server answering a fixed page.
+    Get { path: Arc<str> },
+}
+
+/// `requests` are indices into the shot's tokens (ignored for `Get`).
 pub async fn run(
     addr: SocketAddr,
-    sale: Arc<str>,
-    tokens: Arc<Vec<String>>,
+    shot: Shot,
     requests: Arc<Vec<usize>>,
     model: Model,
     progress: Arc<AtomicUsize>,
@@ -92,9 +103,8 @@ pub async fn run(
     };
     let workers: Vec<_> = (0..connections.max(1))
         .map(|_| {
-            let (sale, tokens, requests, shared, next, progress) = (
-                sale.clone(),
-                tokens.clone(),
+            let (shot, requests, shared, next, progress) = (
+                shot.clone(),
                 requests.clone(),
                 shared.clone(),
                 next.clone(),
@@ -115,7 +125,7 @@ pub async fn run(
                         }
                         None => Instant::now(),
                     };
-                    let answer = send(&mut conn, addr, &sale, &tokens[buyer]).await;
+                    let answer = send(&mut conn, addr, &shot, buyer).await;
                     let micros = intended.elapsed().as_micros() as u64;
                     shared
                         .lock()
@@ -149,8 +159,8 @@ pub async fn run(
 async fn send(
     conn: &mut Option<Connection>,
     addr: SocketAddr,
-    sale: &str,
-    token: &str,
+    shot: &Shot,
+    buyer: usize,
 ) -> Result<(u16, super::client::Answer), ()> {
     if conn.is_none() {
         *conn = Some(Connection::open(addr).await.map_err(|_| ())?);
@@ -158,7 +168,20 @@ async fn send(
     let Some(c) = conn.as_mut() else {
         return Err(());
     };
-    match c.purchase(sale, token).await {
+    let answer = match shot {
+        Shot::Purchase { sale, tokens } => c.purchase(sale, &tokens[buyer]).await,
+        Shot::Get { path } => c
+            .send(hyper::Method::GET, path, None, axum::body::Bytes::new())
+            .await
+            .map(|(status, _)| {
+                let answer = super::client::Answer {
+                    code: status.to_string(),
+                    order_id: None,
+                };
+                (status, answer)
+            }),
+    };
+    match answer {
         Ok(answer) => Ok(answer),
         Err(_) => {
             *conn = None;

@@ -43,6 +43,8 @@ pub struct AppState {
     pub sales: Arc<SaleCache>,
     pub redis: Option<redis::aio::ConnectionManager>,
     pub writer_stats: Arc<WriterStats>,
+    /// The gate's sold-out shortcut (also inside `gate`), for its metrics.
+    pub sold_out: Arc<crate::gate::soldout::SoldOutShortcut>,
     pub metrics: Metrics,
 }
 
@@ -238,6 +240,12 @@ async fn metrics(State(st): State<Arc<AppState>>) -> Response {
     w.lag_seconds.render(
         "seckill_order_log_lag_seconds",
         "From the gate's acceptance to the commit in SQL.",
+        &mut out,
+    );
+    render_counter(
+        "seckill_sold_out_shortcuts_total",
+        "Purchases answered sold_out from this instance's flag, without the gate.",
+        st.sold_out.shortcuts.load(Ordering::Relaxed),
         &mut out,
     );
     render_counter(

@@ -71,7 +71,8 @@ async fn decide(
     let quantity = quantity(body)?;
     let sale = st
         .sales
-        .get(sale_id)
+        .get_or_refresh(sale_id, &st.store)
+        .await?
         .ok_or_else(|| ApiError::NotFound(format!("sale {sale_id} does not exist")))?;
     let limit = sale.per_user_limit;
     if quantity > limit {

@@ -6,6 +6,7 @@
 
 pub mod memory;
 pub mod redis;
+pub mod soldout;
 pub mod sql;
 
 use async_trait::async_trait;

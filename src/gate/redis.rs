@@ -52,6 +52,8 @@ pub struct RedisGate {
     load: Script,
     pause: Script,
     release: Script,
+    /// Key names per sale, built once: formatting them on every purchase showed in profiles.
+    keys: std::sync::RwLock<std::collections::HashMap<i64, std::sync::Arc<SaleKeys>>>,
 }
 
 impl RedisGate {
@@ -63,6 +65,7 @@ impl RedisGate {
             load: Script::new(include_str!("load_sale.lua")),
             pause: Script::new(include_str!("set_paused.lua")),
             release: Script::new(include_str!("release.lua")),
+            keys: Default::default(),
         }
     }
 
@@ -76,8 +79,21 @@ impl RedisGate {
         Ok(())
     }
 
-    fn keys(&self, sale_id: i64) -> SaleKeys {
-        SaleKeys::new(&self.prefix, sale_id)
+    fn keys(&self, sale_id: i64) -> std::sync::Arc<SaleKeys> {
+        if let Some(k) = self
+            .keys
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&sale_id)
+        {
+            return k.clone();
+        }
+        let k = std::sync::Arc::new(SaleKeys::new(&self.prefix, sale_id));
+        self.keys
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(sale_id, k.clone());
+        k
     }
 }
 
@@ -195,6 +211,8 @@ impl Gate for RedisGate {
             .arg(r.order_id)
             .arg(r.user_id)
             .arg(r.quantity)
+            .arg(super::soldout::stock_channel(&self.prefix))
+            .arg(r.sale_id)
             .invoke_async(&mut conn)
             .await?;
         Ok(match done {
@@ -207,7 +225,7 @@ impl Gate for RedisGate {
     async fn is_loaded(&self, sale_id: i64) -> Result<bool, GateError> {
         let mut conn = self.conn.clone();
         let n: i64 = redis::cmd("EXISTS")
-            .arg(self.keys(sale_id).sale)
+            .arg(&self.keys(sale_id).sale)
             .query_async(&mut conn)
             .await?;
         Ok(n == 1)
@@ -239,7 +257,7 @@ impl Gate for RedisGate {
         let mut conn = self.conn.clone();
         let _: i64 = self
             .pause
-            .key(self.keys(sale_id).sale)
+            .key(&self.keys(sale_id).sale)
             .arg(if paused { "1" } else { "0" })
             .invoke_async(&mut conn)
             .await?;
@@ -253,7 +271,7 @@ impl Gate for RedisGate {
     ) -> Result<Option<(i64, i64)>, GateError> {
         let mut conn = self.conn.clone();
         let entry: Option<String> = redis::cmd("HGET")
-            .arg(self.keys(sale_id).accepted)
+            .arg(&self.keys(sale_id).accepted)
             .arg(order_id)
             .query_async(&mut conn)
             .await?;

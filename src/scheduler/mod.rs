@@ -38,7 +38,14 @@ pub struct SaleCache {
     /// Sales being loaded into the gate right now: one load at a time per sale, so that a
     /// crowd meeting an empty gate (Redis lost its data) triggers one rebuild, not thousands.
     loading: std::sync::Mutex<std::collections::HashSet<i64>>,
+    /// When a miss last refreshed the cache (Unix ms), and the lock that makes one miss
+    /// refresh for all: unknown ids cost at most a few queries a second, whatever the load.
+    miss_refreshed_at: std::sync::atomic::AtomicI64,
+    miss_refresh: tokio::sync::Mutex<()>,
 }
+
+/// Least time between two refreshes caused by cache misses.
+const MISS_REFRESH_EVERY_MS: i64 = 250;
 
 impl SaleCache {
     pub fn get(&self, id: i64) -> Option<Arc<Sale>> {
@@ -64,6 +71,29 @@ impl SaleCache {
     pub fn replace(&self, sales: Vec<Sale>) {
         let map = sales.into_iter().map(|s| (s.id, Arc::new(s))).collect();
         *self.sales.write().unwrap_or_else(|p| p.into_inner()) = map;
+    }
+
+    /// The sale, refreshing the cache first if it is missing: a sale approved on another
+    /// instance moments ago is found without waiting for the next tick.
+    pub async fn get_or_refresh(
+        &self,
+        id: i64,
+        store: &Store,
+    ) -> Result<Option<Arc<Sale>>, StoreError> {
+        use std::sync::atomic::Ordering;
+        if let Some(s) = self.get(id) {
+            return Ok(Some(s));
+        }
+        let _one_at_a_time = self.miss_refresh.lock().await;
+        if let Some(s) = self.get(id) {
+            return Ok(Some(s));
+        }
+        let now = crate::now_ms();
+        if now - self.miss_refreshed_at.load(Ordering::Acquire) >= MISS_REFRESH_EVERY_MS {
+            self.miss_refreshed_at.store(now, Ordering::Release);
+            self.refresh(store).await?;
+        }
+        Ok(self.get(id))
     }
 
     pub async fn refresh(&self, store: &Store) -> Result<(), StoreError> {

@@ -671,7 +671,15 @@ impl Store {
                 stock
             }
         };
-        let held: i64 = sqlx::query(&self.sql(&held_query))
+        // The authoritative look, under the sale's row lock. InnoDB's plain reads come from
+        // the snapshot of the transaction's first read (taken before the lock above when
+        // the cheap look ran); a locking read sees every committed order.
+        let locked_held_query = if self.dialect == Dialect::MySql {
+            format!("{held_query} FOR UPDATE")
+        } else {
+            held_query
+        };
+        let held: i64 = sqlx::query(&self.sql(&locked_held_query))
             .bind(p.sale_id)
             .bind(p.user_id)
             .fetch_one(&mut *conn)

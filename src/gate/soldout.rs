@@ -1,0 +1,184 @@
+//! The sold-out shortcut: once the gate says a sale is sold out, this instance answers
+//! `sold_out` itself, without asking the gate again, until stock comes back. Stock comes
+//! back by a release through this instance, a reload, or (distributed) a message on the
+//! `{prefix}:stock-returned` channel that `release.lua` publishes to every instance.
+//! A decorator at the gate seam, so every gate gets it. It must never answer `sold_out`
+//! for stock that is back: a flag is only set if no return arrived since the call began.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+
+use async_trait::async_trait;
+
+use super::{
+    Gate, GateError, GateStock, Purchase, Rejection, Release, Released, SaleLoad, Verdict,
+};
+
+/// Per sale: (returns seen << 1) | sold-out bit.
+type Flag = Arc<AtomicU64>;
+
+pub struct SoldOutShortcut {
+    inner: Arc<dyn Gate>,
+    flags: RwLock<HashMap<i64, Flag>>,
+    /// Purchases answered from the flag, without the gate.
+    pub shortcuts: AtomicU64,
+}
+
+impl SoldOutShortcut {
+    pub fn new(inner: Arc<dyn Gate>) -> Self {
+        SoldOutShortcut {
+            inner,
+            flags: RwLock::new(HashMap::new()),
+            shortcuts: AtomicU64::new(0),
+        }
+    }
+
+    fn flag(&self, sale_id: i64) -> Flag {
+        if let Some(f) = self
+            .flags
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&sale_id)
+        {
+            return f.clone();
+        }
+        self.flags
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(sale_id)
+            .or_default()
+            .clone()
+    }
+
+    /// Stock of this sale may be back: ask the gate again from now on.
+    pub fn reopen(&self, sale_id: i64) {
+        let flag = self.flag(sale_id);
+        let _ = flag.fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
+            Some(((s >> 1) + 1) << 1)
+        });
+    }
+
+    /// Forget every flag (after missing messages, e.g. a lost subscription).
+    pub fn reopen_all(&self) {
+        let ids: Vec<i64> = self
+            .flags
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .copied()
+            .collect();
+        ids.into_iter().for_each(|id| self.reopen(id));
+    }
+
+    pub fn is_flagged(&self, sale_id: i64) -> bool {
+        self.flag(sale_id).load(Ordering::Acquire) & 1 == 1
+    }
+}
+
+#[async_trait]
+impl Gate for SoldOutShortcut {
+    async fn purchase(&self, p: Purchase) -> Result<Verdict, GateError> {
+        let flag = self.flag(p.sale_id);
+        let seen = flag.load(Ordering::Acquire);
+        if seen & 1 == 1 {
+            self.shortcuts.fetch_add(1, Ordering::Relaxed);
+            return Ok(Verdict::Rejected(Rejection::SoldOut { remaining: 0 }));
+        }
+        let verdict = self.inner.purchase(p).await?;
+        if verdict == Verdict::Rejected(Rejection::SoldOut { remaining: 0 }) {
+            // Fails (and leaves the sale open) if stock came back while the gate answered.
+            let _ = flag.compare_exchange(seen, seen | 1, Ordering::AcqRel, Ordering::Acquire);
+        }
+        Ok(verdict)
+    }
+
+    async fn load(&self, load: &SaleLoad) -> Result<bool, GateError> {
+        let loaded = self.inner.load(load).await?;
+        if loaded {
+            self.reopen(load.sale.id);
+        }
+        Ok(loaded)
+    }
+
+    async fn is_loaded(&self, sale_id: i64) -> Result<bool, GateError> {
+        self.inner.is_loaded(sale_id).await
+    }
+
+    async fn stock(&self, sale_id: i64) -> Result<Option<GateStock>, GateError> {
+        self.inner.stock(sale_id).await
+    }
+
+    async fn release(&self, r: Release) -> Result<Released, GateError> {
+        let released = self.inner.release(r).await?;
+        self.reopen(r.sale_id);
+        Ok(released)
+    }
+
+    async fn set_paused(&self, sale_id: i64, paused: bool) -> Result<(), GateError> {
+        self.inner.set_paused(sale_id, paused).await
+    }
+
+    async fn queued_order(
+        &self,
+        sale_id: i64,
+        order_id: i64,
+    ) -> Result<Option<(i64, i64)>, GateError> {
+        self.inner.queued_order(sale_id, order_id).await
+    }
+}
+
+/// The channel on which every release of stock is announced to all instances.
+pub fn stock_channel(prefix: &str) -> String {
+    format!("{prefix}:stock-returned")
+}
+
+/// Listens for stock returned on any instance and reopens the sale here. Reconnects after
+/// a lost subscription, reopening everything since messages may have been missed.
+pub async fn follow_stock_returns(
+    client: redis::Client,
+    prefix: String,
+    shortcut: Arc<SoldOutShortcut>,
+) {
+    use futures_util::StreamExt;
+    let channel = stock_channel(&prefix);
+    loop {
+        match client.get_async_pubsub().await {
+            Ok(mut pubsub) => {
+                if pubsub.subscribe(&channel).await.is_ok() {
+                    shortcut.reopen_all();
+                    let mut messages = pubsub.on_message();
+                    while let Some(msg) = messages.next().await {
+                        if let Ok(sale_id) = msg.get_payload::<i64>() {
+                            shortcut.reopen(sale_id);
+                        }
+                    }
+                }
+                tracing::warn!("stock-return subscription lost; reconnecting");
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot subscribe to stock returns"),
+        }
+        shortcut.reopen_all();
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_return_during_the_gate_call_keeps_the_sale_open() {
+        let flag = AtomicU64::new(0);
+        let seen = flag.load(Ordering::Acquire);
+        // A return arrives while the gate is answering sold_out...
+        let _ = flag.fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
+            Some(((s >> 1) + 1) << 1)
+        });
+        // ...so the sold_out answer must not set the flag.
+        assert!(flag
+            .compare_exchange(seen, seen | 1, Ordering::AcqRel, Ordering::Acquire)
+            .is_err());
+        assert_eq!(flag.load(Ordering::Acquire) & 1, 0);
+    }
+}
