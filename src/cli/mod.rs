@@ -96,11 +96,14 @@ async fn serve(config: Config) -> Result<(), AppError> {
     let dev = config.dev;
     let app = app::assemble(config, Role::Server).await?;
     let (stop, tasks) = app.start_background(run_writer).await?;
-    let listener = tokio::net::TcpListener::bind(listen)
-        .await
-        .map_err(|e| AppError::Other(format!("cannot listen on {listen}: {e}")))?;
+    let listener =
+        bind(listen).map_err(|e| AppError::Other(format!("cannot listen on {listen}: {e}")))?;
     tracing::info!(%listen, dev, "seckill is serving");
     let router = crate::edge::router(app.state.clone());
+    use axum::serve::ListenerExt;
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     axum::serve(listener, router)
         .with_graceful_shutdown(app::shutdown_signal())
         .await
@@ -111,6 +114,22 @@ async fn serve(config: Config) -> Result<(), AppError> {
         let _ = t.await;
     }
     Ok(())
+}
+
+/// Connections arrive all at once in a flash sale: a short accept queue overflows and the
+/// kernel drops SYNs, which clients only retry after a second. Ask for a long queue (the
+/// kernel caps it at net.core.somaxconn).
+const LISTEN_BACKLOG: u32 = 8192;
+
+fn bind(addr: std::net::SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
 }
 
 async fn worker(config: Config) -> Result<(), AppError> {
