@@ -241,7 +241,15 @@ impl App {
         let (stop_tx, stop_rx) = watch::channel(false);
         let mut handles = vec![tokio::spawn(scheduler.run(stop_rx.clone()))];
         if run_writer {
-            handles.push(tokio::spawn(self.writer().run(stop_rx)));
+            // The local log has one consumer by nature (and SQLite one writer at a time).
+            let loops = if self.streams.is_some() {
+                self.state.config.writer_concurrency
+            } else {
+                1
+            };
+            for _ in 0..loops {
+                handles.push(tokio::spawn(self.writer().run(stop_rx.clone())));
+            }
         }
         Ok((stop_tx, handles))
     }

@@ -84,6 +84,9 @@ pub struct ConfigArgs {
     /// Most orders the writer puts in one SQL transaction [default: 1000].
     #[arg(long, env = "SECKILL_WRITER_BATCH", global = true)]
     pub writer_batch: Option<usize>,
+    /// Order-writer loops per process; several overlap their database round trips [default: 4].
+    #[arg(long, env = "SECKILL_WRITER_CONCURRENCY", global = true)]
+    pub writer_concurrency: Option<usize>,
     /// Load approved sales into the gate this long before they open [default: 3600].
     #[arg(long, env = "SECKILL_PRELOAD_AHEAD_SECS", global = true)]
     pub preload_ahead_secs: Option<u64>,
@@ -141,6 +144,7 @@ pub struct Config {
     pub sms_hook: Option<String>,
     pub run_writer: bool,
     pub writer_batch: usize,
+    pub writer_concurrency: usize,
     pub preload_ahead_secs: u64,
     pub token_ttl_secs: u64,
     pub db_max_connections: u32,
@@ -188,6 +192,7 @@ impl Config {
             sms_hook: a.sms_hook.or(f.sms_hook),
             run_writer: !a.no_writer.or(f.no_writer).unwrap_or(false),
             writer_batch: a.writer_batch.or(f.writer_batch).unwrap_or(1000),
+            writer_concurrency: a.writer_concurrency.or(f.writer_concurrency).unwrap_or(4),
             preload_ahead_secs: a
                 .preload_ahead_secs
                 .or(f.preload_ahead_secs)
@@ -242,6 +247,12 @@ impl Config {
             }),
             _ => {}
         }
+        if self.writer_concurrency == 0 || self.writer_concurrency > 64 {
+            return Err(ConfigError::Invalid {
+                name: "writer_concurrency",
+                message: "must be between 1 and 64".into(),
+            });
+        }
         if self.writer_batch == 0 || self.writer_batch > 5000 {
             return Err(ConfigError::Invalid {
                 name: "writer_batch",
@@ -292,6 +303,7 @@ impl Config {
             ),
             format!("run_writer         = {}", self.run_writer),
             format!("writer_batch       = {}", self.writer_batch),
+            format!("writer_concurrency = {}", self.writer_concurrency),
             format!("preload_ahead_secs = {}", self.preload_ahead_secs),
             format!("token_ttl_secs     = {}", self.token_ttl_secs),
             format!("db_max_connections = {}", self.db_max_connections),

@@ -453,7 +453,33 @@ struct Audit {
     live_units: i64,
     max_units_per_buyer: i64,
     oversold: i64,
+}
+
+#[derive(Deserialize)]
+struct OrderIdsPage {
     order_ids: Vec<String>,
+    next: Option<String>,
+}
+
+/// Every live order id of the sale, read a page at a time.
+async fn all_order_ids(
+    target: &Target,
+    sale_id: &str,
+) -> Result<std::collections::HashSet<String>, BenchError> {
+    let mut ids = std::collections::HashSet::new();
+    let mut after = "0".to_string();
+    loop {
+        let path = format!("/api/admin/sales/{sale_id}/order-ids?after={after}&limit=100000");
+        let page: OrderIdsPage = serde_json::from_value(
+            admin_call(target, Method::GET, &path, serde_json::Value::Null).await?,
+        )
+        .map_err(|e| setup(format!("order ids: {e}")))?;
+        ids.extend(page.order_ids);
+        match page.next {
+            Some(next) => after = next,
+            None => return Ok(ids),
+        }
+    }
 }
 
 fn rfc3339(ms: i64) -> String {
@@ -565,8 +591,11 @@ async fn storm_once(target: &Target, args: &BenchArgs, gate: &str) -> Result<Rep
         admin_call(target, Method::GET, &audit_path, serde_json::Value::Null).await?,
     )
     .map_err(|e| setup(format!("audit: {e}")))?;
-    let in_sql: std::collections::HashSet<&String> = audit.order_ids.iter().collect();
-    let found = ok_ids.iter().filter(|id| in_sql.contains(*id)).count();
+    let in_sql = all_order_ids(target, &sale_id).await?;
+    let found = ok_ids
+        .iter()
+        .filter(|id| in_sql.contains(id.as_str()))
+        .count();
     let checks = report::Checks {
         orders: audit.live_orders,
         expected_orders,

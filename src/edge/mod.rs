@@ -133,6 +133,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/admin/sales/{id}/resume", post(sales::resume_sale))
         .route("/api/admin/sales/{id}/stats", get(sales::sale_stats))
         .route("/api/admin/sales/{id}/audit", get(sales::sale_audit))
+        .route(
+            "/api/admin/sales/{id}/order-ids",
+            get(sales::sale_order_ids),
+        )
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))

@@ -430,11 +430,10 @@ pub struct Audit {
     oversold: i64,
     /// Orders accepted by the gate and not yet in SQL.
     log_backlog: Option<i64>,
-    order_ids: Vec<String>,
 }
 
 /// The database's own account of a sale, for load tests and operators: what was sold, to
-/// how many buyers, the most any buyer holds, and every live order id.
+/// how many buyers, the most any buyer holds. Computed in SQL, in constant memory.
 pub async fn sale_audit(
     _: Admin,
     State(st): State<Arc<AppState>>,
@@ -446,19 +445,8 @@ pub async fn sale_audit(
         .sale(id)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("sale {id} does not exist")))?;
-    let orders = st.store.orders_of_sale(id).await?;
-    let mut per_buyer: std::collections::HashMap<i64, i64> = std::collections::HashMap::new();
-    let mut order_ids = Vec::new();
-    for o in orders.iter().filter(|o| {
-        matches!(
-            o.status,
-            crate::model::OrderStatus::PendingPayment | crate::model::OrderStatus::Paid
-        )
-    }) {
-        *per_buyer.entry(o.user_id).or_default() += o.quantity;
-        order_ids.push(o.id.to_string());
-    }
-    let live_units: i64 = per_buyer.values().sum();
+    let (live_orders, live_units, distinct_buyers, max_units_per_buyer) =
+        st.store.live_totals(id).await?;
     let log_backlog = match &st.redis {
         Some(conn) => {
             let mut conn = conn.clone();
@@ -474,12 +462,47 @@ pub async fn sale_audit(
         initial_stock: sale.initial_stock,
         sql_stock: sale.stock,
         per_user_limit: sale.per_user_limit,
-        live_orders: order_ids.len() as i64,
+        live_orders,
         live_units,
-        distinct_buyers: per_buyer.len() as i64,
-        max_units_per_buyer: per_buyer.values().copied().max().unwrap_or(0),
+        distinct_buyers,
+        max_units_per_buyer,
         oversold: (live_units - sale.initial_stock).max(0),
         log_backlog,
-        order_ids,
+    }))
+}
+
+#[derive(Deserialize)]
+pub struct IdsPage {
+    after: Option<i64>,
+    limit: Option<i64>,
+}
+
+#[derive(Serialize)]
+pub struct OrderIds {
+    order_ids: Vec<String>,
+    /// Pass as `after` for the next page; absent on the last page.
+    next: Option<String>,
+}
+
+/// The ids of a sale's live orders, a page at a time (`?after=ID&limit=N`, N <= 100000).
+pub async fn sale_order_ids(
+    _: Admin,
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    page: Result<axum::extract::Query<IdsPage>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<OrderIds>, ApiError> {
+    let id = parse_id(&id, "sale id")?;
+    let page = page.map_err(|e| ApiError::invalid(format!("bad query: {e}")))?;
+    let limit = page.limit.unwrap_or(10_000).clamp(1, 100_000);
+    let ids = st
+        .store
+        .live_order_ids(id, page.after.unwrap_or(0), limit)
+        .await?;
+    let next = (ids.len() as i64 == limit)
+        .then(|| ids.last().map(|l| l.to_string()))
+        .flatten();
+    Ok(Json(OrderIds {
+        order_ids: ids.iter().map(|i| i.to_string()).collect(),
+        next,
     }))
 }

@@ -311,7 +311,9 @@ impl Store {
             let values = vec!["(?, ?, ?)"; chunk.len()].join(",");
             let q = format!("INSERT INTO users (id, phone, created_at) VALUES {values}");
             let q = self.sql(&q);
-            let mut query = sqlx::query(&q);
+            // One statement shape per batch size: caching each would hold thousands of
+            // prepared statements per connection.
+            let mut query = sqlx::query(&q).persistent(false);
             for (id, phone) in chunk {
                 query = query.bind(*id).bind(phone.as_str()).bind(now);
             }
@@ -614,7 +616,7 @@ impl Store {
             Self::placeholders(sale_ids.len())
         );
         let q = self.sql(&q);
-        let mut query = sqlx::query(&q);
+        let mut query = sqlx::query(&q).persistent(false);
         for id in &sale_ids {
             query = query.bind(*id);
         }
@@ -635,7 +637,9 @@ impl Store {
                 Self::placeholders(chunk.len())
             );
             let q = self.sql(&q);
-            let mut query = sqlx::query(&q);
+            // One statement shape per batch size: caching each would hold thousands of
+            // prepared statements per connection.
+            let mut query = sqlx::query(&q).persistent(false);
             for o in chunk {
                 query = query.bind(o.id);
             }
@@ -661,7 +665,9 @@ impl Store {
                 self.on_conflict_nothing()
             );
             let q = self.sql(&q);
-            let mut query = sqlx::query(&q);
+            // One statement shape per batch size: caching each would hold thousands of
+            // prepared statements per connection.
+            let mut query = sqlx::query(&q).persistent(false);
             for o in chunk {
                 let deadline = now + windows[&o.sale_id] * 1000;
                 query = query
@@ -749,6 +755,58 @@ impl Store {
             .await?;
         rows.iter()
             .map(|r| Self::order_from_row(r).map_err(Into::into))
+            .collect()
+    }
+
+    /// What a sale's live orders add up to, computed in SQL in constant memory:
+    /// (orders, units, distinct buyers, most units held by one buyer).
+    pub async fn live_totals(&self, sale_id: i64) -> Result<(i64, i64, i64, i64), StoreError> {
+        let q = format!(
+            "SELECT COUNT(*), {}, COUNT(DISTINCT user_id) FROM orders \
+             WHERE sale_id = ? AND status IN ('pending_payment', 'paid')",
+            self.sum_int("quantity")
+        );
+        let row = sqlx::query(&self.sql(&q))
+            .bind(sale_id)
+            .fetch_one(&self.pool)
+            .await?;
+        let (orders, units, buyers): (i64, i64, i64) =
+            (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
+        let q = format!(
+            "SELECT {} FROM (SELECT {} AS held FROM orders \
+             WHERE sale_id = ? AND status IN ('pending_payment', 'paid') GROUP BY user_id) per_buyer",
+            match self.dialect {
+                Dialect::MySql => "CAST(COALESCE(MAX(held),0) AS SIGNED)",
+                Dialect::Postgres => "CAST(COALESCE(MAX(held),0) AS BIGINT)",
+                Dialect::Sqlite => "COALESCE(MAX(held),0)",
+            },
+            self.sum_int("quantity")
+        );
+        let most: i64 = sqlx::query(&self.sql(&q))
+            .bind(sale_id)
+            .fetch_one(&self.pool)
+            .await?
+            .try_get(0)?;
+        Ok((orders, units, buyers, most))
+    }
+
+    /// Ids of a sale's live orders above `after`, ascending, at most `limit` of them.
+    pub async fn live_order_ids(
+        &self,
+        sale_id: i64,
+        after: i64,
+        limit: i64,
+    ) -> Result<Vec<i64>, StoreError> {
+        let rows = sqlx::query(&self.sql(
+            "SELECT id FROM orders WHERE sale_id = ? AND id > ? AND status IN ('pending_payment', 'paid') ORDER BY id LIMIT ?",
+        ))
+        .bind(sale_id)
+        .bind(after)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| r.try_get::<i64, _>(0).map_err(Into::into))
             .collect()
     }
 
