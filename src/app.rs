@@ -77,7 +77,7 @@ fn embedded_parts(config: &Config, store: &Store, role: Role) -> Parts {
     let gate: Arc<dyn Gate> = match config.gate {
         GateKind::SqlLock => sql_gate(config, store, SqlDecision::Lock),
         GateKind::SqlConditional => sql_gate(config, store, SqlDecision::Conditional),
-        _ => Arc::new(MemoryGate::new(writer_end)),
+        _ => Arc::new(MemoryGate::new(writer_end).with_rate_limit(config.rate_user)),
     };
     Parts {
         gate,
@@ -96,7 +96,8 @@ async fn distributed_parts(config: &Config, store: &Store, url: &str) -> Result<
         GateKind::SqlLock => sql_gate(config, store, SqlDecision::Lock),
         GateKind::SqlConditional => sql_gate(config, store, SqlDecision::Conditional),
         _ => {
-            let gate = RedisGate::new(conn.clone(), &config.redis_prefix);
+            let gate = RedisGate::new(conn.clone(), &config.redis_prefix)
+                .with_rate_limit(config.rate_user);
             gate.prepare().await?;
             Arc::new(gate)
         }
@@ -189,11 +190,16 @@ pub async fn assemble(config: Config, role: Role) -> Result<App, AppError> {
             shortcut.clone(),
         ));
     }
+    let address_limiter = crate::edge::limits::AddressLimiter::new(
+        config.rate_address,
+        config.trusted_proxies.clone(),
+    );
     let state = Arc::new(AppState {
         config,
         store,
         gate: shortcut.clone(),
         sold_out: shortcut,
+        address_limiter,
         ids,
         tokens,
         payments,

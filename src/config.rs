@@ -87,6 +87,28 @@ pub struct ConfigArgs {
     /// Order-writer loops per process; several overlap their database round trips [default: 4].
     #[arg(long, env = "SECKILL_WRITER_CONCURRENCY", global = true)]
     pub writer_concurrency: Option<usize>,
+    /// Purchases per second one user may make on one sale, across all instances (GCRA);
+    /// 0 turns it off [default: 5].
+    #[arg(long, env = "SECKILL_RATE_USER_PER_SEC", global = true)]
+    pub rate_user_per_sec: Option<f64>,
+    /// Purchases one user may make at once before the per-user rate applies [default: 10].
+    #[arg(long, env = "SECKILL_RATE_USER_BURST", global = true)]
+    pub rate_user_burst: Option<u32>,
+    /// Requests per second one client address may make to the API (token bucket, per
+    /// instance); 0 turns it off [default: 0, off: a whole crowd may share one address].
+    #[arg(long, env = "SECKILL_RATE_ADDRESS_PER_SEC", global = true)]
+    pub rate_address_per_sec: Option<f64>,
+    /// Requests one client address may make at once [default: twice the rate].
+    #[arg(long, env = "SECKILL_RATE_ADDRESS_BURST", global = true)]
+    pub rate_address_burst: Option<u32>,
+    /// Proxies whose X-Forwarded-For is believed, comma-separated IP addresses [default: none].
+    #[arg(
+        long,
+        env = "SECKILL_TRUSTED_PROXIES",
+        global = true,
+        value_delimiter = ','
+    )]
+    pub trusted_proxies: Option<Vec<std::net::IpAddr>>,
     /// Load approved sales into the gate this long before they open [default: 3600].
     #[arg(long, env = "SECKILL_PRELOAD_AHEAD_SECS", global = true)]
     pub preload_ahead_secs: Option<u64>,
@@ -145,6 +167,9 @@ pub struct Config {
     pub run_writer: bool,
     pub writer_batch: usize,
     pub writer_concurrency: usize,
+    pub rate_user: crate::gate::RateLimit,
+    pub rate_address: crate::gate::RateLimit,
+    pub trusted_proxies: Vec<std::net::IpAddr>,
     pub preload_ahead_secs: u64,
     pub token_ttl_secs: u64,
     pub db_max_connections: u32,
@@ -193,6 +218,24 @@ impl Config {
             run_writer: !a.no_writer.or(f.no_writer).unwrap_or(false),
             writer_batch: a.writer_batch.or(f.writer_batch).unwrap_or(1000),
             writer_concurrency: a.writer_concurrency.or(f.writer_concurrency).unwrap_or(4),
+            rate_user: crate::gate::RateLimit {
+                per_sec: a.rate_user_per_sec.or(f.rate_user_per_sec).unwrap_or(5.0),
+                burst: a.rate_user_burst.or(f.rate_user_burst).unwrap_or(10),
+            },
+            rate_address: {
+                let per_sec = a
+                    .rate_address_per_sec
+                    .or(f.rate_address_per_sec)
+                    .unwrap_or(0.0);
+                crate::gate::RateLimit {
+                    per_sec,
+                    burst: a
+                        .rate_address_burst
+                        .or(f.rate_address_burst)
+                        .unwrap_or((per_sec * 2.0).ceil() as u32),
+                }
+            },
+            trusted_proxies: a.trusted_proxies.or(f.trusted_proxies).unwrap_or_default(),
             preload_ahead_secs: a
                 .preload_ahead_secs
                 .or(f.preload_ahead_secs)
@@ -246,6 +289,18 @@ impl Config {
                         .into(),
             }),
             _ => {}
+        }
+        for (name, rl) in [
+            ("rate_user_per_sec", self.rate_user),
+            ("rate_address_per_sec", self.rate_address),
+        ] {
+            if !(0.0..=1_000_000.0).contains(&rl.per_sec) || (rl.per_sec > 0.0 && rl.burst == 0) {
+                return Err(ConfigError::Invalid {
+                    name,
+                    message: "must be between 0 (off) and 1000000, with a burst of at least 1"
+                        .into(),
+                });
+            }
         }
         if self.writer_concurrency == 0 || self.writer_concurrency > 64 {
             return Err(ConfigError::Invalid {
@@ -304,6 +359,15 @@ impl Config {
             format!("run_writer         = {}", self.run_writer),
             format!("writer_batch       = {}", self.writer_batch),
             format!("writer_concurrency = {}", self.writer_concurrency),
+            format!(
+                "rate_user          = {}/s, burst {}",
+                self.rate_user.per_sec, self.rate_user.burst
+            ),
+            format!(
+                "rate_address       = {}/s, burst {}",
+                self.rate_address.per_sec, self.rate_address.burst
+            ),
+            format!("trusted_proxies    = {:?}", self.trusted_proxies),
             format!("preload_ahead_secs = {}", self.preload_ahead_secs),
             format!("token_ttl_secs     = {}", self.token_ttl_secs),
             format!("db_max_connections = {}", self.db_max_connections),

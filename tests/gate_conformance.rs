@@ -370,3 +370,95 @@ async fn large_buyer_lists_load_through_staging() {
         assert!(accepted(&h.buy(sale.id, 2501, 1).await), "{}", h.name);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_firing_requests_is_throttled_before_touching_the_stock() {
+    use seckill::gate::RateLimit;
+    let rate = RateLimit {
+        per_sec: 2.0,
+        burst: 5,
+    };
+    let (store, _) = common::fresh_store(common::Sql::Sqlite).await;
+    let (log, reader) = local::channel();
+    let (_stop, stop_rx) = tokio::sync::watch::channel(false);
+    let writer = Writer {
+        log: Arc::new(reader),
+        store: store.clone(),
+        batch_max: 100,
+        stats: Arc::new(WriterStats::default()),
+    };
+    tokio::spawn(writer.run(stop_rx));
+    let (_, conn) = seckill::app::redis_manager(&common::redis_url())
+        .await
+        .unwrap();
+    let redis = RedisGate::new(conn, &common::unique("rate")).with_rate_limit(rate);
+    redis.prepare().await.unwrap();
+    let gates: Vec<(&str, Arc<dyn Gate>)> = vec![
+        (
+            "memory",
+            Arc::new(MemoryGate::new(log).with_rate_limit(rate)),
+        ),
+        ("redis", Arc::new(redis)),
+    ];
+    for (name, gate) in gates {
+        let mut sale = common::sale(common::next_id(), 10, 1);
+        sale.begins_at = seckill::now_ms() + 60_000; // not open yet: pre-open spam is throttled too
+        store.create_sale(&sale).await.unwrap();
+        let load = SaleLoad {
+            sale: sale.clone(),
+            remaining: 10,
+            buyers: vec![],
+            released: vec![],
+        };
+        gate.load(&load).await.unwrap();
+        let mut verdicts = Vec::new();
+        for _ in 0..12 {
+            verdicts.push(
+                gate.purchase(Purchase {
+                    sale_id: sale.id,
+                    user_id: 42,
+                    quantity: 1,
+                    order_id: common::next_id(),
+                })
+                .await
+                .unwrap(),
+            );
+        }
+        let limited = verdicts
+            .iter()
+            .filter(|v| matches!(v, Verdict::Rejected(Rejection::RateLimited { .. })))
+            .count();
+        assert_eq!(
+            limited, 7,
+            "{name}: a burst of 5, then throttled: {verdicts:?}"
+        );
+        assert!(
+            verdicts[..5]
+                .iter()
+                .all(|v| *v == Verdict::Rejected(Rejection::NotStarted)),
+            "{name}: {verdicts:?}"
+        );
+        if let Verdict::Rejected(Rejection::RateLimited { retry_after_ms }) = verdicts[11] {
+            assert!(
+                (1..=500).contains(&retry_after_ms),
+                "{name}: {retry_after_ms}"
+            );
+        }
+        // Another user is not affected, and the stock was never touched.
+        let other = gate
+            .purchase(Purchase {
+                sale_id: sale.id,
+                user_id: 43,
+                quantity: 1,
+                order_id: common::next_id(),
+            })
+            .await
+            .unwrap();
+        assert_eq!(other, Verdict::Rejected(Rejection::NotStarted), "{name}");
+        assert_eq!(
+            gate.stock(sale.id).await.unwrap().unwrap().remaining,
+            10,
+            "{name}"
+        );
+    }
+}

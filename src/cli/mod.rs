@@ -104,7 +104,8 @@ async fn serve(config: Config) -> Result<(), AppError> {
     let listener = listener.tap_io(|tcp| {
         let _ = tcp.set_nodelay(true);
     });
-    axum::serve(listener, router)
+    let service = router.into_make_service_with_connect_info::<std::net::SocketAddr>();
+    axum::serve(listener, service)
         .with_graceful_shutdown(app::shutdown_signal())
         .await
         .map_err(|e| AppError::Other(format!("server: {e}")))?;

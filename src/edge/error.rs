@@ -90,6 +90,12 @@ impl ApiError {
     /// Maps a gate rejection to the contract's 409 codes.
     pub fn from_rejection(r: Rejection, limit: i64) -> Self {
         let (code, message) = match r {
+            Rejection::RateLimited { retry_after_ms } => {
+                return ApiError::RateLimited {
+                    retry_after_secs: (retry_after_ms.max(1) as u64).div_ceil(1000),
+                    message: "too many purchase attempts; slow down".into(),
+                }
+            }
             Rejection::NotStarted => ("not_started", "the sale has not started".to_string()),
             Rejection::Ended => ("ended", "the sale has ended".to_string()),
             Rejection::Paused => ("paused", "the sale is paused".to_string()),

@@ -5,6 +5,7 @@
 
 pub mod auth;
 pub mod error;
+pub mod limits;
 pub mod orders;
 pub mod payments;
 pub mod sales;
@@ -43,6 +44,7 @@ pub struct AppState {
     pub sales: Arc<SaleCache>,
     pub redis: Option<redis::aio::ConnectionManager>,
     pub writer_stats: Arc<WriterStats>,
+    pub address_limiter: limits::AddressLimiter,
     /// The gate's sold-out shortcut (also inside `gate`), for its metrics.
     pub sold_out: Arc<crate::gate::soldout::SoldOutShortcut>,
     pub metrics: Metrics,
@@ -143,6 +145,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/openapi.json", get(openapi))
         .fallback(|| async { ApiError::NotFound("no such endpoint".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            limits::limit_addresses,
+        ))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(tower_http::timeout::TimeoutLayer::with_status_code(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -244,6 +250,12 @@ async fn metrics(State(st): State<Arc<AppState>>) -> Response {
     w.lag_seconds.render(
         "seckill_order_log_lag_seconds",
         "From the gate's acceptance to the commit in SQL.",
+        &mut out,
+    );
+    render_counter(
+        "seckill_rate_limited_addresses_total",
+        "Requests refused by the per-address limit.",
+        st.address_limiter.limited.load(Ordering::Relaxed),
         &mut out,
     );
     render_counter(

@@ -3,6 +3,7 @@
 -- KEYS[1] sale hash  KEYS[2] buyers hash  KEYS[3] order stream  KEYS[4] accepted hash
 -- KEYS[5] staging hash holding the buyers when there were too many to pass as ARGV
 -- KEYS[6] released set: orders whose returned units the loaded stock already counts
+-- KEYS[7] rate hash (per-user GCRA state; only its expiry is set here)
 -- ARGV: stock, limit, begins, ends, paused, price, expire_at_ms, group, n_released,
 --       then n_released order ids, then user_id, units pairs
 if redis.call('EXISTS', KEYS[1]) == 1 then
@@ -28,7 +29,9 @@ local ok, err = pcall(redis.call, 'XGROUP', 'CREATE', KEYS[3], ARGV[8], '0', 'MK
 if not ok and not string.find(tostring(err), 'BUSYGROUP') then
   return redis.error_reply(tostring(err))
 end
-for _, i in ipairs({1, 2, 6}) do
+redis.call('DEL', KEYS[7])
+redis.call('HSET', KEYS[7], '_', '0')
+for _, i in ipairs({1, 2, 6, 7}) do
   if redis.call('EXISTS', KEYS[i]) == 1 then
     redis.call('PEXPIREAT', KEYS[i], ARGV[7])
   end

@@ -9,7 +9,8 @@ use std::sync::{Arc, Mutex, RwLock};
 use async_trait::async_trait;
 
 use super::{
-    Gate, GateError, GateStock, Purchase, Rejection, Release, Released, SaleLoad, Verdict,
+    Gate, GateError, GateStock, Purchase, RateLimit, Rejection, Release, Released, SaleLoad,
+    Verdict,
 };
 use crate::model::NewOrder;
 use crate::orderlog::local::LocalLog;
@@ -24,12 +25,15 @@ struct SaleState {
     held: HashMap<i64, i64>,
     accepted: i64,
     released: std::collections::HashSet<i64>,
+    /// Per user: GCRA theoretical arrival time (only when a rate limit is set).
+    rate_tat: HashMap<i64, i64>,
 }
 
 pub struct MemoryGate {
     sales: RwLock<HashMap<i64, Arc<Mutex<SaleState>>>>,
     log: LocalLog,
     clock: fn() -> i64,
+    rate: RateLimit,
 }
 
 impl MemoryGate {
@@ -42,7 +46,17 @@ impl MemoryGate {
             sales: RwLock::new(HashMap::new()),
             log,
             clock,
+            rate: RateLimit {
+                per_sec: 0.0,
+                burst: 1,
+            },
         }
+    }
+
+    /// Throttles each user's purchases of a sale (GCRA, as the Redis gate does).
+    pub fn with_rate_limit(mut self, rate: RateLimit) -> Self {
+        self.rate = rate;
+        self
     }
 
     fn sale(&self, id: i64) -> Option<Arc<Mutex<SaleState>>> {
@@ -57,6 +71,16 @@ impl MemoryGate {
     fn decide(&self, state: &Mutex<SaleState>, p: &Purchase) -> Result<(i64, NewOrder), Rejection> {
         let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
         let now = (self.clock)();
+        if self.rate.interval_ms() > 0 {
+            let tat = s.rate_tat.get(&p.user_id).copied().unwrap_or(0);
+            let next = self
+                .rate
+                .check(tat, now)
+                .map_err(|wait| Rejection::RateLimited {
+                    retry_after_ms: wait,
+                })?;
+            s.rate_tat.insert(p.user_id, next);
+        }
         if now < s.begins_at {
             return Err(Rejection::NotStarted);
         }
@@ -143,6 +167,7 @@ impl Gate for MemoryGate {
                 .collect(),
             released: load.released.iter().copied().collect(),
             accepted: 0,
+            rate_tat: HashMap::new(),
         };
         sales.insert(load.sale.id, Arc::new(Mutex::new(state)));
         Ok(true)

@@ -47,6 +47,72 @@ pub enum Rejection {
     SoldOut {
         remaining: i64,
     },
+    /// This user asked too often for this sale; try again after this many milliseconds.
+    RateLimited {
+        retry_after_ms: i64,
+    },
+}
+
+/// A per-user, per-sale request rate (GCRA): `per_sec` on average, `burst` at once.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RateLimit {
+    pub per_sec: f64,
+    pub burst: u32,
+}
+
+impl RateLimit {
+    /// Milliseconds between requests at the steady rate; 0 when off.
+    pub fn interval_ms(&self) -> i64 {
+        if self.per_sec <= 0.0 {
+            0
+        } else {
+            ((1000.0 / self.per_sec).round() as i64).max(1)
+        }
+    }
+
+    /// How far ahead of the steady rate a burst may run, in milliseconds.
+    pub fn tolerance_ms(&self) -> i64 {
+        self.interval_ms() * (self.burst.max(1) as i64 - 1)
+    }
+
+    /// One GCRA step from the stored theoretical arrival time: the new one, or the wait in ms.
+    pub fn check(&self, tat: i64, now: i64) -> Result<i64, i64> {
+        let tat = tat.max(now);
+        let wait = tat - now - self.tolerance_ms();
+        if wait > 0 {
+            Err(wait)
+        } else {
+            Ok(tat + self.interval_ms())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gcra_lets_a_burst_through_then_the_steady_rate() {
+        let rl = RateLimit {
+            per_sec: 5.0,
+            burst: 3,
+        };
+        let (mut tat, now) = (0, 10_000);
+        for _ in 0..3 {
+            tat = rl.check(tat, now).unwrap();
+        }
+        assert_eq!(
+            rl.check(tat, now),
+            Err(200),
+            "the fourth at once waits one interval"
+        );
+        assert!(rl.check(tat, now + 200).is_ok(), "then one per 200 ms");
+        let off = RateLimit {
+            per_sec: 0.0,
+            burst: 1,
+        };
+        assert_eq!(off.interval_ms(), 0);
+    }
 }
 
 /// Live gate state of a sale, for the stock endpoint and stats.

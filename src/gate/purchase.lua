@@ -3,9 +3,11 @@
 -- KEYS[2] buyers hash  user_id -> units held
 -- KEYS[3] order stream (the order log)
 -- KEYS[4] accepted hash order_id -> 'user_id:quantity' (answers "queued" before SQL has it)
+-- KEYS[5] rate hash    user_id -> theoretical arrival time (GCRA), per sale
 -- ARGV[1] user_id  ARGV[2] quantity  ARGV[3] order_id  ARGV[4] sale_id
--- Returns {code, number}: code is ok | not_loaded | not_started | ended | paused |
--- already_purchased | over_limit | sold_out.
+-- ARGV[5] emission interval ms (0: no rate limit)  ARGV[6] burst tolerance ms
+-- Returns {code, number}: code is ok | not_loaded | rate_limited (ms to wait) |
+-- not_started | ended | paused | already_purchased | over_limit | sold_out.
 local sale = redis.call('HMGET', KEYS[1], 'stock', 'limit', 'begins', 'ends', 'paused', 'price')
 if not sale[1] then
   return {'not_loaded', 0}
@@ -15,6 +17,17 @@ local stock = tonumber(sale[1])
 -- instance agrees on the instant a sale opens and closes.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- Per user and sale, across every instance: a script firing hundreds of requests a second
+-- is throttled here, in the same round trip, before it can touch the stock.
+local interval = tonumber(ARGV[5])
+if interval > 0 then
+  local tat = math.max(tonumber(redis.call('HGET', KEYS[5], ARGV[1]) or '0'), now)
+  local wait = tat - now - tonumber(ARGV[6])
+  if wait > 0 then
+    return {'rate_limited', wait}
+  end
+  redis.call('HSET', KEYS[5], ARGV[1], tat + interval)
+end
 if now < tonumber(sale[3]) then
   return {'not_started', stock}
 end

@@ -8,7 +8,8 @@ use redis::aio::ConnectionManager;
 use redis::{Script, Value};
 
 use super::{
-    Gate, GateError, GateStock, Purchase, Rejection, Release, Released, SaleLoad, Verdict,
+    Gate, GateError, GateStock, Purchase, RateLimit, Rejection, Release, Released, SaleLoad,
+    Verdict,
 };
 
 /// How long a sale's gate keys outlive its end, for late order lookups and stats.
@@ -28,6 +29,7 @@ pub struct SaleKeys {
     pub staging: String,
     pub dead: String,
     pub released: String,
+    pub rate: String,
 }
 
 impl SaleKeys {
@@ -41,6 +43,7 @@ impl SaleKeys {
             staging: format!("{base}:buyers:loading"),
             dead: format!("{base}:dead"),
             released: format!("{base}:released"),
+            rate: format!("{base}:rate"),
         }
     }
 }
@@ -52,6 +55,8 @@ pub struct RedisGate {
     load: Script,
     pause: Script,
     release: Script,
+    /// Per-user request rate, checked inside the purchase script (off by default).
+    rate: RateLimit,
     /// Key names per sale, built once: formatting them on every purchase showed in profiles.
     keys: std::sync::RwLock<std::collections::HashMap<i64, std::sync::Arc<SaleKeys>>>,
 }
@@ -65,8 +70,18 @@ impl RedisGate {
             load: Script::new(include_str!("load_sale.lua")),
             pause: Script::new(include_str!("set_paused.lua")),
             release: Script::new(include_str!("release.lua")),
+            rate: RateLimit {
+                per_sec: 0.0,
+                burst: 1,
+            },
             keys: Default::default(),
         }
+    }
+
+    /// Throttles each user's purchases of a sale, across every instance.
+    pub fn with_rate_limit(mut self, rate: RateLimit) -> Self {
+        self.rate = rate;
+        self
     }
 
     /// Loads the scripts into Redis once at start-up; calls then go by EVALSHA, and a
@@ -130,6 +145,7 @@ fn verdict_from_reply(v: &Value) -> Result<Verdict, GateError> {
         "already_purchased" => Verdict::Rejected(Rejection::AlreadyPurchased),
         "over_limit" => Verdict::Rejected(Rejection::OverLimit { held: n }),
         "sold_out" => Verdict::Rejected(Rejection::SoldOut { remaining: n }),
+        "rate_limited" => Verdict::Rejected(Rejection::RateLimited { retry_after_ms: n }),
         _ => return Err(bad()),
     })
 }
@@ -145,10 +161,13 @@ impl Gate for RedisGate {
             .key(&k.buyers)
             .key(&k.stream)
             .key(&k.accepted)
+            .key(&k.rate)
             .arg(p.user_id)
             .arg(p.quantity)
             .arg(p.order_id)
             .arg(p.sale_id)
+            .arg(self.rate.interval_ms())
+            .arg(self.rate.tolerance_ms())
             .invoke_async(&mut conn)
             .await?;
         verdict_from_reply(&reply)
@@ -179,6 +198,7 @@ impl Gate for RedisGate {
             .key(&k.accepted)
             .key(&k.staging)
             .key(&k.released)
+            .key(&k.rate)
             .arg(load.remaining)
             .arg(s.per_user_limit)
             .arg(s.begins_at)

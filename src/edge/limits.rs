@@ -1,0 +1,154 @@
+//! The per-address rate limit at the edge: a token bucket per client address, in process,
+//! off until configured (a whole crowd may share one address behind a carrier's NAT). The
+//! address is the peer's, or the one a trusted proxy put in X-Forwarded-For; the header is
+//! ignored from anyone else, since a client can write anything in it.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::HeaderMap;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use super::error::ApiError;
+use super::AppState;
+use crate::gate::RateLimit;
+
+/// Buckets kept at most; beyond it, full (idle) buckets are dropped.
+const MAX_BUCKETS: usize = 200_000;
+
+pub struct AddressLimiter {
+    rate: RateLimit,
+    trusted: Vec<IpAddr>,
+    /// address -> (tokens, last refill in ms)
+    buckets: Mutex<HashMap<IpAddr, (f64, i64)>>,
+    pub limited: AtomicU64,
+}
+
+impl AddressLimiter {
+    pub fn new(rate: RateLimit, trusted: Vec<IpAddr>) -> Self {
+        AddressLimiter {
+            rate,
+            trusted,
+            buckets: Mutex::new(HashMap::new()),
+            limited: AtomicU64::new(0),
+        }
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.rate.per_sec > 0.0
+    }
+
+    /// The client's address: the peer, or the nearest untrusted hop a trusted proxy reported.
+    pub fn client_of(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+        if !self.trusted.contains(&peer) {
+            return peer;
+        }
+        let hops: Vec<IpAddr> = headers
+            .get_all("x-forwarded-for")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .filter_map(|h| h.trim().parse().ok())
+            .collect();
+        hops.into_iter()
+            .rev()
+            .find(|h| !self.trusted.contains(h))
+            .unwrap_or(peer)
+    }
+
+    /// Takes a token for `addr`; Err(ms to wait) when its bucket is empty.
+    pub fn take(&self, addr: IpAddr, now_ms: i64) -> Result<(), i64> {
+        let capacity = self.rate.burst.max(1) as f64;
+        let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
+        if buckets.len() >= MAX_BUCKETS {
+            let per_ms = self.rate.per_sec / 1000.0;
+            buckets
+                .retain(|_, (tokens, last)| *tokens + (now_ms - *last) as f64 * per_ms < capacity);
+        }
+        let (tokens, last) = buckets.entry(addr).or_insert((capacity, now_ms));
+        *tokens =
+            (*tokens + (now_ms - *last).max(0) as f64 * self.rate.per_sec / 1000.0).min(capacity);
+        *last = now_ms;
+        if *tokens >= 1.0 {
+            *tokens -= 1.0;
+            Ok(())
+        } else {
+            Err((((1.0 - *tokens) * 1000.0 / self.rate.per_sec).ceil() as i64).max(1))
+        }
+    }
+}
+
+/// Middleware: answers 429 `rate_limited` (with Retry-After) to an address over its rate.
+pub async fn limit_addresses(
+    State(st): State<Arc<AppState>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let limiter = &st.address_limiter;
+    if limiter.enabled() {
+        let client = limiter.client_of(peer.ip(), req.headers());
+        if let Err(wait_ms) = limiter.take(client, crate::now_ms()) {
+            limiter.limited.fetch_add(1, Ordering::Relaxed);
+            return ApiError::RateLimited {
+                retry_after_secs: (wait_ms as u64).div_ceil(1000),
+                message: "too many requests from this address".into(),
+            }
+            .into_response();
+        }
+    }
+    next.run(req).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limiter(trusted: &[&str]) -> AddressLimiter {
+        AddressLimiter::new(
+            RateLimit {
+                per_sec: 2.0,
+                burst: 2,
+            },
+            trusted.iter().map(|t| t.parse().unwrap()).collect(),
+        )
+    }
+
+    #[test]
+    fn buckets_refill_at_the_rate() {
+        let l = limiter(&[]);
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        assert!(l.take(a, 0).is_ok());
+        assert!(l.take(a, 0).is_ok());
+        assert_eq!(l.take(a, 0), Err(500));
+        assert!(
+            l.take("10.0.0.2".parse().unwrap(), 0).is_ok(),
+            "other addresses have their own bucket"
+        );
+        assert!(l.take(a, 500).is_ok(), "one token back after 500 ms at 2/s");
+    }
+
+    #[test]
+    fn forwarded_for_counts_only_from_trusted_proxies() {
+        let l = limiter(&["127.0.0.1"]);
+        let mut h = HeaderMap::new();
+        h.insert("x-forwarded-for", "203.0.113.9, 127.0.0.1".parse().unwrap());
+        assert_eq!(
+            l.client_of("127.0.0.1".parse().unwrap(), &h),
+            "203.0.113.9".parse::<IpAddr>().unwrap()
+        );
+        assert_eq!(
+            l.client_of("198.51.100.7".parse().unwrap(), &h),
+            "198.51.100.7".parse::<IpAddr>().unwrap(),
+            "spoofed header ignored"
+        );
+        assert_eq!(
+            l.client_of("127.0.0.1".parse().unwrap(), &HeaderMap::new()),
+            "127.0.0.1".parse::<IpAddr>().unwrap()
+        );
+    }
+}
