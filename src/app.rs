@@ -10,6 +10,7 @@ use tokio::sync::watch;
 use crate::config::{Config, GateKind};
 use crate::edge::auth::TokenSigner;
 use crate::edge::{AppState, Metrics};
+use crate::gate::breaker::Breaker;
 use crate::gate::memory::MemoryGate;
 use crate::gate::redis::RedisGate;
 use crate::gate::soldout::{follow_stock_returns, SoldOutShortcut};
@@ -57,7 +58,12 @@ struct Parts {
     ids: Arc<IdGenerator>,
     redis: Option<redis::aio::ConnectionManager>,
     streams: Option<Arc<StreamLog>>,
+    breaker: Option<Arc<Breaker>>,
 }
+
+/// Connection failures in a row that open the Redis gate's circuit, and how long it stays open.
+const BREAKER_THRESHOLD: u32 = 5;
+const BREAKER_COOLDOWN_MS: i64 = 1000;
 
 fn sql_gate(config: &Config, store: &Store, how: SqlDecision) -> Arc<dyn Gate> {
     // Leave a few connections for the writer, the scheduler and the other endpoints.
@@ -85,6 +91,7 @@ fn embedded_parts(config: &Config, store: &Store, role: Role) -> Parts {
         ids: Arc::new(IdGenerator::fixed(worker)),
         redis: None,
         streams: None,
+        breaker: None,
     }
 }
 
@@ -92,14 +99,19 @@ async fn distributed_parts(config: &Config, store: &Store, url: &str) -> Result<
     let (client, conn) = redis_manager(url).await?;
     let ids = ids::lease_worker_id(conn.clone(), &config.redis_prefix).await?;
     let streams = Arc::new(StreamLog::connect(&client, conn.clone(), &config.redis_prefix).await?);
-    let gate: Arc<dyn Gate> = match config.gate {
-        GateKind::SqlLock => sql_gate(config, store, SqlDecision::Lock),
-        GateKind::SqlConditional => sql_gate(config, store, SqlDecision::Conditional),
+    let (gate, breaker): (Arc<dyn Gate>, _) = match config.gate {
+        GateKind::SqlLock => (sql_gate(config, store, SqlDecision::Lock), None),
+        GateKind::SqlConditional => (sql_gate(config, store, SqlDecision::Conditional), None),
         _ => {
             let gate = RedisGate::new(conn.clone(), &config.redis_prefix)
                 .with_rate_limit(config.rate_user);
             gate.prepare().await?;
-            Arc::new(gate)
+            let breaker = Arc::new(Breaker::new(
+                Arc::new(gate),
+                BREAKER_THRESHOLD,
+                BREAKER_COOLDOWN_MS,
+            ));
+            (breaker.clone() as Arc<dyn Gate>, Some(breaker))
         }
     };
     Ok(Parts {
@@ -108,6 +120,7 @@ async fn distributed_parts(config: &Config, store: &Store, url: &str) -> Result<
         ids,
         redis: Some(conn),
         streams: Some(streams),
+        breaker,
     })
 }
 
@@ -180,6 +193,7 @@ pub async fn assemble(config: Config, role: Role) -> Result<App, AppError> {
         ids,
         redis,
         streams,
+        breaker,
     } = parts;
     let shortcut = Arc::new(SoldOutShortcut::new(gate));
     if let Some(url) = &config.redis_url {
@@ -200,6 +214,7 @@ pub async fn assemble(config: Config, role: Role) -> Result<App, AppError> {
         gate: shortcut.clone(),
         sold_out: shortcut,
         address_limiter,
+        breaker,
         ids,
         tokens,
         payments,

@@ -172,7 +172,11 @@ impl From<StoreError> for ApiError {
 
 impl From<GateError> for ApiError {
     fn from(e: GateError) -> Self {
-        tracing::error!(error = %e, "gate error");
+        match &e {
+            // Already logged once when the circuit opened; one line per refusal would flood.
+            GateError::Unavailable(_) => tracing::debug!(error = %e, "gate unavailable"),
+            _ => tracing::error!(error = %e, "gate error"),
+        }
         ApiError::Unavailable("purchases are unavailable right now; retry shortly".into())
     }
 }

@@ -45,6 +45,8 @@ pub struct AppState {
     pub redis: Option<redis::aio::ConnectionManager>,
     pub writer_stats: Arc<WriterStats>,
     pub address_limiter: limits::AddressLimiter,
+    /// The Redis gate's circuit breaker (distributed only), for readiness and metrics.
+    pub breaker: Option<Arc<crate::gate::breaker::Breaker>>,
     /// The gate's sold-out shortcut (also inside `gate`), for its metrics.
     pub sold_out: Arc<crate::gate::soldout::SoldOutShortcut>,
     pub metrics: Metrics,
@@ -191,6 +193,9 @@ async fn readyz(State(st): State<Arc<AppState>>) -> Result<&'static str, ApiErro
             .await
             .map_err(|e| ApiError::Unavailable(format!("redis: {e}")))?;
     }
+    if st.breaker.as_ref().is_some_and(|b| b.is_open()) {
+        return Err(ApiError::Unavailable("the gate's circuit is open".into()));
+    }
     Ok("ready")
 }
 
@@ -252,6 +257,20 @@ async fn metrics(State(st): State<Arc<AppState>>) -> Response {
         "From the gate's acceptance to the commit in SQL.",
         &mut out,
     );
+    if let Some(b) = &st.breaker {
+        render_counter(
+            "seckill_gate_circuit_opened_total",
+            "Times the Redis gate's circuit opened.",
+            b.opened.load(Ordering::Relaxed),
+            &mut out,
+        );
+        render_counter(
+            "seckill_gate_circuit_refused_total",
+            "Gate calls refused while the circuit was open.",
+            b.refused.load(Ordering::Relaxed),
+            &mut out,
+        );
+    }
     render_counter(
         "seckill_rate_limited_addresses_total",
         "Requests refused by the per-address limit.",

@@ -4,6 +4,7 @@
 //! Implementations: [`memory::MemoryGate`] (embedded) and [`redis::RedisGate`] (Lua).
 //! The gate must never touch SQL: it is loaded from SQL by the scheduler, ahead of time.
 
+pub mod breaker;
 pub mod memory;
 pub mod redis;
 pub mod soldout;
@@ -164,6 +165,8 @@ pub enum GateError {
     BadReply(String),
     #[error("database: {0}")]
     Sql(String),
+    #[error("{0}")]
+    Unavailable(String),
     #[error("the order log refused the order: {0}")]
     Log(#[from] crate::orderlog::LogError),
 }

@@ -23,6 +23,8 @@ const BLOCK_MS: u64 = 500;
 pub struct StreamLog {
     /// Blocking reads get their own connection so that they never delay other commands.
     reader: tokio::sync::Mutex<MultiplexedConnection>,
+    /// To open a new reader when Redis restarts (the reader does not reconnect by itself).
+    client: redis::Client,
     conn: ConnectionManager,
     prefix: String,
     consumer: String,
@@ -36,13 +38,10 @@ impl StreamLog {
         conn: ConnectionManager,
         prefix: &str,
     ) -> Result<Self, LogError> {
-        let config = redis::AsyncConnectionConfig::new()
-            .set_response_timeout(Some(Duration::from_millis(BLOCK_MS * 10)));
-        let reader = client
-            .get_multiplexed_async_connection_with_config(&config)
-            .await?;
+        let reader = reader_connection(client).await?;
         Ok(StreamLog {
             reader: tokio::sync::Mutex::new(reader),
+            client: client.clone(),
             conn,
             prefix: prefix.to_string(),
             consumer: consumer_name(),
@@ -103,6 +102,17 @@ impl StreamLog {
             _ => Ok(()),
         }
     }
+}
+
+/// The connection for blocking reads: its response timeout must outlast the BLOCK time.
+async fn reader_connection(
+    client: &redis::Client,
+) -> Result<MultiplexedConnection, redis::RedisError> {
+    let config = redis::AsyncConnectionConfig::new()
+        .set_response_timeout(Some(Duration::from_millis(BLOCK_MS * 10)));
+    client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
 }
 
 fn consumer_name() -> String {
@@ -210,7 +220,19 @@ impl OrderLog for StreamLog {
         }
         let reply: Result<Value, redis::RedisError> = {
             let mut reader = self.reader.lock().await;
-            cmd.query_async(&mut *reader).await
+            let reply = cmd.query_async(&mut *reader).await;
+            if let Err(e) = &reply {
+                if e.is_io_error()
+                    || e.is_connection_dropped()
+                    || e.is_connection_refusal()
+                    || e.is_timeout()
+                {
+                    if let Ok(fresh) = reader_connection(&self.client).await {
+                        *reader = fresh;
+                    }
+                }
+            }
+            reply
         };
         let reply = match reply {
             Ok(v) => v,

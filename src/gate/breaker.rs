@@ -1,0 +1,126 @@
+//! A circuit breaker around a gate that lives in another process (Redis): after repeated
+//! connection failures it opens and answers `unavailable` at once, instead of letting every
+//! request wait out a dead Redis; after a cooldown it lets calls through again, and closes
+//! on the first success. Never decides a purchase itself, so it cannot oversell.
+
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use super::{Gate, GateError, GateStock, Purchase, Release, Released, SaleLoad, Verdict};
+
+pub struct Breaker {
+    inner: Arc<dyn Gate>,
+    threshold: u32,
+    cooldown_ms: i64,
+    failures: AtomicU32,
+    open_until: AtomicI64,
+    /// Times the breaker opened, for `/metrics`.
+    pub opened: AtomicU64,
+    /// Calls refused while open.
+    pub refused: AtomicU64,
+}
+
+impl Breaker {
+    pub fn new(inner: Arc<dyn Gate>, threshold: u32, cooldown_ms: i64) -> Self {
+        Breaker {
+            inner,
+            threshold: threshold.max(1),
+            cooldown_ms,
+            failures: AtomicU32::new(0),
+            open_until: AtomicI64::new(0),
+            opened: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+        }
+    }
+
+    pub fn is_open(&self) -> bool {
+        crate::now_ms() < self.open_until.load(Ordering::Acquire)
+    }
+
+    fn guard(&self) -> Result<(), GateError> {
+        if self.is_open() {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            return Err(GateError::Unavailable(
+                "the gate's Redis is failing; the circuit is open".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    fn record<T>(&self, result: Result<T, GateError>) -> Result<T, GateError> {
+        match &result {
+            Ok(_) => self.failures.store(0, Ordering::Release),
+            Err(GateError::Redis(e)) if is_outage(e) => {
+                let failures = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
+                if failures >= self.threshold {
+                    self.failures.store(0, Ordering::Release);
+                    self.open_until
+                        .store(crate::now_ms() + self.cooldown_ms, Ordering::Release);
+                    self.opened.fetch_add(1, Ordering::Relaxed);
+                    tracing::error!(
+                        failures,
+                        cooldown_ms = self.cooldown_ms,
+                        "gate circuit opened"
+                    );
+                }
+            }
+            Err(_) => {}
+        }
+        result
+    }
+}
+
+/// Errors that say Redis cannot be reached (rather than that it answered with an error):
+/// refused or dropped connections, timeouts, a connection manager still reconnecting.
+fn is_outage(e: &redis::RedisError) -> bool {
+    !matches!(
+        e.kind(),
+        redis::ErrorKind::Server(_)
+            | redis::ErrorKind::Parse
+            | redis::ErrorKind::UnexpectedReturnType
+    )
+}
+
+#[async_trait]
+impl Gate for Breaker {
+    async fn purchase(&self, p: Purchase) -> Result<Verdict, GateError> {
+        self.guard()?;
+        self.record(self.inner.purchase(p).await)
+    }
+
+    async fn load(&self, load: &SaleLoad) -> Result<bool, GateError> {
+        self.guard()?;
+        self.record(self.inner.load(load).await)
+    }
+
+    async fn is_loaded(&self, sale_id: i64) -> Result<bool, GateError> {
+        self.guard()?;
+        self.record(self.inner.is_loaded(sale_id).await)
+    }
+
+    async fn stock(&self, sale_id: i64) -> Result<Option<GateStock>, GateError> {
+        self.guard()?;
+        self.record(self.inner.stock(sale_id).await)
+    }
+
+    async fn release(&self, r: Release) -> Result<Released, GateError> {
+        self.guard()?;
+        self.record(self.inner.release(r).await)
+    }
+
+    async fn set_paused(&self, sale_id: i64, paused: bool) -> Result<(), GateError> {
+        self.guard()?;
+        self.record(self.inner.set_paused(sale_id, paused).await)
+    }
+
+    async fn queued_order(
+        &self,
+        sale_id: i64,
+        order_id: i64,
+    ) -> Result<Option<(i64, i64)>, GateError> {
+        self.guard()?;
+        self.record(self.inner.queued_order(sale_id, order_id).await)
+    }
+}
