@@ -40,7 +40,9 @@ pub struct AppState {
     pub gate: Arc<dyn Gate>,
     pub ids: Arc<IdGenerator>,
     pub tokens: TokenSigner,
-    pub payments: crate::lifecycle::payment::SimulatedProvider,
+    pub payments: Arc<dyn crate::lifecycle::payment::PaymentProvider>,
+    /// The built-in simulated provider, which admins can tell to call back.
+    pub simulator: crate::lifecycle::payment::SimulatedProvider,
     pub sales: Arc<SaleCache>,
     pub redis: Option<redis::aio::ConnectionManager>,
     pub writer_stats: Arc<WriterStats>,

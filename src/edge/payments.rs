@@ -246,7 +246,7 @@ pub async fn simulate(
         },
         provider_ref: format!("sim-{}", rand::random::<u32>()),
     };
-    let provider = st.payments.clone();
+    let provider = st.simulator.clone();
     let mut target = st.config.listen;
     if target.ip().is_unspecified() {
         target.set_ip(std::net::Ipv4Addr::LOCALHOST.into());

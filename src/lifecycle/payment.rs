@@ -59,19 +59,31 @@ pub struct IntentView {
     pub expires_at: String,
 }
 
-#[derive(Clone)]
-pub struct SimulatedProvider {
-    secret: Vec<u8>,
+/// What seckill needs of a payment provider: what a buyer's client shows to pay, and a
+/// trustworthy reading of the provider's callbacks. A real provider implements it beside
+/// the simulated one.
+pub trait PaymentProvider: Send + Sync {
+    /// What the buyer's client shows to pay an intent (a pay URL, a QR payload).
+    fn intent_view(
+        &self,
+        intent_id: i64,
+        order_id: i64,
+        amount_cents: i64,
+        expires_at: &str,
+    ) -> IntentView;
+
+    /// Reads a callback, refusing it unless it is signed and fresh.
+    fn verify(
+        &self,
+        timestamp: Option<&str>,
+        signature: Option<&str>,
+        body: &[u8],
+        now_secs: i64,
+    ) -> Result<Notification, NotifyError>;
 }
 
-impl SimulatedProvider {
-    pub fn new(secret: &str) -> Self {
-        SimulatedProvider {
-            secret: secret.as_bytes().to_vec(),
-        }
-    }
-
-    pub fn intent_view(
+impl PaymentProvider for SimulatedProvider {
+    fn intent_view(
         &self,
         intent_id: i64,
         order_id: i64,
@@ -88,21 +100,8 @@ impl SimulatedProvider {
         }
     }
 
-    fn mac(&self, timestamp: i64, body: &[u8]) -> HmacSha256 {
-        let mut mac =
-            <HmacSha256 as Mac>::new_from_slice(&self.secret).unwrap_or_else(|_| unreachable!());
-        mac.update(timestamp.to_string().as_bytes());
-        mac.update(b".");
-        mac.update(body);
-        mac
-    }
-
-    pub fn sign(&self, timestamp: i64, body: &[u8]) -> String {
-        crate::edge::auth::hex(&self.mac(timestamp, body).finalize().into_bytes())
-    }
-
     /// Checks a callback's signature and age, then reads it.
-    pub fn verify(
+    fn verify(
         &self,
         timestamp: Option<&str>,
         signature: Option<&str>,
@@ -122,6 +121,32 @@ impl SimulatedProvider {
             .verify_slice(&sig)
             .map_err(|_| NotifyError::BadSignature)?;
         serde_json::from_slice(body).map_err(|e| NotifyError::BadBody(e.to_string()))
+    }
+}
+
+#[derive(Clone)]
+pub struct SimulatedProvider {
+    secret: Vec<u8>,
+}
+
+impl SimulatedProvider {
+    pub fn new(secret: &str) -> Self {
+        SimulatedProvider {
+            secret: secret.as_bytes().to_vec(),
+        }
+    }
+
+    fn mac(&self, timestamp: i64, body: &[u8]) -> HmacSha256 {
+        let mut mac =
+            <HmacSha256 as Mac>::new_from_slice(&self.secret).unwrap_or_else(|_| unreachable!());
+        mac.update(timestamp.to_string().as_bytes());
+        mac.update(b".");
+        mac.update(body);
+        mac
+    }
+
+    pub fn sign(&self, timestamp: i64, body: &[u8]) -> String {
+        crate::edge::auth::hex(&self.mac(timestamp, body).finalize().into_bytes())
     }
 
     /// Delivers a signed notification to a seckill server, as the provider would.
@@ -164,6 +189,7 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
 
 #[cfg(test)]
 mod tests {
+    use super::PaymentProvider as _;
     use super::*;
 
     #[test]
