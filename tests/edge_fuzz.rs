@@ -147,6 +147,11 @@ async fn arbitrary_requests_get_4xx_and_change_nothing() {
     let c = common::client();
     let sale = common::open_sale(&c, &server, 5, 1).await;
     let token = common::login_users(&c, &server.base, 1).await.remove(0);
+    // The real token with its last signature digit changed: always invalid.
+    let forged = {
+        let last = if token.ends_with('0') { '1' } else { '0' };
+        format!("{}{last}", &token[..token.len() - 1])
+    };
     let methods = [
         reqwest::Method::GET,
         reqwest::Method::POST,
@@ -177,7 +182,7 @@ async fn arbitrary_requests_get_4xx_and_change_nothing() {
                 format!("Bearer {}", junk_segment(&mut rng)),
             ),
             2 if method == reqwest::Method::GET => req.bearer_auth(&token),
-            2 => req.bearer_auth(format!("{}0", &token[..token.len() - 1])),
+            2 => req.bearer_auth(&forged),
             _ => req.header("Authorization", junk_segment(&mut rng)),
         };
         if rng.random_bool(0.3) {

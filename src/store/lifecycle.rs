@@ -118,21 +118,11 @@ impl Store {
         now: i64,
         detail: &str,
     ) -> Result<Order, TransitionError> {
-        let mut conn = self.pool.acquire().await.map_err(StoreError::from)?;
-        let begin = if self.dialect == Dialect::Sqlite {
-            "BEGIN IMMEDIATE"
-        } else {
-            "BEGIN"
-        };
-        sqlx::query(begin).execute(&mut *conn).await?;
+        let mut conn = self.begin_write().await?;
         let result = self
             .transition_in_tx(&mut conn, order_id, owner, outcome, now, detail)
             .await;
-        let end = if result.is_ok() { "COMMIT" } else { "ROLLBACK" };
-        if let Err(e) = sqlx::query(end).execute(&mut *conn).await {
-            conn.detach();
-            return Err(e.into());
-        }
+        Self::finish(conn, result.is_ok()).await?;
         result
     }
 
@@ -309,12 +299,12 @@ impl Store {
     /// can fall between the two (the sale row is locked while they are read). A gate loaded
     /// from these counts the returns already and must ignore them when they arrive.
     pub async fn stock_for_load(&self, sale_id: i64) -> Result<(i64, Vec<i64>), StoreError> {
-        let mut conn = self.pool.acquire().await?;
-        let (begin, lock) = match self.dialect {
-            Dialect::Sqlite => ("BEGIN IMMEDIATE", "SELECT stock FROM sales WHERE id = ?"),
-            _ => ("BEGIN", "SELECT stock FROM sales WHERE id = ? FOR UPDATE"),
+        let mut conn = self.begin_write().await?;
+        let lock = match self.dialect {
+            // BEGIN IMMEDIATE already holds SQLite's one write lock.
+            Dialect::Sqlite => "SELECT stock FROM sales WHERE id = ?",
+            _ => "SELECT stock FROM sales WHERE id = ? FOR UPDATE",
         };
-        sqlx::query(begin).execute(&mut *conn).await?;
         let read = async {
             let row = sqlx::query(&self.sql(lock))
                 .bind(sale_id)
@@ -337,9 +327,7 @@ impl Store {
             Ok((stock, returned))
         }
         .await;
-        if sqlx::query("COMMIT").execute(&mut *conn).await.is_err() {
-            conn.detach();
-        }
+        Self::finish(conn, true).await?;
         read
     }
 
@@ -451,21 +439,11 @@ impl Store {
         provider_ref: &str,
         now: i64,
     ) -> Result<PaymentSettlement, TransitionError> {
-        let mut conn = self.pool.acquire().await.map_err(StoreError::from)?;
-        let begin = if self.dialect == Dialect::Sqlite {
-            "BEGIN IMMEDIATE"
-        } else {
-            "BEGIN"
-        };
-        sqlx::query(begin).execute(&mut *conn).await?;
+        let mut conn = self.begin_write().await?;
         let result = self
             .settle_in_tx(&mut conn, intent_id, provider_ref, now)
             .await;
-        let end = if result.is_ok() { "COMMIT" } else { "ROLLBACK" };
-        if let Err(e) = sqlx::query(end).execute(&mut *conn).await {
-            conn.detach();
-            return Err(e.into());
-        }
+        Self::finish(conn, result.is_ok()).await?;
         result
     }
 
@@ -579,20 +557,9 @@ impl Store {
         p: &crate::model::NewOrder,
         how: SqlDecision,
     ) -> Result<SqlVerdict, StoreError> {
-        let mut conn = self.pool.acquire().await?;
-        let begin = if self.dialect == Dialect::Sqlite {
-            "BEGIN IMMEDIATE"
-        } else {
-            "BEGIN"
-        };
-        sqlx::query(begin).execute(&mut *conn).await?;
+        let mut conn = self.begin_write().await?;
         let result = self.sql_purchase_in_tx(&mut conn, p, how).await;
-        let commit = matches!(result, Ok(SqlVerdict::Accepted { .. }));
-        let end = if commit { "COMMIT" } else { "ROLLBACK" };
-        if let Err(e) = sqlx::query(end).execute(&mut *conn).await {
-            conn.detach();
-            return Err(e.into());
-        }
+        Self::finish(conn, matches!(result, Ok(SqlVerdict::Accepted { .. }))).await?;
         result
     }
 

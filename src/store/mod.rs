@@ -580,23 +580,39 @@ impl Store {
         if batch.is_empty() {
             return Ok(WriteOutcome::default());
         }
+        let mut conn = self.begin_write().await?;
+        let result = self.write_orders_in_tx(&mut conn, batch).await;
+        Self::finish(conn, result.is_ok()).await?;
+        result
+    }
+
+    /// A pooled connection inside a write transaction. On SQLite it takes the write lock up
+    /// front, so that a read in the transaction cannot be upgraded into a busy error.
+    pub(crate) async fn begin_write(
+        &self,
+    ) -> Result<sqlx::pool::PoolConnection<sqlx::Any>, StoreError> {
         let mut conn = self.pool.acquire().await?;
-        // SQLite: take the write lock up front so that the read below cannot be upgraded
-        // into a busy error by another writer.
         let begin = if self.dialect == Dialect::Sqlite {
             "BEGIN IMMEDIATE"
         } else {
             "BEGIN"
         };
         sqlx::query(begin).execute(&mut *conn).await?;
-        let result = self.write_orders_in_tx(&mut conn, batch).await;
-        let end = if result.is_ok() { "COMMIT" } else { "ROLLBACK" };
+        Ok(conn)
+    }
+
+    /// Commits (or rolls back) the transaction of [`Store::begin_write`]. A connection whose
+    /// transaction state is unknown is never handed back to the pool.
+    pub(crate) async fn finish(
+        mut conn: sqlx::pool::PoolConnection<sqlx::Any>,
+        commit: bool,
+    ) -> Result<(), StoreError> {
+        let end = if commit { "COMMIT" } else { "ROLLBACK" };
         if let Err(e) = sqlx::query(end).execute(&mut *conn).await {
-            // The connection's transaction state is unknown: never hand it back to the pool.
             conn.detach();
             return Err(e.into());
         }
-        result
+        Ok(())
     }
 
     async fn write_orders_in_tx(
