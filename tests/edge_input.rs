@@ -235,6 +235,8 @@ async fn catalogue_is_cacheable_and_orders_are_private() {
         "/api/orders/{id}/pay",
         "/api/payments/notify",
         "/api/admin/sales",
+        "/api/admin/sales/{id}/audit",
+        "/api/admin/sales/{id}/order-ids",
         "/api/auth/login",
     ] {
         assert!(
