@@ -10,6 +10,38 @@ use crate::model::{Order, OrderStatus};
 /// Attempts of a lifecycle transaction that keeps losing deadlocks before giving up.
 const RETRIES: u32 = 5;
 
+/// Errors that may go away if the same transaction is simply tried again.
+trait Transient {
+    fn is_transient(&self) -> bool;
+}
+
+impl Transient for StoreError {
+    fn is_transient(&self) -> bool {
+        StoreError::is_transient(self)
+    }
+}
+
+impl Transient for TransitionError {
+    fn is_transient(&self) -> bool {
+        matches!(self, TransitionError::Store(e) if e.is_transient())
+    }
+}
+
+/// Runs a transaction again, after a short backoff, while it loses deadlocks or
+/// serialization races (InnoDB gap locks, PostgreSQL 40001), up to RETRIES times.
+async fn retry_transient<T, E: Transient, Fut: std::future::Future<Output = Result<T, E>>>(
+    mut attempt: impl FnMut() -> Fut,
+) -> Result<T, E> {
+    let mut tries = 0;
+    loop {
+        match attempt().await {
+            Err(e) if e.is_transient() && tries < RETRIES => tries += 1,
+            other => return other,
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5 << tries)).await;
+    }
+}
+
 /// Where an order may go from `pending_payment`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
@@ -95,19 +127,7 @@ impl Store {
         now: i64,
         detail: &str,
     ) -> Result<Order, TransitionError> {
-        let mut attempt = 0;
-        loop {
-            match self
-                .transition_once(order_id, owner, outcome, now, detail)
-                .await
-            {
-                Err(TransitionError::Store(e)) if e.is_transient() && attempt < RETRIES => {
-                    attempt += 1
-                }
-                other => return other,
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(5 << attempt)).await;
-        }
+        retry_transient(|| self.transition_once(order_id, owner, outcome, now, detail)).await
     }
 
     async fn transition_once(
@@ -421,16 +441,7 @@ impl Store {
         provider_ref: &str,
         now: i64,
     ) -> Result<PaymentSettlement, TransitionError> {
-        let mut attempt = 0;
-        loop {
-            match self.settle_payment_once(intent_id, provider_ref, now).await {
-                Err(TransitionError::Store(e)) if e.is_transient() && attempt < RETRIES => {
-                    attempt += 1
-                }
-                other => return other,
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(5 << attempt)).await;
-        }
+        retry_transient(|| self.settle_payment_once(intent_id, provider_ref, now)).await
     }
 
     async fn settle_payment_once(
@@ -542,14 +553,7 @@ impl Store {
         p: &crate::model::NewOrder,
         how: SqlDecision,
     ) -> Result<SqlVerdict, StoreError> {
-        let mut attempt = 0;
-        loop {
-            match self.sql_purchase_once(p, how).await {
-                Err(e) if e.is_transient() && attempt < RETRIES => attempt += 1,
-                other => return other,
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(2 << attempt)).await;
-        }
+        retry_transient(|| self.sql_purchase_once(p, how)).await
     }
 
     async fn sql_purchase_once(
