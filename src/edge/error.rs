@@ -174,7 +174,9 @@ impl From<GateError> for ApiError {
     fn from(e: GateError) -> Self {
         match &e {
             // Already logged once when the circuit opened; one line per refusal would flood.
-            GateError::Unavailable(_) => tracing::debug!(error = %e, "gate unavailable"),
+            GateError::Unavailable(_) | GateError::Timeout => {
+                tracing::debug!(error = %e, "gate unavailable")
+            }
             _ => tracing::error!(error = %e, "gate error"),
         }
         ApiError::Unavailable("purchases are unavailable right now; retry shortly".into())

@@ -5,6 +5,7 @@
 
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 
@@ -52,25 +53,49 @@ impl Breaker {
     fn record<T>(&self, result: Result<T, GateError>) -> Result<T, GateError> {
         match &result {
             Ok(_) => self.failures.store(0, Ordering::Release),
-            Err(GateError::Redis(e)) if is_outage(e) => {
-                let failures = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
-                if failures >= self.threshold {
-                    self.failures.store(0, Ordering::Release);
-                    self.open_until
-                        .store(crate::now_ms() + self.cooldown_ms, Ordering::Release);
-                    self.opened.fetch_add(1, Ordering::Relaxed);
-                    tracing::error!(
-                        failures,
-                        cooldown_ms = self.cooldown_ms,
-                        "gate circuit opened"
-                    );
-                }
-            }
+            Err(GateError::Redis(e)) if is_outage(e) => self.failed(),
+            Err(GateError::Timeout) => self.failed(),
             Err(_) => {}
         }
         result
     }
+
+    fn failed(&self) {
+        let failures = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
+        if failures >= self.threshold {
+            self.failures.store(0, Ordering::Release);
+            self.open_until
+                .store(crate::now_ms() + self.cooldown_ms, Ordering::Release);
+            self.opened.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(
+                failures,
+                cooldown_ms = self.cooldown_ms,
+                "gate circuit opened"
+            );
+        }
+    }
+
+    /// One gate call, refused at once while the circuit is open, and bounded in time: a
+    /// connection that is reconnecting holds calls back rather than failing them, so a
+    /// dead Redis would otherwise hang every purchase instead of opening the circuit.
+    async fn call<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, GateError>>,
+        limit: Duration,
+    ) -> Result<T, GateError> {
+        self.guard()?;
+        let result = match tokio::time::timeout(limit, call).await {
+            Ok(result) => result,
+            Err(_) => Err(GateError::Timeout),
+        };
+        self.record(result)
+    }
 }
+
+/// A purchase script answers in well under a millisecond; a second means Redis is away.
+const CALL_TIMEOUT: Duration = Duration::from_secs(1);
+/// Loading a sale may move many buyers in chunks.
+const LOAD_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Errors that say Redis cannot be reached (rather than that it answered with an error):
 /// refused or dropped connections, timeouts, a connection manager still reconnecting.
@@ -86,33 +111,28 @@ fn is_outage(e: &redis::RedisError) -> bool {
 #[async_trait]
 impl Gate for Breaker {
     async fn purchase(&self, p: Purchase) -> Result<Verdict, GateError> {
-        self.guard()?;
-        self.record(self.inner.purchase(p).await)
+        self.call(self.inner.purchase(p), CALL_TIMEOUT).await
     }
 
     async fn load(&self, load: &SaleLoad) -> Result<bool, GateError> {
-        self.guard()?;
-        self.record(self.inner.load(load).await)
+        self.call(self.inner.load(load), LOAD_TIMEOUT).await
     }
 
     async fn is_loaded(&self, sale_id: i64) -> Result<bool, GateError> {
-        self.guard()?;
-        self.record(self.inner.is_loaded(sale_id).await)
+        self.call(self.inner.is_loaded(sale_id), CALL_TIMEOUT).await
     }
 
     async fn stock(&self, sale_id: i64) -> Result<Option<GateStock>, GateError> {
-        self.guard()?;
-        self.record(self.inner.stock(sale_id).await)
+        self.call(self.inner.stock(sale_id), CALL_TIMEOUT).await
     }
 
     async fn release(&self, r: Release) -> Result<Released, GateError> {
-        self.guard()?;
-        self.record(self.inner.release(r).await)
+        self.call(self.inner.release(r), CALL_TIMEOUT).await
     }
 
     async fn set_paused(&self, sale_id: i64, paused: bool) -> Result<(), GateError> {
-        self.guard()?;
-        self.record(self.inner.set_paused(sale_id, paused).await)
+        self.call(self.inner.set_paused(sale_id, paused), CALL_TIMEOUT)
+            .await
     }
 
     async fn queued_order(
@@ -120,7 +140,7 @@ impl Gate for Breaker {
         sale_id: i64,
         order_id: i64,
     ) -> Result<Option<(i64, i64)>, GateError> {
-        self.guard()?;
-        self.record(self.inner.queued_order(sale_id, order_id).await)
+        self.call(self.inner.queued_order(sale_id, order_id), CALL_TIMEOUT)
+            .await
     }
 }

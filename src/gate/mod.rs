@@ -167,6 +167,8 @@ pub enum GateError {
     Sql(String),
     #[error("{0}")]
     Unavailable(String),
+    #[error("the gate did not answer in time")]
+    Timeout,
     #[error("the order log refused the order: {0}")]
     Log(#[from] crate::orderlog::LogError),
 }
