@@ -223,14 +223,8 @@ async fn run(d: Deployment) {
     );
 
     // The cancelled units are buyable again at once.
-    let stock: serde_json::Value = c
-        .get(format!("{base}/api/sales/{sale}/stock"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let stock: serde_json::Value =
+        common::get_json(&c, format!("{base}/api/sales/{sale}/stock"), None).await;
     assert_eq!(
         (stock["state"].as_str(), stock["remaining"].as_i64()),
         (Some("active"), Some(CANCEL as i64)),
@@ -256,14 +250,8 @@ async fn run(d: Deployment) {
     tokio::time::sleep(Duration::from_secs(2)).await; // the late payment arrives
     let by_status = check_invariants(&d, sale_id).await;
     assert_eq!(by_status.get(&OrderStatus::Paid), Some(&PAY), "{}", d.name);
-    let stock: serde_json::Value = c
-        .get(format!("{base}/api/sales/{sale}/stock"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let stock: serde_json::Value =
+        common::get_json(&c, format!("{base}/api/sales/{sale}/stock"), None).await;
     let returned = (CANCEL + expiring) as i64;
     assert_eq!(
         stock["remaining"].as_i64(),
@@ -271,15 +259,8 @@ async fn run(d: Deployment) {
         "{}: every returned unit once",
         d.name
     );
-    let mine: serde_json::Value = c
-        .get(format!("{base}/api/orders"))
-        .bearer_auth(&winners[0].0)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let mine: serde_json::Value =
+        common::get_json(&c, format!("{base}/api/orders"), Some(&winners[0].0)).await;
     assert_eq!(mine[0]["status"], "paid", "{}", d.name);
     assert!(mine[0]["pay_deadline"].is_string());
 
@@ -314,15 +295,12 @@ async fn run(d: Deployment) {
         d.name
     );
 
-    let stats: serde_json::Value = c
-        .get(format!("{base}/api/admin/sales/{sale}/stats"))
-        .bearer_auth(&d.server.admin)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let stats: serde_json::Value = common::get_json(
+        &c,
+        format!("{base}/api/admin/sales/{sale}/stats"),
+        Some(&d.server.admin),
+    )
+    .await;
     assert_eq!(
         stats["payments_by_status"]["paid"], PAY as i64,
         "{}: {stats}",

@@ -236,14 +236,8 @@ async fn a_queued_order_waits_for_the_writer_before_cancel_or_pay() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    let stock: serde_json::Value = c
-        .get(format!("{base}/api/sales/{sale}/stock"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let stock: serde_json::Value =
+        common::get_json(&c, format!("{base}/api/sales/{sale}/stock"), None).await;
     assert_eq!(stock["remaining"], 2, "the cancelled unit is back at once");
     let _ = worker.kill();
     let _ = worker.wait();

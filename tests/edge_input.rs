@@ -107,14 +107,8 @@ async fn malformed_requests_get_clear_errors_and_change_nothing() {
     let sale_id: i64 = sale.parse().unwrap();
     assert!(store.orders_of_sale(sale_id).await.unwrap().is_empty());
     assert_eq!(store.sale(sale_id).await.unwrap().unwrap().stock, 10);
-    let stock: serde_json::Value = c
-        .get(format!("{base}/api/sales/{sale}/stock"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let stock: serde_json::Value =
+        common::get_json(&c, format!("{base}/api/sales/{sale}/stock"), None).await;
     assert_eq!(
         stock,
         serde_json::json!({"state": "active", "remaining": 10})
@@ -163,14 +157,7 @@ async fn catalogue_is_cacheable_and_orders_are_private() {
         .await
         .unwrap();
     assert_eq!(r.status(), 304);
-    let list: serde_json::Value = c
-        .get(format!("{base}/api/sales"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let list: serde_json::Value = common::get_json(&c, format!("{base}/api/sales"), None).await;
     assert!(list
         .as_array()
         .unwrap()
@@ -181,15 +168,8 @@ async fn catalogue_is_cacheable_and_orders_are_private() {
     let (status, body) = common::buy(&c, &base, &sale, &tokens[0]).await;
     assert_eq!(status, 200, "{body}");
     let order = body["order_id"].as_str().unwrap();
-    let mine: serde_json::Value = c
-        .get(format!("{base}/api/orders/{order}"))
-        .bearer_auth(&tokens[0])
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let mine: serde_json::Value =
+        common::get_json(&c, format!("{base}/api/orders/{order}"), Some(&tokens[0])).await;
     assert_eq!(
         mine["status"], "pending_payment",
         "embedded answers ok only once written"
@@ -201,34 +181,14 @@ async fn catalogue_is_cacheable_and_orders_are_private() {
         .await
         .unwrap();
     assert_eq!(theirs.status(), 404, "another user's order is not visible");
-    let list: serde_json::Value = c
-        .get(format!("{base}/api/orders"))
-        .bearer_auth(&tokens[1])
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let list: serde_json::Value =
+        common::get_json(&c, format!("{base}/api/orders"), Some(&tokens[1])).await;
     assert_eq!(list, serde_json::json!([]));
-    let stock: serde_json::Value = c
-        .get(format!("{base}/api/sales/{sale}/stock"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let stock: serde_json::Value =
+        common::get_json(&c, format!("{base}/api/sales/{sale}/stock"), None).await;
     assert_eq!(stock["remaining"], 4);
 
-    let spec: serde_json::Value = c
-        .get(format!("{base}/openapi.json"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let spec: serde_json::Value = common::get_json(&c, format!("{base}/openapi.json"), None).await;
     for path in [
         "/api/sales/{id}/purchase",
         "/api/orders/{id}",

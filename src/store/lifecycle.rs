@@ -388,14 +388,7 @@ impl Store {
             "SELECT {} FROM payments WHERE intent_id = ?",
             Self::PAYMENT_COLS
         );
-        let row = sqlx::query(&self.sql(&q))
-            .bind(intent_id)
-            .fetch_optional(&self.pool)
-            .await?;
-        Ok(match row {
-            Some(r) => Some(Self::payment_from_row(&r)?),
-            None => None,
-        })
+        self.one_by_key(&q, intent_id, Self::payment_from_row).await
     }
 
     /// The newest payment intent of an order still waiting for the provider.
@@ -404,14 +397,7 @@ impl Store {
             "SELECT {} FROM payments WHERE order_id = ? AND status = 'created' ORDER BY intent_id DESC LIMIT 1",
             Self::PAYMENT_COLS
         );
-        let row = sqlx::query(&self.sql(&q))
-            .bind(order_id)
-            .fetch_optional(&self.pool)
-            .await?;
-        Ok(match row {
-            Some(r) => Some(Self::payment_from_row(&r)?),
-            None => None,
-        })
+        self.one_by_key(&q, order_id, Self::payment_from_row).await
     }
 
     /// A provider said the intent failed: it can no longer be paid (the buyer may start another).

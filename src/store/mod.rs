@@ -491,16 +491,26 @@ impl Store {
         Ok(())
     }
 
-    pub async fn sale(&self, id: i64) -> Result<Option<Sale>, StoreError> {
-        let q = format!("SELECT {} FROM sales WHERE id = ?", Self::SALE_COLS);
-        let row = sqlx::query(&self.sql(&q))
-            .bind(id)
+    /// The one row that `query` (with a single `?`, bound to `key`) selects, mapped.
+    pub(crate) async fn one_by_key<T>(
+        &self,
+        query: &str,
+        key: i64,
+        map: fn(&AnyRow) -> Result<T, sqlx::Error>,
+    ) -> Result<Option<T>, StoreError> {
+        let row = sqlx::query(&self.sql(query))
+            .bind(key)
             .fetch_optional(&self.pool)
             .await?;
         Ok(match row {
-            Some(r) => Some(Self::sale_from_row(&r)?),
+            Some(r) => Some(map(&r)?),
             None => None,
         })
+    }
+
+    pub async fn sale(&self, id: i64) -> Result<Option<Sale>, StoreError> {
+        let q = format!("SELECT {} FROM sales WHERE id = ?", Self::SALE_COLS);
+        self.one_by_key(&q, id, Self::sale_from_row).await
     }
 
     /// Approved sales that end after `ends_after`, oldest start first.
@@ -748,14 +758,7 @@ impl Store {
 
     pub async fn order(&self, id: i64) -> Result<Option<Order>, StoreError> {
         let q = format!("SELECT {} FROM orders WHERE id = ?", Self::ORDER_COLS);
-        let row = sqlx::query(&self.sql(&q))
-            .bind(id)
-            .fetch_optional(&self.pool)
-            .await?;
-        Ok(match row {
-            Some(r) => Some(Self::order_from_row(&r)?),
-            None => None,
-        })
+        self.one_by_key(&q, id, Self::order_from_row).await
     }
 
     /// A user's orders, newest first.

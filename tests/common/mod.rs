@@ -373,3 +373,12 @@ where
     }
     panic!("timed out waiting for: {what}");
 }
+
+/// GET `url` (with a bearer token if given) and read the answer as JSON.
+pub async fn get_json(c: &reqwest::Client, url: String, bearer: Option<&str>) -> serde_json::Value {
+    let mut req = c.get(url);
+    if let Some(b) = bearer {
+        req = req.bearer_auth(b);
+    }
+    req.send().await.unwrap().json().await.unwrap()
+}
