@@ -179,6 +179,7 @@ pub async fn redis_manager(
 }
 
 pub async fn assemble(config: Config, role: Role) -> Result<App, AppError> {
+    let connections = crate::edge::connections::Connections::new(config.max_connections);
     let config = Arc::new(config);
     let store = connect_store(&config).await?;
     let tokens = token_signer(&config, &store).await?;
@@ -214,6 +215,8 @@ pub async fn assemble(config: Config, role: Role) -> Result<App, AppError> {
         gate: shortcut.clone(),
         sold_out: shortcut,
         address_limiter,
+        connections,
+
         breaker,
         ids,
         tokens,

@@ -118,8 +118,12 @@ pub struct ConfigArgs {
     /// SQL connection pool size [default: 16].
     #[arg(long, env = "SECKILL_DB_MAX_CONNECTIONS", global = true)]
     pub db_max_connections: Option<u32>,
+    /// Client connections served at once; beyond it, new ones wait in the accept queue
+    /// [default: 10000].
+    #[arg(long, env = "SECKILL_MAX_CONNECTIONS", global = true)]
+    pub max_connections: Option<usize>,
     /// How purchases are decided: redis (default with --redis), embedded (default without),
-    /// sql-lock or sql-conditional (in the database; for comparison and as a fallback).
+    /// sql-lock or sql-conditional (in the database; for comparison, or to run without Redis).
     #[arg(long, env = "SECKILL_GATE", global = true)]
     pub gate: Option<GateKind>,
     /// Log filter, tracing's EnvFilter syntax [default: info].
@@ -173,6 +177,7 @@ pub struct Config {
     pub preload_ahead_secs: u64,
     pub token_ttl_secs: u64,
     pub db_max_connections: u32,
+    pub max_connections: usize,
     pub gate: GateKind,
     pub log: String,
 }
@@ -242,6 +247,11 @@ impl Config {
                 .unwrap_or(3600),
             token_ttl_secs: a.token_ttl_secs.or(f.token_ttl_secs).unwrap_or(7 * 86400),
             db_max_connections: a.db_max_connections.or(f.db_max_connections).unwrap_or(16),
+            max_connections: a
+                .max_connections
+                .or(f.max_connections)
+                .unwrap_or(10_000)
+                .max(1),
             gate: a.gate.or(f.gate).unwrap_or(if embedded {
                 GateKind::Embedded
             } else {
@@ -371,6 +381,7 @@ impl Config {
             format!("preload_ahead_secs = {}", self.preload_ahead_secs),
             format!("token_ttl_secs     = {}", self.token_ttl_secs),
             format!("db_max_connections = {}", self.db_max_connections),
+            format!("max_connections    = {}", self.max_connections),
             format!("gate               = {}", self.gate.name()),
             format!("log                = {}", self.log),
         ]

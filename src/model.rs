@@ -19,6 +19,39 @@ pub struct Sale {
     pub approved: bool,
     pub paused: bool,
     pub updated_at: i64,
+    pub anti_bot: AntiBot,
+}
+
+/// What a sale asks of a buyer before the purchase call, against scripts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AntiBot {
+    /// Purchases need nothing but the login token.
+    #[default]
+    Off,
+    /// Each purchase spends a single-use purchase token (`GET /api/sales/{id}/token`).
+    Token,
+    /// As `Token`, and the purchase token is only issued for a solved captcha.
+    Captcha,
+}
+
+impl AntiBot {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AntiBot::Off => "off",
+            AntiBot::Token => "token",
+            AntiBot::Captcha => "captcha",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "off" => AntiBot::Off,
+            "token" => AntiBot::Token,
+            "captcha" => AntiBot::Captcha,
+            _ => return None,
+        })
+    }
 }
 
 /// The public phase of a sale, as `GET /api/sales/{id}/stock` reports it.
@@ -129,6 +162,7 @@ mod tests {
             approved: true,
             paused: false,
             updated_at: 0,
+            anti_bot: AntiBot::Off,
         }
     }
 

@@ -72,6 +72,32 @@ fn bench_starts_its_own_embedded_server_and_checks_the_database() {
 }
 
 #[test]
+fn bench_with_anti_bot_fetches_a_token_before_each_purchase() {
+    let (ok, r, stderr) = bench(
+        &[
+            "bench",
+            "--anti-bot",
+            "--buyers",
+            "2000",
+            "--stock",
+            "25",
+            "--connections",
+            "32",
+            "--json",
+        ],
+        &[],
+    );
+    assert!(ok, "{stderr}");
+    assert_report(&r, 2000, 25);
+    for code in r["answers"].as_object().unwrap().keys() {
+        assert!(
+            ["ok", "sold_out", "already_purchased"].contains(&code.as_str()),
+            "every purchase carried a valid, fresh token: {r}"
+        );
+    }
+}
+
+#[test]
 fn bench_open_model_reports_latency_from_intended_send_times() {
     let (ok, r, stderr) = bench(
         &[

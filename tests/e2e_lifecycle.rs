@@ -66,30 +66,8 @@ async fn deploy(kind: Option<Sql>) -> Deployment {
 }
 
 async fn open_sale(c: &reqwest::Client, s: &Server) -> String {
-    let now = time::OffsetDateTime::now_utc();
-    let fmt = &time::format_description::well_known::Rfc3339;
-    let body = serde_json::json!({
-        "title": "lifecycle", "price_cents": 500, "stock": STOCK, "payment_window_secs": WINDOW_SECS,
-        "begins_at": (now - time::Duration::seconds(5)).format(fmt).unwrap(),
-        "ends_at": (now + time::Duration::hours(1)).format(fmt).unwrap(),
-    });
-    let r = c
-        .post(format!("{}/api/admin/sales", s.base))
-        .bearer_auth(&s.admin)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let id = r.json::<serde_json::Value>().await.unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    c.post(format!("{}/api/admin/sales/{id}/approve", s.base))
-        .bearer_auth(&s.admin)
-        .send()
-        .await
-        .unwrap();
-    id
+    let terms = serde_json::json!({"title": "lifecycle", "price_cents": 500, "payment_window_secs": WINDOW_SECS});
+    common::open_sale_with(c, s, STOCK, 1, terms).await
 }
 
 async fn post(

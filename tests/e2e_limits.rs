@@ -59,14 +59,7 @@ async fn scripted_buyers_are_throttled_people_are_not() {
         assert_ne!(status, 429, "{body}");
         tokio::time::sleep(Duration::from_millis(600)).await;
     }
-    let metrics = c
-        .get(format!("{}/metrics", server.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = common::metrics(&c, &server).await;
     assert!(
         metrics.contains("seckill_purchases_total{code=\"rate_limited\"} 16"),
         "{metrics}"
@@ -116,6 +109,55 @@ async fn the_address_limit_believes_only_trusted_proxies() {
         .unwrap();
     assert!(
         metrics.contains("seckill_rate_limited_addresses_total 2"),
+        "{metrics}"
+    );
+}
+
+/// Sends one keep-alive request on a raw connection and reads the answer's status line,
+/// leaving the connection open (and holding its slot).
+async fn hold_a_connection(base: &str) -> tokio::net::TcpStream {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = base.trim_start_matches("http://");
+    let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+    conn.write_all(format!("GET /healthz HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut buf = [0u8; 256];
+    let n = conn.read(&mut buf).await.unwrap();
+    assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{:?}", &buf[..n]);
+    conn
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_beyond_the_cap_wait_their_turn() {
+    let db = common::fresh_database(Sql::Sqlite).await;
+    let env = vec![
+        ("SECKILL_DATABASE_URL".into(), db),
+        ("SECKILL_MAX_CONNECTIONS".into(), "2".into()),
+    ];
+    let server = Server::start(env, vec!["serve".into()]).await;
+    let first = hold_a_connection(&server.base).await;
+    let _second = hold_a_connection(&server.base).await;
+    let third = reqwest::Client::builder()
+        .timeout(Duration::from_millis(800))
+        .build()
+        .unwrap();
+    let url = format!("{}/healthz", server.base);
+    assert!(
+        third.get(&url).send().await.is_err(),
+        "a third connection is not served while two are open"
+    );
+    drop(first);
+    let patient = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let r = patient.get(&url).send().await.unwrap();
+    assert_eq!(r.status(), 200, "served once a slot is free");
+    let metrics = common::metrics(&patient, &server).await;
+    assert!(metrics.contains("seckill_connections_max 2"), "{metrics}");
+    assert!(
+        !metrics.contains("seckill_connections_saturated_total 0"),
         "{metrics}"
     );
 }

@@ -8,62 +8,12 @@
 mod common;
 
 use std::collections::HashSet;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{Server, Sql};
+use common::{PrivateRedis, Server, Sql};
 use seckill::store::Store;
-
-struct PrivateRedis {
-    child: Child,
-    port: u16,
-    dir: std::path::PathBuf,
-}
-
-impl PrivateRedis {
-    fn start(port: u16, dir: &std::path::Path) -> PrivateRedis {
-        let child = Command::new("redis-server")
-            .args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "yes",
-            ])
-            .args(["--appendfsync", "always", "--dir"])
-            .arg(dir)
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("redis-server (scripts/test installs it)");
-        std::thread::sleep(Duration::from_millis(300));
-        PrivateRedis {
-            child,
-            port,
-            dir: dir.to_path_buf(),
-        }
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    fn restart(&mut self) {
-        *self = PrivateRedis::start(self.port, &self.dir.clone());
-    }
-}
-
-impl Drop for PrivateRedis {
-    fn drop(&mut self) {
-        self.kill();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_storm_survives_redis_dying_without_oversell_or_loss() {
@@ -174,14 +124,7 @@ async fn a_storm_survives_redis_dying_without_oversell_or_loss() {
         unavailable.load(Ordering::Relaxed) > 0,
         "the outage was seen"
     );
-    let metrics = c
-        .get(format!("{}/metrics", server.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = common::metrics(&c, &server).await;
     assert!(
         metrics
             .lines()

@@ -6,26 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Server, Sql};
-
-fn metric(text: &str, name: &str) -> u64 {
-    text.lines()
-        .find_map(|l| {
-            l.strip_prefix(name)
-                .and_then(|rest| rest.trim().parse().ok())
-        })
-        .unwrap_or(0)
-}
-
-async fn metrics(c: &reqwest::Client, s: &Server) -> String {
-    c.get(format!("{}/metrics", s.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
-}
+use common::{metric, metrics, Server, Sql};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sold_out_is_answered_locally_and_reopens_everywhere() {

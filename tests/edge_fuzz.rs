@@ -18,6 +18,8 @@ const PATHS: &[&str] = &[
     "/api/sales/{sale}/stock",
     "/api/sales/{sale}/purchase",
     "/api/sales/{id}/purchase",
+    "/api/sales/{sale}/token",
+    "/api/sales/{sale}/captcha",
     "/api/orders",
     "/api/orders/{id}",
     "/api/orders/{id}/pay",

@@ -15,7 +15,13 @@ async fn malformed_requests_get_clear_errors_and_change_nothing() {
         vec!["serve".into()],
     )
     .await;
-    let c = common::client();
+    // A connection per request: after answering 413 to a body it did not read, the server
+    // closes the connection, and a pooled client may send the next case on it before it
+    // has seen the close (hyper: IncompleteMessage), a race of the client, not of the server.
+    let c = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
     let base = server.base.clone();
     let sale = common::open_sale(&c, &server, 10, 2).await;
     let tokens = common::login_users(&c, &base, 1).await;
@@ -191,6 +197,8 @@ async fn catalogue_is_cacheable_and_orders_are_private() {
     let spec: serde_json::Value = common::get_json(&c, format!("{base}/openapi.json"), None).await;
     for path in [
         "/api/sales/{id}/purchase",
+        "/api/sales/{id}/token",
+        "/api/sales/{id}/captcha",
         "/api/orders/{id}",
         "/api/orders/{id}/pay",
         "/api/payments/notify",
@@ -204,14 +212,7 @@ async fn catalogue_is_cacheable_and_orders_are_private() {
             "openapi.json describes {path}"
         );
     }
-    let metrics = c
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = common::metrics(&c, &server).await;
     for series in [
         "seckill_purchases_total{code=\"ok\"} 1\n",
         "seckill_purchase_request_seconds_count 1\n",

@@ -119,6 +119,7 @@ impl Harness {
                 user_id,
                 quantity,
                 order_id: common::next_id(),
+                token: None,
             })
             .await
             .unwrap_or_else(|e| panic!("{}: gate error {e}", self.name))
@@ -145,6 +146,7 @@ async fn thousands_of_buyers_get_exactly_the_stock_one_each() {
                             user_id: 1_000_000 + user,
                             quantity: 1,
                             order_id: common::next_id(),
+                            token: None,
                         })
                         .await
                         .unwrap();
@@ -164,6 +166,15 @@ async fn thousands_of_buyers_get_exactly_the_stock_one_each() {
         }
         assert_eq!(winners.len(), 50, "{}: exactly the stock is sold", h.name);
         assert_eq!(sold_out, 2950, "{}", h.name);
+        if h.name == "redis" {
+            use std::sync::atomic::Ordering;
+            let calls = seckill::gate::batch::CALLS.load(Ordering::Relaxed);
+            let attempts = seckill::gate::batch::ATTEMPTS.load(Ordering::Relaxed);
+            assert!(
+                attempts > calls,
+                "3,000 concurrent attempts share script calls: {attempts} in {calls}"
+            );
+        }
         let stock = h.gate.stock(sale.id).await.unwrap().unwrap();
         assert_eq!((stock.remaining, stock.buyers), (0, 50), "{}", h.name);
     }
@@ -183,6 +194,7 @@ async fn one_user_from_many_tasks_gets_one() {
                         user_id: 77,
                         quantity: 1,
                         order_id: common::next_id(),
+                        token: None,
                     })
                     .await
                     .unwrap()
@@ -419,6 +431,7 @@ async fn a_user_firing_requests_is_throttled_before_touching_the_stock() {
                     user_id: 42,
                     quantity: 1,
                     order_id: common::next_id(),
+                    token: None,
                 })
                 .await
                 .unwrap(),
@@ -451,6 +464,7 @@ async fn a_user_firing_requests_is_throttled_before_touching_the_stock() {
                 user_id: 43,
                 quantity: 1,
                 order_id: common::next_id(),
+                token: None,
             })
             .await
             .unwrap();
@@ -459,6 +473,101 @@ async fn a_user_firing_requests_is_throttled_before_touching_the_stock() {
             gate.stock(sale.id).await.unwrap().unwrap().remaining,
             10,
             "{name}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_purchase_token_is_spent_once_whatever_the_outcome() {
+    use seckill::gate::Spend;
+    for h in Harness::all().await {
+        let sale = common::sale(common::next_id(), 2, 1);
+        h.open(&sale, vec![]).await;
+        let token = Spend {
+            nonce: rand::random(),
+            expires_at: seckill::now_ms() + 60_000,
+        };
+        // The same token fired by 40 tasks at once (a replaying script): one attempt spends
+        // it, every other is refused before the stock is looked at.
+        let tasks: Vec<_> = (0..40)
+            .map(|i| {
+                let gate = h.gate.clone();
+                tokio::spawn(async move {
+                    gate.purchase(Purchase {
+                        sale_id: sale.id,
+                        user_id: 5_000 + i,
+                        quantity: 1,
+                        order_id: common::next_id(),
+                        token: Some(token),
+                    })
+                    .await
+                    .unwrap()
+                })
+            })
+            .collect();
+        let mut verdicts = Vec::new();
+        for t in tasks {
+            verdicts.push(t.await.unwrap());
+        }
+        assert_eq!(
+            verdicts.iter().filter(|v| accepted(v)).count(),
+            1,
+            "{}: {verdicts:?}",
+            h.name
+        );
+        assert_eq!(
+            verdicts
+                .iter()
+                .filter(|v| **v == Verdict::Rejected(Rejection::TokenUsed))
+                .count(),
+            39,
+            "{}",
+            h.name
+        );
+        let stock = h.gate.stock(sale.id).await.unwrap().unwrap();
+        assert_eq!(stock.remaining, 1, "{}: only one unit taken", h.name);
+
+        // A token spent on a refused attempt stays spent.
+        let once = Spend {
+            nonce: rand::random(),
+            expires_at: seckill::now_ms() + 60_000,
+        };
+        let buy = |user| Purchase {
+            sale_id: sale.id,
+            user_id: user,
+            quantity: 5,
+            order_id: common::next_id(),
+            token: Some(once),
+        };
+        let first = h.gate.purchase(buy(6_000)).await.unwrap();
+        assert!(!accepted(&first), "{}: over the limit", h.name);
+        let again = h
+            .gate
+            .purchase(Purchase {
+                quantity: 1,
+                ..buy(6_000)
+            })
+            .await
+            .unwrap();
+        assert_eq!(again, Verdict::Rejected(Rejection::TokenUsed), "{}", h.name);
+
+        // Nonces spent on their own (captchas) are per sale and single-use too.
+        let captcha = Spend {
+            nonce: rand::random(),
+            expires_at: seckill::now_ms() + 60_000,
+        };
+        let spends =
+            futures_util::future::join_all((0..20).map(|_| h.gate.spend(sale.id, captcha))).await;
+        assert_eq!(
+            spends.iter().filter(|s| *s.as_ref().unwrap()).count(),
+            1,
+            "{}",
+            h.name
+        );
+        assert!(
+            h.gate.spend(sale.id + 1, captcha).await.unwrap(),
+            "{}",
+            h.name
         );
     }
 }

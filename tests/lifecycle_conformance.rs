@@ -298,6 +298,7 @@ async fn gates_take_each_order_back_once_and_skip_what_their_load_counted() {
             user_id: user,
             quantity: 1,
             order_id,
+            token: None,
         };
         assert!(
             matches!(

@@ -84,6 +84,7 @@ impl Setup {
                     user_id: user,
                     quantity: 1,
                     order_id,
+                    token: None,
                 })
                 .await
                 .unwrap();

@@ -76,15 +76,34 @@ impl Connection {
         Ok((status, body))
     }
 
+    /// One purchase; with `anti_bot`, first a purchase token, as a browser client would.
+    /// A refused token request is the answer (its status and code).
     pub async fn purchase(
         &mut self,
         sale: &str,
-        token: &str,
+        bearer: &str,
+        anti_bot: bool,
     ) -> Result<(u16, Answer), ClientError> {
+        let mut body = Bytes::new();
+        if anti_bot {
+            let path = format!("/api/sales/{sale}/token");
+            let (status, answer) = self
+                .send(Method::GET, &path, Some(bearer), Bytes::new())
+                .await?;
+            match serde_json::from_slice::<PurchaseToken>(&answer) {
+                Ok(t) if status == 200 => {
+                    body = Bytes::from(serde_json::json!({ "token": t.token }).to_string());
+                }
+                _ => return Ok((status, serde_json::from_slice(&answer).unwrap_or_default())),
+            }
+        }
         let path = format!("/api/sales/{sale}/purchase");
-        let (status, body) = self
-            .send(Method::POST, &path, Some(token), Bytes::new())
-            .await?;
+        let (status, body) = self.send(Method::POST, &path, Some(bearer), body).await?;
         Ok((status, serde_json::from_slice(&body).unwrap_or_default()))
     }
+}
+
+#[derive(Deserialize)]
+struct PurchaseToken {
+    token: String,
 }

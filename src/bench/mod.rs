@@ -70,6 +70,10 @@ pub struct BenchArgs {
     /// Longest wait for the order log to drain after the storm.
     #[arg(long, default_value_t = 120)]
     pub drain_timeout_secs: u64,
+    /// Create the sale with anti-bot purchase tokens: each buyer then fetches a token
+    /// (`GET /api/sales/{id}/token`) before every purchase, and latency covers both calls.
+    #[arg(long)]
+    pub anti_bot: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -506,6 +510,7 @@ async fn storm_once(target: &Target, args: &BenchArgs, gate: &str) -> Result<Rep
             "per_user_limit": args.per_user_limit,
             "begins_at": rfc3339(opens_at),
             "ends_at": rfc3339(opens_at + 3_600_000),
+            "anti_bot": if args.anti_bot { "token" } else { "off" },
         }),
     )
     .await?;
@@ -561,6 +566,7 @@ async fn storm_once(target: &Target, args: &BenchArgs, gate: &str) -> Result<Rep
     let shot = storm::Shot::Purchase {
         sale: Arc::from(sale_id.as_str()),
         tokens: tokens.clone(),
+        anti_bot: args.anti_bot,
     };
     let observed = storm::run(target.addr, shot, Arc::new(requests), model, progress).await;
     if let Some(t) = ticker {

@@ -72,6 +72,8 @@ pub enum Shot {
     Purchase {
         sale: Arc<str>,
         tokens: Arc<Vec<String>>,
+        /// Fetch a purchase token before each purchase.
+        anti_bot: bool,
     },
     /// A plain GET, for the baseline of a server answering a fixed page.
     Get { path: Arc<str> },
@@ -169,7 +171,11 @@ async fn send(
         return Err(());
     };
     let answer = match shot {
-        Shot::Purchase { sale, tokens } => c.purchase(sale, &tokens[buyer]).await,
+        Shot::Purchase {
+            sale,
+            tokens,
+            anti_bot,
+        } => c.purchase(sale, &tokens[buyer], *anti_bot).await,
         Shot::Get { path } => c
             .send(hyper::Method::GET, path, None, axum::body::Bytes::new())
             .await

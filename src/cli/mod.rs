@@ -101,8 +101,8 @@ async fn serve(config: Config) -> Result<(), AppError> {
     tracing::info!(%listen, dev, "seckill is serving");
     let router = crate::edge::router(app.state.clone());
     use axum::serve::ListenerExt;
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
+    let listener = app.state.connections.limit(listener).tap_io(|conn| {
+        let _ = conn.get_mut().set_nodelay(true);
     });
     let service = router.into_make_service_with_connect_info::<std::net::SocketAddr>();
     axum::serve(listener, service)

@@ -36,11 +36,33 @@ impl TokenSigner {
     }
 
     fn mac(&self, user_id: i64, expires_at: i64) -> HmacSha256 {
+        self.mac_of(&format!("user:{user_id}:{expires_at}"))
+    }
+
+    fn mac_of(&self, message: &str) -> HmacSha256 {
         // Keys of any length are accepted by HMAC; this cannot fail.
         let mut mac =
             <HmacSha256 as Mac>::new_from_slice(&self.key).unwrap_or_else(|_| unreachable!());
-        mac.update(format!("user:{user_id}:{expires_at}").as_bytes());
+        mac.update(message.as_bytes());
         mac
+    }
+
+    /// The hex signature of `message`, for the other self-contained tokens (purchase
+    /// tokens, captchas). Callers prefix their messages with their kind, so that no token
+    /// of one kind is ever valid as another.
+    pub fn sign_message(&self, message: &str) -> String {
+        hex(&self.mac_of(message).finalize().into_bytes()[..SIG_BYTES])
+    }
+
+    pub fn verify_message(&self, message: &str, sig_hex: &str) -> bool {
+        unhex(sig_hex).is_some_and(|sig| {
+            sig.len() == SIG_BYTES && self.mac_of(message).verify_truncated_left(&sig).is_ok()
+        })
+    }
+
+    /// Raw HMAC bytes of `message`, for values derived from the secret (captcha answers).
+    pub fn derive(&self, message: &str) -> [u8; 32] {
+        self.mac_of(message).finalize().into_bytes().into()
     }
 
     /// `{user_id}.{expires_at_secs}.{hex signature}`
@@ -79,7 +101,7 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
         .collect()
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 

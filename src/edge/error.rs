@@ -34,6 +34,10 @@ pub enum ApiError {
     /// 409 with the rejection's own code (`sold_out`, `already_purchased`, ...).
     #[error("{message}")]
     Rejected { code: &'static str, message: String },
+    /// 403 with its own code: the anti-bot checks (`token_required`, `token_invalid`,
+    /// `token_used`, `captcha_required`, `captcha_failed`).
+    #[error("{message}")]
+    Forbidden { code: &'static str, message: String },
     /// 409 `conflict`: the request clashes with the current state (e.g. approving twice).
     #[error("{0}")]
     Conflict(String),
@@ -63,7 +67,7 @@ impl ApiError {
             ApiError::NotFound(_) => "not_found",
             ApiError::MethodNotAllowed => "method_not_allowed",
             ApiError::PayloadTooLarge => "payload_too_large",
-            ApiError::Rejected { code, .. } => code,
+            ApiError::Rejected { code, .. } | ApiError::Forbidden { code, .. } => code,
             ApiError::Conflict(_) => "conflict",
             ApiError::RateLimited { .. } => "rate_limited",
             ApiError::Unavailable(_) => "unavailable",
@@ -77,6 +81,7 @@ impl ApiError {
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::Forbidden { .. } => StatusCode::FORBIDDEN,
             ApiError::Rejected { .. } | ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -94,6 +99,12 @@ impl ApiError {
                 return ApiError::RateLimited {
                     retry_after_secs: (retry_after_ms.max(1) as u64).div_ceil(1000),
                     message: "too many purchase attempts; slow down".into(),
+                }
+            }
+            Rejection::TokenUsed => {
+                return ApiError::Forbidden {
+                    code: "token_used",
+                    message: "this purchase token was used already; get a new one".into(),
                 }
             }
             Rejection::NotStarted => ("not_started", "the sale has not started".to_string()),

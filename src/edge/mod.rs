@@ -3,7 +3,10 @@
 //! The edge never writes SQL on the purchase path and never decides a purchase itself
 //! beyond shortcuts the gate would answer the same way.
 
+pub mod antibot;
 pub mod auth;
+pub mod captcha;
+pub mod connections;
 pub mod error;
 pub mod limits;
 pub mod orders;
@@ -47,6 +50,7 @@ pub struct AppState {
     pub redis: Option<redis::aio::ConnectionManager>,
     pub writer_stats: Arc<WriterStats>,
     pub address_limiter: limits::AddressLimiter,
+    pub connections: Arc<connections::Connections>,
     /// The Redis gate's circuit breaker (distributed only), for readiness and metrics.
     pub breaker: Option<Arc<crate::gate::breaker::Breaker>>,
     /// The gate's sold-out shortcut (also inside `gate`), for its metrics.
@@ -61,6 +65,9 @@ pub struct Metrics {
     pub request_seconds: Histogram,
     /// The gate's decision alone.
     pub gate_seconds: Histogram,
+    pub tokens_issued: AtomicU64,
+    pub captchas_issued: AtomicU64,
+    pub captchas_failed: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -69,11 +76,14 @@ impl Default for Metrics {
             purchases: Default::default(),
             request_seconds: Histogram::new(crate::metrics::LATENCY_BUCKETS),
             gate_seconds: Histogram::new(crate::metrics::LATENCY_BUCKETS),
+            tokens_issued: AtomicU64::new(0),
+            captchas_issued: AtomicU64::new(0),
+            captchas_failed: AtomicU64::new(0),
         }
     }
 }
 
-const PURCHASE_CODES: [&str; 12] = [
+const PURCHASE_CODES: [&str; 15] = [
     "ok",
     "sold_out",
     "already_purchased",
@@ -85,6 +95,9 @@ const PURCHASE_CODES: [&str; 12] = [
     "unavailable",
     "rate_limited",
     "unauthorized",
+    "token_required",
+    "token_invalid",
+    "token_used",
     "other",
 ];
 
@@ -121,6 +134,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/sales/{id}", get(sales::get_sale))
         .route("/api/sales/{id}/stock", get(sales::get_stock))
         .route("/api/sales/{id}/purchase", post(orders::purchase))
+        .route("/api/sales/{id}/token", get(antibot::token))
+        .route("/api/sales/{id}/captcha", get(antibot::captcha))
         .route("/api/orders", get(orders::list_orders))
         .route("/api/orders/{id}", get(orders::get_order))
         .route("/api/orders/{id}/pay", post(payments::pay))
@@ -273,16 +288,60 @@ async fn metrics(State(st): State<Arc<AppState>>) -> Response {
             &mut out,
         );
     }
+    let conns = &st.connections;
+    out.push_str(&format!(
+        "# HELP seckill_connections_open Client connections open now.\n# TYPE seckill_connections_open gauge\nseckill_connections_open {}\n\
+         # HELP seckill_connections_max The cap on client connections.\n# TYPE seckill_connections_max gauge\nseckill_connections_max {}\n",
+        conns.open(),
+        conns.max()
+    ));
+    render_counter(
+        "seckill_connections_saturated_total",
+        "Times the connection cap was reached and accepting paused.",
+        conns.saturated.load(Ordering::Relaxed),
+        &mut out,
+    );
     render_counter(
         "seckill_rate_limited_addresses_total",
         "Requests refused by the per-address limit.",
         st.address_limiter.limited.load(Ordering::Relaxed),
         &mut out,
     );
+    for (name, help, v) in [
+        (
+            "seckill_purchase_tokens_issued_total",
+            "Anti-bot purchase tokens issued.",
+            &m.tokens_issued,
+        ),
+        (
+            "seckill_captchas_issued_total",
+            "Captcha pictures issued.",
+            &m.captchas_issued,
+        ),
+        (
+            "seckill_captchas_failed_total",
+            "Token requests refused for a missing, wrong, reused or expired captcha.",
+            &m.captchas_failed,
+        ),
+    ] {
+        render_counter(name, help, v.load(Ordering::Relaxed), &mut out);
+    }
     render_counter(
         "seckill_sold_out_shortcuts_total",
         "Purchases answered sold_out from this instance's flag, without the gate.",
         st.sold_out.shortcuts.load(Ordering::Relaxed),
+        &mut out,
+    );
+    render_counter(
+        "seckill_gate_script_calls_total",
+        "Purchase script calls to Redis (each decides a batch of attempts).",
+        crate::gate::batch::CALLS.load(Ordering::Relaxed),
+        &mut out,
+    );
+    render_counter(
+        "seckill_gate_script_attempts_total",
+        "Purchase attempts decided by those calls.",
+        crate::gate::batch::ATTEMPTS.load(Ordering::Relaxed),
         &mut out,
     );
     render_counter(

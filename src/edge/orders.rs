@@ -22,6 +22,8 @@ const WINDOW_SLACK_MS: i64 = 1000;
 #[serde(deny_unknown_fields)]
 struct PurchaseBody {
     quantity: Option<i64>,
+    /// The anti-bot purchase token, when the sale asks for one.
+    token: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -30,17 +32,21 @@ pub struct PurchaseOk {
     order_id: String,
 }
 
-fn quantity(body: &[u8]) -> Result<i64, ApiError> {
+fn parse_body(body: &[u8]) -> Result<PurchaseBody, ApiError> {
     let body: PurchaseBody = if body.iter().all(u8::is_ascii_whitespace) {
         PurchaseBody::default()
     } else {
         parse_json(body)?
     };
     match body.quantity {
-        None => Ok(1),
-        Some(q) if q >= 1 => Ok(q),
+        None | Some(1..) => Ok(body),
         Some(_) => Err(ApiError::invalid("quantity must be a positive integer")),
     }
+}
+
+#[cfg(test)]
+fn quantity(body: &[u8]) -> Result<i64, ApiError> {
+    parse_body(body).map(|b| b.quantity.unwrap_or(1))
 }
 
 pub async fn purchase(
@@ -68,7 +74,8 @@ async fn decide(
     body: &[u8],
 ) -> Result<Json<PurchaseOk>, ApiError> {
     let sale_id = parse_id(id, "sale id")?;
-    let quantity = quantity(body)?;
+    let body = parse_body(body)?;
+    let quantity = body.quantity.unwrap_or(1);
     let sale = st
         .sales
         .get_or_refresh(sale_id, &st.store)
@@ -87,6 +94,7 @@ async fn decide(
     if now >= sale.ends_at + WINDOW_SLACK_MS {
         return Err(ApiError::from_rejection(Rejection::Ended, limit));
     }
+    let token = super::antibot::purchase_token(st, &sale, user_id, body.token.as_deref())?;
     let order_id = st.ids.next()?;
     let asked = std::time::Instant::now();
     let verdict = st
@@ -96,6 +104,7 @@ async fn decide(
             user_id,
             quantity,
             order_id,
+            token,
         })
         .await;
     st.metrics

@@ -45,6 +45,8 @@ pub struct SaleView {
     begins_at: String,
     ends_at: String,
     payment_window_secs: i64,
+    /// `off`, `token` or `captcha`: what a buyer must fetch before purchasing.
+    anti_bot: crate::model::AntiBot,
 }
 
 impl From<&Sale> for SaleView {
@@ -58,6 +60,7 @@ impl From<&Sale> for SaleView {
             begins_at: rfc3339(s.begins_at),
             ends_at: rfc3339(s.ends_at),
             payment_window_secs: s.payment_window_secs,
+            anti_bot: s.anti_bot,
         }
     }
 }
@@ -105,7 +108,7 @@ pub async fn list_sales(State(st): State<Arc<AppState>>, headers: HeaderMap) -> 
     cacheable(&headers, &views)
 }
 
-async fn approved_sale(st: &AppState, id: i64) -> Result<Arc<Sale>, ApiError> {
+pub async fn approved_sale(st: &AppState, id: i64) -> Result<Arc<Sale>, ApiError> {
     if let Some(s) = st.sales.get(id) {
         return Ok(s);
     }
@@ -146,11 +149,16 @@ pub async fn get_stock(
         state: paused_sale.state_at(crate::now_ms(), remaining),
         remaining,
     };
-    let mut response = Json(view).into_response();
+    Ok(no_store(view))
+}
+
+/// A JSON answer no cache may keep: live state, or single-use values.
+pub fn no_store(value: impl Serialize) -> Response {
+    let mut response = Json(value).into_response();
     response
         .headers_mut()
         .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    Ok(response)
+    response
 }
 
 // ---- admin ------------------------------------------------------------------------------
@@ -165,6 +173,7 @@ struct NewSale {
     begins_at: String,
     ends_at: String,
     payment_window_secs: Option<i64>,
+    anti_bot: Option<crate::model::AntiBot>,
 }
 
 pub const MAX_STOCK: i64 = 100_000_000;
@@ -233,6 +242,7 @@ pub async fn create_sale(
         approved: false,
         paused: false,
         updated_at: 0,
+        anti_bot: n.anti_bot.unwrap_or_default(),
     };
     st.store.create_sale(&sale).await?;
     tracing::info!(

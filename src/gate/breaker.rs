@@ -135,6 +135,11 @@ impl Gate for Breaker {
             .await
     }
 
+    async fn spend(&self, sale_id: i64, spend: super::Spend) -> Result<bool, GateError> {
+        self.call(self.inner.spend(sale_id, spend), CALL_TIMEOUT)
+            .await
+    }
+
     async fn queued_order(
         &self,
         sale_id: i64,

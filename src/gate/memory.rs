@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use async_trait::async_trait;
 
 use super::{
-    Gate, GateError, GateStock, Purchase, RateLimit, Rejection, Release, Released, SaleLoad,
+    Gate, GateError, GateStock, Purchase, RateLimit, Rejection, Release, Released, SaleLoad, Spend,
     Verdict,
 };
 use crate::model::NewOrder;
@@ -27,10 +27,13 @@ struct SaleState {
     released: std::collections::HashSet<i64>,
     /// Per user: GCRA theoretical arrival time (only when a rate limit is set).
     rate_tat: HashMap<i64, i64>,
+    /// Size of `rate_tat` at which times already past are swept out.
+    rate_sweep_at: usize,
 }
 
 pub struct MemoryGate {
     sales: RwLock<HashMap<i64, Arc<Mutex<SaleState>>>>,
+    spent: Mutex<SpentNonces>,
     log: LocalLog,
     clock: fn() -> i64,
     rate: RateLimit,
@@ -44,6 +47,7 @@ impl MemoryGate {
     pub fn with_clock(log: LocalLog, clock: fn() -> i64) -> Self {
         Self {
             sales: RwLock::new(HashMap::new()),
+            spent: Mutex::new(SpentNonces::default()),
             log,
             clock,
             rate: RateLimit {
@@ -72,6 +76,13 @@ impl MemoryGate {
         let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
         let now = (self.clock)();
         if self.rate.interval_ms() > 0 {
+            // A time already past limits nothing (GCRA starts from max(tat, now)), so those
+            // entries can go: the map follows the users of the last moments, not every user
+            // of the sale (a million buyers would otherwise cost tens of megabytes).
+            if s.rate_tat.len() >= s.rate_sweep_at {
+                s.rate_tat.retain(|_, tat| *tat > now);
+                s.rate_sweep_at = (s.rate_tat.len() * 2).max(1024);
+            }
             let tat = s.rate_tat.get(&p.user_id).copied().unwrap_or(0);
             let next = self
                 .rate
@@ -89,6 +100,11 @@ impl MemoryGate {
         }
         if s.paused {
             return Err(Rejection::Paused);
+        }
+        if let Some(token) = p.token {
+            if !self.spend_now(p.sale_id, token, now) {
+                return Err(Rejection::TokenUsed);
+            }
         }
         let held = s.held.get(&p.user_id).copied().unwrap_or(0);
         if held + p.quantity > s.limit {
@@ -115,6 +131,13 @@ impl MemoryGate {
             accepted_at: now,
         };
         Ok((s.remaining, order))
+    }
+
+    fn spend_now(&self, sale_id: i64, spend: Spend, now: i64) -> bool {
+        self.spent
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .spend(sale_id, spend, now)
     }
 
     fn give_back(state: &Mutex<SaleState>, p: &Purchase) {
@@ -168,6 +191,7 @@ impl Gate for MemoryGate {
             released: load.released.iter().copied().collect(),
             accepted: 0,
             rate_tat: HashMap::new(),
+            rate_sweep_at: 1024,
         };
         sales.insert(load.sale.id, Arc::new(Mutex::new(state)));
         Ok(true)
@@ -214,6 +238,10 @@ impl Gate for MemoryGate {
         Ok(())
     }
 
+    async fn spend(&self, sale_id: i64, spend: Spend) -> Result<bool, GateError> {
+        Ok(self.spend_now(sale_id, spend, (self.clock)()))
+    }
+
     async fn queued_order(
         &self,
         _sale_id: i64,
@@ -221,5 +249,112 @@ impl Gate for MemoryGate {
     ) -> Result<Option<(i64, i64)>, GateError> {
         // Embedded orders are answered only once written: none is ever queued.
         Ok(None)
+    }
+}
+
+/// Nonces spent, with the instant each may be forgotten. Expired ones are swept whenever
+/// the set doubles, so memory follows the nonces alive, not all ever spent.
+#[derive(Default)]
+struct SpentNonces {
+    until: HashMap<(i64, u64), i64>,
+    sweep_at: usize,
+}
+
+impl SpentNonces {
+    fn spend(&mut self, sale_id: i64, spend: Spend, now: i64) -> bool {
+        if self.until.len() >= self.sweep_at {
+            self.until.retain(|_, until| *until > now);
+            self.sweep_at = (self.until.len() * 2).max(1024);
+        }
+        let key = (sale_id, spend.nonce);
+        match self.until.get(&key) {
+            Some(until) if *until > now => false,
+            _ => {
+                self.until.insert(key, now + spend.keep_ms(now));
+                true
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicI64, Ordering};
+
+    static NOW: AtomicI64 = AtomicI64::new(10_000);
+
+    fn test_clock() -> i64 {
+        NOW.load(Ordering::SeqCst)
+    }
+
+    #[test]
+    fn rate_entries_in_the_past_are_swept_and_live_ones_kept() {
+        let (log, _reader) = crate::orderlog::local::channel();
+        let gate = MemoryGate::with_clock(log, test_clock).with_rate_limit(RateLimit {
+            per_sec: 1.0,
+            burst: 1,
+        });
+        let state = Mutex::new(SaleState {
+            remaining: 1_000_000,
+            limit: 1,
+            begins_at: 0,
+            ends_at: i64::MAX,
+            paused: false,
+            price_cents: 1,
+            held: HashMap::new(),
+            accepted: 0,
+            released: Default::default(),
+            rate_tat: HashMap::new(),
+            rate_sweep_at: 1024,
+        });
+        let attempt = |user| Purchase {
+            sale_id: 1,
+            user_id: user,
+            quantity: 1,
+            order_id: user,
+            token: None,
+        };
+        for user in 0..5000 {
+            assert!(gate.decide(&state, &attempt(user)).is_ok());
+        }
+        assert!(matches!(
+            gate.decide(&state, &attempt(7)),
+            Err(Rejection::RateLimited { .. })
+        ));
+        // Ten seconds on, every stored time is past: the next growth sweeps them all.
+        NOW.fetch_add(10_000, Ordering::SeqCst);
+        for user in 10_000..14_000 {
+            assert!(gate.decide(&state, &attempt(user)).is_ok());
+        }
+        let s = state.lock().unwrap();
+        assert!(s.rate_tat.len() <= 4_000, "{}", s.rate_tat.len());
+        drop(s);
+        // A user seen a moment ago is still throttled after the sweep.
+        assert!(matches!(
+            gate.decide(&state, &attempt(13_999)),
+            Err(Rejection::RateLimited { .. })
+        ));
+    }
+
+    #[test]
+    fn a_nonce_is_spent_once_and_the_set_forgets_expired_ones() {
+        let mut spent = SpentNonces::default();
+        let token = |nonce| Spend {
+            nonce,
+            expires_at: 1_000,
+        };
+        assert!(spent.spend(1, token(7), 0));
+        assert!(!spent.spend(1, token(7), 500));
+        assert!(spent.spend(2, token(7), 500), "nonces are per sale");
+        for n in 0..5000 {
+            assert!(spent.spend(1, token(100 + n), 0));
+        }
+        let later = 1_000 + 60_000 + 1;
+        assert!(spent.spend(1, token(1), later));
+        for n in 0..4000 {
+            spent.spend(1, token(10_000 + n), later);
+        }
+        assert!(spent.until.len() < 5000, "expired nonces were swept");
     }
 }

@@ -4,6 +4,7 @@
 //! Implementations: [`memory::MemoryGate`] (embedded) and [`redis::RedisGate`] (Lua).
 //! The gate must never touch SQL: it is loaded from SQL by the scheduler, ahead of time.
 
+pub mod batch;
 pub mod breaker;
 pub mod memory;
 pub mod redis;
@@ -21,6 +22,24 @@ pub struct Purchase {
     pub user_id: i64,
     pub quantity: i64,
     pub order_id: i64,
+    /// The anti-bot purchase token to spend with this attempt, when the sale asks for one.
+    pub token: Option<Spend>,
+}
+
+/// A single-use nonce (a purchase token's or a captcha's) and the instant it expires; the
+/// gate remembers a spent nonce until then, so no nonce is ever honoured twice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Spend {
+    pub nonce: u64,
+    pub expires_at: i64,
+}
+
+impl Spend {
+    /// How long the gate must remember it: until expiry, plus a minute of clock skew
+    /// between instances.
+    pub fn keep_ms(&self, now: i64) -> i64 {
+        (self.expires_at - now).max(1) + 60_000
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,6 +71,8 @@ pub enum Rejection {
     RateLimited {
         retry_after_ms: i64,
     },
+    /// The purchase token was spent by an earlier attempt.
+    TokenUsed,
 }
 
 /// A per-user, per-sale request rate (GCRA): `per_sec` on average, `burst` at once.
@@ -173,6 +194,21 @@ pub enum GateError {
     Log(#[from] crate::orderlog::LogError),
 }
 
+impl GateError {
+    /// The same failure for each of several waiters on one call (a batch of purchases):
+    /// Redis errors keep their kind, which the circuit breaker reads.
+    pub fn for_another_waiter(&self) -> GateError {
+        match self {
+            GateError::Redis(e) => GateError::Redis(e.clone()),
+            GateError::BadReply(s) => GateError::BadReply(s.clone()),
+            GateError::Sql(s) => GateError::Sql(s.clone()),
+            GateError::Unavailable(s) => GateError::Unavailable(s.clone()),
+            GateError::Timeout => GateError::Timeout,
+            GateError::Log(e) => GateError::Unavailable(e.to_string()),
+        }
+    }
+}
+
 #[async_trait]
 pub trait Gate: Send + Sync {
     /// Decides one purchase atomically. `Accepted` means the order is in the order log.
@@ -192,6 +228,9 @@ pub trait Gate: Send + Sync {
 
     /// Stops or restarts purchases of a loaded sale (kill switch).
     async fn set_paused(&self, sale_id: i64, paused: bool) -> Result<(), GateError>;
+
+    /// Spends a single-use nonce of a sale (a captcha's); false when it was spent before.
+    async fn spend(&self, sale_id: i64, spend: Spend) -> Result<bool, GateError>;
 
     /// (user, quantity) of an order the gate accepted but SQL may not hold yet (`queued`).
     async fn queued_order(

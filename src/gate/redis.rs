@@ -1,14 +1,14 @@
 //! The Redis gate: sale state in Redis hashes, decided by `purchase.lua` (check window,
 //! limit and stock, decrement, record the buyer, XADD the order) in one EVALSHA. Every key
 //! of a sale shares the hash tag `{sale_id}`, so a sale lives in one Redis Cluster slot.
-//! Concurrent purchases share one multiplexed connection, so their calls are pipelined.
+//! Concurrent purchases are batched into one script call per sale (see `batch`).
 
 use async_trait::async_trait;
 use redis::aio::ConnectionManager;
 use redis::{Script, Value};
 
 use super::{
-    Gate, GateError, GateStock, Purchase, RateLimit, Rejection, Release, Released, SaleLoad,
+    Gate, GateError, GateStock, Purchase, RateLimit, Rejection, Release, Released, SaleLoad, Spend,
     Verdict,
 };
 
@@ -46,6 +46,12 @@ impl SaleKeys {
             rate: format!("{base}:rate"),
         }
     }
+
+    /// The marker of a spent single-use nonce (purchase token or captcha) of this sale.
+    pub fn spent(&self, nonce: u64) -> String {
+        // Same hash tag as the sale: the purchase script may touch it in Redis Cluster.
+        format!("{}:spent:{nonce}", self.sale)
+    }
 }
 
 pub struct RedisGate {
@@ -59,6 +65,9 @@ pub struct RedisGate {
     rate: RateLimit,
     /// Key names per sale, built once: formatting them on every purchase showed in profiles.
     keys: std::sync::RwLock<std::collections::HashMap<i64, std::sync::Arc<SaleKeys>>>,
+    /// Purchases go through one batcher, started with the first purchase (after the rate
+    /// limit is set).
+    batches: std::sync::OnceLock<super::batch::Batches>,
 }
 
 impl RedisGate {
@@ -75,6 +84,7 @@ impl RedisGate {
                 burst: 1,
             },
             keys: Default::default(),
+            batches: std::sync::OnceLock::new(),
         }
     }
 
@@ -112,14 +122,6 @@ impl RedisGate {
     }
 }
 
-fn reply_text(v: &Value) -> Option<String> {
-    match v {
-        Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
-        Value::SimpleString(s) => Some(s.clone()),
-        _ => None,
-    }
-}
-
 fn reply_int(v: &Value) -> Option<i64> {
     match v {
         Value::Int(n) => Some(*n),
@@ -128,49 +130,62 @@ fn reply_int(v: &Value) -> Option<i64> {
     }
 }
 
-/// Turns the `{code, number}` reply of purchase.lua into a verdict.
-fn verdict_from_reply(v: &Value) -> Result<Verdict, GateError> {
+fn reply_bytes(v: &Value) -> Option<&[u8]> {
+    match v {
+        Value::BulkString(b) => Some(b),
+        Value::SimpleString(s) => Some(s.as_bytes()),
+        _ => None,
+    }
+}
+
+/// One `(code, number)` pair of purchase.lua's reply as a verdict.
+fn verdict(code: &[u8], n: i64) -> Option<Verdict> {
+    Some(match code {
+        b"ok" => Verdict::Accepted { remaining: n },
+        b"not_loaded" => Verdict::Rejected(Rejection::NotLoaded),
+        b"not_started" => Verdict::Rejected(Rejection::NotStarted),
+        b"ended" => Verdict::Rejected(Rejection::Ended),
+        b"paused" => Verdict::Rejected(Rejection::Paused),
+        b"already_purchased" => Verdict::Rejected(Rejection::AlreadyPurchased),
+        b"over_limit" => Verdict::Rejected(Rejection::OverLimit { held: n }),
+        b"sold_out" => Verdict::Rejected(Rejection::SoldOut { remaining: n }),
+        b"rate_limited" => Verdict::Rejected(Rejection::RateLimited { retry_after_ms: n }),
+        b"token_used" => Verdict::Rejected(Rejection::TokenUsed),
+        _ => return None,
+    })
+}
+
+/// The reply of purchase.lua for `attempts` attempts: one verdict each, in order.
+pub(super) fn verdicts_from_reply(v: &Value, attempts: usize) -> Result<Vec<Verdict>, GateError> {
     let bad = || GateError::BadReply(format!("{v:?}"));
     let Value::Array(items) = v else {
         return Err(bad());
     };
-    let code = items.first().and_then(reply_text).ok_or_else(bad)?;
-    let n = items.get(1).and_then(reply_int).ok_or_else(bad)?;
-    Ok(match code.as_str() {
-        "ok" => Verdict::Accepted { remaining: n },
-        "not_loaded" => Verdict::Rejected(Rejection::NotLoaded),
-        "not_started" => Verdict::Rejected(Rejection::NotStarted),
-        "ended" => Verdict::Rejected(Rejection::Ended),
-        "paused" => Verdict::Rejected(Rejection::Paused),
-        "already_purchased" => Verdict::Rejected(Rejection::AlreadyPurchased),
-        "over_limit" => Verdict::Rejected(Rejection::OverLimit { held: n }),
-        "sold_out" => Verdict::Rejected(Rejection::SoldOut { remaining: n }),
-        "rate_limited" => Verdict::Rejected(Rejection::RateLimited { retry_after_ms: n }),
-        _ => return Err(bad()),
-    })
+    if items.len() != 2 * attempts {
+        return Err(bad());
+    }
+    items
+        .chunks(2)
+        .map(|pair| {
+            let code = reply_bytes(&pair[0]).ok_or_else(bad)?;
+            let n = reply_int(&pair[1]).ok_or_else(bad)?;
+            verdict(code, n).ok_or_else(bad)
+        })
+        .collect()
 }
 
 #[async_trait]
 impl Gate for RedisGate {
     async fn purchase(&self, p: Purchase) -> Result<Verdict, GateError> {
-        let k = self.keys(p.sale_id);
-        let mut conn = self.conn.clone();
-        let reply: Value = self
-            .purchase
-            .key(&k.sale)
-            .key(&k.buyers)
-            .key(&k.stream)
-            .key(&k.accepted)
-            .key(&k.rate)
-            .arg(p.user_id)
-            .arg(p.quantity)
-            .arg(p.order_id)
-            .arg(p.sale_id)
-            .arg(self.rate.interval_ms())
-            .arg(self.rate.tolerance_ms())
-            .invoke_async(&mut conn)
-            .await?;
-        verdict_from_reply(&reply)
+        let batches = self.batches.get_or_init(|| {
+            super::batch::start(
+                self.conn.clone(),
+                self.purchase.clone(),
+                self.prefix.clone(),
+                self.rate,
+            )
+        });
+        batches.decide(p).await
     }
 
     async fn load(&self, load: &SaleLoad) -> Result<bool, GateError> {
@@ -240,6 +255,19 @@ impl Gate for RedisGate {
             0 => Released::Before,
             _ => Released::NotLoaded,
         })
+    }
+
+    async fn spend(&self, sale_id: i64, spend: Spend) -> Result<bool, GateError> {
+        let mut conn = self.conn.clone();
+        let set: Option<String> = redis::cmd("SET")
+            .arg(self.keys(sale_id).spent(spend.nonce))
+            .arg("1")
+            .arg("NX")
+            .arg("PX")
+            .arg(spend.keep_ms(crate::now_ms()))
+            .query_async(&mut conn)
+            .await?;
+        Ok(set.is_some())
     }
 
     async fn is_loaded(&self, sale_id: i64) -> Result<bool, GateError> {
@@ -323,22 +351,22 @@ mod tests {
     }
 
     #[test]
-    fn replies_map_to_verdicts() {
-        let r = |code: &str, n: i64| {
-            Value::Array(vec![
-                Value::BulkString(code.as_bytes().to_vec()),
-                Value::Int(n),
-            ])
-        };
+    fn replies_map_to_verdicts_one_per_attempt() {
+        let pair =
+            |code: &str, n: i64| [Value::BulkString(code.as_bytes().to_vec()), Value::Int(n)];
+        let reply = Value::Array([pair("ok", 3), pair("sold_out", 0)].concat());
         assert_eq!(
-            verdict_from_reply(&r("ok", 3)).unwrap(),
-            Verdict::Accepted { remaining: 3 }
+            verdicts_from_reply(&reply, 2).unwrap(),
+            vec![
+                Verdict::Accepted { remaining: 3 },
+                Verdict::Rejected(Rejection::SoldOut { remaining: 0 })
+            ]
         );
-        assert_eq!(
-            verdict_from_reply(&r("sold_out", 0)).unwrap(),
-            Verdict::Rejected(Rejection::SoldOut { remaining: 0 })
+        assert!(
+            verdicts_from_reply(&reply, 1).is_err(),
+            "a pair per attempt"
         );
-        assert!(verdict_from_reply(&r("nonsense", 0)).is_err());
-        assert!(verdict_from_reply(&Value::Nil).is_err());
+        assert!(verdicts_from_reply(&Value::Array(pair("nonsense", 0).to_vec()), 1).is_err());
+        assert!(verdicts_from_reply(&Value::Nil, 1).is_err());
     }
 }

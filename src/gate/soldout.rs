@@ -119,6 +119,10 @@ impl Gate for SoldOutShortcut {
         self.inner.set_paused(sale_id, paused).await
     }
 
+    async fn spend(&self, sale_id: i64, spend: super::Spend) -> Result<bool, GateError> {
+        self.inner.spend(sale_id, spend).await
+    }
+
     async fn queued_order(
         &self,
         sale_id: i64,

@@ -1,14 +1,16 @@
 //! The SQL gates: purchases decided and written in the database itself, one transaction
 //! each (`sql-lock`: `SELECT ... FOR UPDATE`; `sql-conditional`: guarded `UPDATE`). They
-//! exist for comparison in `seckill bench --compare` and as the fallback when Redis is
-//! down. A concurrency limit keeps a storm from burying the database: requests beyond it
+//! exist for comparison in `seckill bench --compare` and as a deployment without Redis
+//! (never as a switch mid-sale: see README, "Running distributed"). A concurrency limit keeps a storm from burying the database: requests beyond it
 //! wait their turn rather than piling onto the sale's row lock.
 
 use async_trait::async_trait;
 use tokio::sync::Semaphore;
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use super::{
-    Gate, GateError, GateStock, Purchase, Rejection, Release, Released, SaleLoad, Verdict,
+    Gate, GateError, GateStock, Purchase, Rejection, Release, Released, SaleLoad, Spend, Verdict,
 };
 use crate::model::NewOrder;
 use crate::store::lifecycle::{SqlDecision, SqlVerdict};
@@ -18,7 +20,11 @@ pub struct SqlGate {
     store: Store,
     how: SqlDecision,
     in_flight: Semaphore,
+    spends: AtomicU64,
 }
+
+/// Spent nonces are swept from SQL once every this many spends.
+const SWEEP_EVERY: u64 = 4096;
 
 impl SqlGate {
     pub fn new(store: Store, how: SqlDecision, max_in_flight: usize) -> Self {
@@ -26,6 +32,7 @@ impl SqlGate {
             store,
             how,
             in_flight: Semaphore::new(max_in_flight.max(1)),
+            spends: AtomicU64::new(0),
         }
     }
 }
@@ -38,6 +45,13 @@ impl Gate for SqlGate {
             .acquire()
             .await
             .map_err(|_| GateError::BadReply("gate closed".into()))?;
+        // Spent on its own, before the purchase transaction: that one rolls back on every
+        // rejection, and a token must stay spent whatever the attempt's outcome.
+        if let Some(token) = p.token {
+            if !self.spend(p.sale_id, token).await? {
+                return Ok(Verdict::Rejected(Rejection::TokenUsed));
+            }
+        }
         let order = NewOrder {
             id: p.order_id,
             sale_id: p.sale_id,
@@ -102,6 +116,18 @@ impl Gate for SqlGate {
     async fn set_paused(&self, _sale_id: i64, _paused: bool) -> Result<(), GateError> {
         // The admin call set `sales.paused`, which this gate reads on every purchase.
         Ok(())
+    }
+
+    async fn spend(&self, sale_id: i64, spend: Spend) -> Result<bool, GateError> {
+        let sql = |e: crate::store::StoreError| GateError::Sql(e.to_string());
+        if self.spends.fetch_add(1, Ordering::Relaxed) % SWEEP_EVERY == SWEEP_EVERY - 1 {
+            self.store.forget_spent_nonces().await.map_err(sql)?;
+        }
+        let now = crate::now_ms();
+        self.store
+            .spend_nonce(sale_id, spend.nonce, now + spend.keep_ms(now))
+            .await
+            .map_err(sql)
     }
 
     async fn queued_order(

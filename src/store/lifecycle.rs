@@ -532,6 +532,55 @@ pub enum SqlVerdict {
 }
 
 impl Store {
+    /// Records a single-use nonce of a sale as spent until `keep_until`; false when it was
+    /// spent before (the SQL gates' counterpart of the Redis gate's `SET NX`).
+    pub async fn spend_nonce(
+        &self,
+        sale_id: i64,
+        nonce: u64,
+        keep_until: i64,
+    ) -> Result<bool, StoreError> {
+        let now = crate::now_ms();
+        // Bit-for-bit: the column is signed, the nonce is not.
+        let nonce = nonce as i64;
+        let q = format!(
+            "{} VALUES (?, ?, ?){}",
+            self.insert_ignore("spent_nonces (sale_id, nonce, keep_until)"),
+            self.on_conflict_nothing()
+        );
+        let fresh = sqlx::query(&self.sql(&q))
+            .bind(sale_id)
+            .bind(nonce)
+            .bind(keep_until)
+            .execute(&self.pool)
+            .await?
+            .rows_affected()
+            == 1;
+        if fresh {
+            return Ok(true);
+        }
+        // Spent before; honour it again only if that spend has been forgotten by now.
+        let revived = sqlx::query(&self.sql(
+            "UPDATE spent_nonces SET keep_until = ? WHERE sale_id = ? AND nonce = ? AND keep_until <= ?",
+        ))
+        .bind(keep_until)
+        .bind(sale_id)
+        .bind(nonce)
+        .bind(now)
+        .execute(&self.pool)
+        .await?;
+        Ok(revived.rows_affected() == 1)
+    }
+
+    /// Forgets spent nonces that could no longer be honoured anyway.
+    pub async fn forget_spent_nonces(&self) -> Result<u64, StoreError> {
+        let done = sqlx::query(&self.sql("DELETE FROM spent_nonces WHERE keep_until <= ?"))
+            .bind(crate::now_ms())
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
     /// Decides and writes one purchase entirely in SQL (the comparison and fallback gates):
     /// window, then the user's limit, then the stock, and the order row, in one transaction.
     pub async fn sql_purchase(

@@ -415,7 +415,7 @@ impl Store {
 
     const SALE_COLS: &'static str =
         "id, title, price_cents, initial_stock, stock, per_user_limit, begins_at, \
-         ends_at, payment_window_secs, status, paused, updated_at";
+         ends_at, payment_window_secs, status, paused, updated_at, anti_bot";
 
     fn sale_from_row(row: &AnyRow) -> Result<Sale, sqlx::Error> {
         Ok(Sale {
@@ -431,13 +431,15 @@ impl Store {
             approved: row.try_get::<String, _>(9)? == "approved",
             paused: row.try_get::<i64, _>(10)? != 0,
             updated_at: row.try_get(11)?,
+            anti_bot: crate::model::AntiBot::parse(&row.try_get::<String, _>(12)?)
+                .unwrap_or_default(),
         })
     }
 
     pub async fn create_sale(&self, s: &Sale) -> Result<(), StoreError> {
         let now = crate::now_ms();
         let q = format!(
-            "INSERT INTO sales ({}, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO sales ({}, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             Self::SALE_COLS
         );
         sqlx::query(&self.sql(&q))
@@ -453,6 +455,7 @@ impl Store {
             .bind(if s.approved { "approved" } else { "draft" })
             .bind(s.paused as i64)
             .bind(now)
+            .bind(s.anti_bot.as_str())
             .bind(now)
             .execute(&self.pool)
             .await?;
@@ -866,9 +869,12 @@ fn is_already_exists(e: &sqlx::Error) -> bool {
         sqlx::Error::Database(db) => {
             let code = db.code().map(|c| c.to_string()).unwrap_or_default();
             // PG duplicate_table/duplicate_object, MySQL duplicate key name, SQLite "already exists".
-            matches!(code.as_str(), "42P07" | "42710")
+            // Likewise for a column added twice (PG duplicate_column, MySQL, SQLite).
+            matches!(code.as_str(), "42P07" | "42710" | "42701")
                 || db.message().contains("already exists")
                 || db.message().contains("Duplicate key name")
+                || db.message().contains("Duplicate column name")
+                || db.message().contains("duplicate column name")
         }
         _ => false,
     }

@@ -111,5 +111,18 @@ pub fn migrations(d: Dialect) -> Vec<(i64, Vec<String>)> {
         ),
         "CREATE INDEX orders_by_deadline ON orders (status, pay_deadline)".to_string(),
     ];
-    vec![(1, v1), (2, v2)]
+    let v3 = vec![
+        "ALTER TABLE sales ADD COLUMN anti_bot VARCHAR(16) NOT NULL DEFAULT 'off'".to_string(),
+        // Single-use nonces (purchase tokens, captchas) spent through the SQL gate; each row
+        // is kept until the nonce could no longer be honoured anyway.
+        format!(
+            "CREATE TABLE IF NOT EXISTS spent_nonces (
+                sale_id {int} NOT NULL,
+                nonce {int} NOT NULL,
+                keep_until {int} NOT NULL,
+                PRIMARY KEY (sale_id, nonce)
+            ){tail}"
+        ),
+    ];
+    vec![(1, v1), (2, v2), (3, v3)]
 }

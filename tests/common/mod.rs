@@ -147,6 +147,7 @@ pub fn sale(id: i64, stock: i64, limit: i64) -> Sale {
         approved: true,
         paused: false,
         updated_at: now,
+        anti_bot: seckill::model::AntiBot::Off,
     }
 }
 
@@ -262,36 +263,7 @@ pub fn client() -> reqwest::Client {
 
 /// Creates and approves a sale that is open now; returns its id.
 pub async fn open_sale(c: &reqwest::Client, s: &Server, stock: i64, limit: i64) -> String {
-    let now = time::OffsetDateTime::now_utc();
-    let fmt = &time::format_description::well_known::Rfc3339;
-    let body = serde_json::json!({
-        "title": "e2e sale",
-        "price_cents": 1999,
-        "stock": stock,
-        "per_user_limit": limit,
-        "begins_at": (now - time::Duration::seconds(5)).format(fmt).unwrap(),
-        "ends_at": (now + time::Duration::hours(1)).format(fmt).unwrap(),
-    });
-    let r = c
-        .post(format!("{}/api/admin/sales", s.base))
-        .bearer_auth(&s.admin)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 201);
-    let id = r.json::<serde_json::Value>().await.unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let r = c
-        .post(format!("{}/api/admin/sales/{id}/approve", s.base))
-        .bearer_auth(&s.admin)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    id
+    open_sale_with(c, s, stock, limit, serde_json::json!({})).await
 }
 
 /// Logs `n` distinct users in through the API (code, then login); returns their tokens.
@@ -381,4 +353,141 @@ pub async fn get_json(c: &reqwest::Client, url: String, bearer: Option<&str>) ->
         req = req.bearer_auth(b);
     }
     req.send().await.unwrap().json().await.unwrap()
+}
+
+// ---- a private Redis -----------------------------------------------------------------------
+
+/// A Redis of the test's own (AOF, fsync always, its own port and folder): to be killed,
+/// or to count the commands one server sent.
+pub struct PrivateRedis {
+    child: Child,
+    pub port: u16,
+    dir: std::path::PathBuf,
+}
+
+impl PrivateRedis {
+    pub fn start(port: u16, dir: &std::path::Path) -> PrivateRedis {
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "yes",
+            ])
+            .args(["--appendfsync", "always", "--dir"])
+            .arg(dir)
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("redis-server (scripts/test installs it)");
+        std::thread::sleep(Duration::from_millis(300));
+        PrivateRedis {
+            child,
+            port,
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn restart(&mut self) {
+        *self = PrivateRedis::start(self.port, &self.dir.clone());
+    }
+}
+
+impl Drop for PrivateRedis {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl PrivateRedis {
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// HMGET of these fields of a hash.
+    pub async fn hmget(&self, key: &str, fields: &[i64]) -> Vec<Option<String>> {
+        let client = redis::Client::open(self.url()).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        redis::cmd("HMGET")
+            .arg(key)
+            .arg(fields)
+            .query_async(&mut conn)
+            .await
+            .unwrap()
+    }
+}
+
+/// Makes a sale that is open now, with these extra fields, and approves it; returns its id.
+pub async fn open_sale_with(
+    c: &reqwest::Client,
+    s: &Server,
+    stock: i64,
+    limit: i64,
+    extra: serde_json::Value,
+) -> String {
+    let now = time::OffsetDateTime::now_utc();
+    let fmt = &time::format_description::well_known::Rfc3339;
+    let mut body = serde_json::json!({
+        "title": "e2e sale",
+        "price_cents": 1999,
+        "stock": stock,
+        "per_user_limit": limit,
+        "begins_at": (now - time::Duration::seconds(5)).format(fmt).unwrap(),
+        "ends_at": (now + time::Duration::hours(1)).format(fmt).unwrap(),
+    });
+    if let (Some(b), Some(e)) = (body.as_object_mut(), extra.as_object()) {
+        b.extend(e.clone());
+    }
+    let r = c
+        .post(format!("{}/api/admin/sales", s.base))
+        .bearer_auth(&s.admin)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
+    let id = r.json::<serde_json::Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let r = c
+        .post(format!("{}/api/admin/sales/{id}/approve", s.base))
+        .bearer_auth(&s.admin)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    id
+}
+
+// ---- metrics ---------------------------------------------------------------------------------
+
+/// The value of one series in Prometheus text (0 when absent).
+pub fn metric(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix(name)
+                .and_then(|rest| rest.trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// The server's /metrics text.
+pub async fn metrics(c: &reqwest::Client, s: &Server) -> String {
+    c.get(format!("{}/metrics", s.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
 }

@@ -1,0 +1,161 @@
+//! Batches the Redis gate's concurrent purchase attempts into script calls: attempts that
+//! arrive while earlier calls are out leave together, one `purchase.lua` call per sale,
+//! decided one after another inside it exactly as they would be alone. Under light load
+//! every attempt goes alone at once (no waiting to fill a batch); under a storm Redis pays
+//! its per-command cost once per batch. Owns nothing but the queue: it never decides.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use redis::aio::ConnectionManager;
+use redis::{Script, Value};
+use tokio::sync::{mpsc, oneshot, Semaphore};
+
+use super::redis::{verdicts_from_reply, SaleKeys};
+use super::{GateError, Purchase, RateLimit, Verdict};
+
+/// Most attempts decided by one script call (Redis runs nothing else meanwhile).
+const MAX_BATCH: usize = 128;
+/// Script calls out at once; while all are out, new attempts queue and form the next batch.
+const MAX_CALLS_IN_FLIGHT: usize = 8;
+
+/// Script calls made and attempts they decided, process-wide, for /metrics: their ratio
+/// is the mean batch size.
+pub static CALLS: AtomicU64 = AtomicU64::new(0);
+pub static ATTEMPTS: AtomicU64 = AtomicU64::new(0);
+
+struct Attempt {
+    purchase: Purchase,
+    answer: oneshot::Sender<Result<Verdict, GateError>>,
+}
+
+/// The handle purchases are sent through.
+pub struct Batches {
+    queue: mpsc::UnboundedSender<Attempt>,
+}
+
+impl Batches {
+    pub async fn decide(&self, purchase: Purchase) -> Result<Verdict, GateError> {
+        let (answer, verdict) = oneshot::channel();
+        self.queue
+            .send(Attempt { purchase, answer })
+            .map_err(|_| GateError::Unavailable("the purchase batcher has stopped".into()))?;
+        verdict
+            .await
+            .map_err(|_| GateError::Unavailable("the purchase batcher dropped an attempt".into()))?
+    }
+}
+
+/// Starts the batcher task; it ends when the returned handle is dropped.
+pub fn start(conn: ConnectionManager, script: Script, prefix: String, rate: RateLimit) -> Batches {
+    let (queue, attempts) = mpsc::unbounded_channel();
+    let caller = Arc::new(Caller { conn, script, rate });
+    tokio::spawn(run(caller, prefix, attempts));
+    Batches { queue }
+}
+
+struct Caller {
+    conn: ConnectionManager,
+    script: Script,
+    rate: RateLimit,
+}
+
+async fn run(caller: Arc<Caller>, prefix: String, mut attempts: mpsc::UnboundedReceiver<Attempt>) {
+    let slots = Arc::new(Semaphore::new(MAX_CALLS_IN_FLIGHT));
+    let mut keys: HashMap<i64, Arc<SaleKeys>> = HashMap::new();
+    loop {
+        // Wait for a free slot before taking attempts off the queue, so that the queue
+        // holds everything that arrived while all calls were out.
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let Some(first) = attempts.recv().await else {
+            return;
+        };
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match attempts.try_recv() {
+                Ok(a) => batch.push(a),
+                Err(_) => break,
+            }
+        }
+        // An attempt whose caller has given up (the breaker's time limit, while Redis was
+        // away) is never sent: nobody would hear its verdict, and a buyer told
+        // `unavailable` must not find an order placed minutes later.
+        batch.retain(|a| !a.answer.is_closed());
+        if batch.is_empty() {
+            continue;
+        }
+        let mut by_sale: Vec<(Arc<SaleKeys>, i64, Vec<Attempt>)> = Vec::new();
+        for a in batch {
+            let sale_id = a.purchase.sale_id;
+            match by_sale.iter_mut().find(|(_, id, _)| *id == sale_id) {
+                Some((_, _, group)) => group.push(a),
+                None => {
+                    let k = keys
+                        .entry(sale_id)
+                        .or_insert_with(|| Arc::new(SaleKeys::new(&prefix, sale_id)))
+                        .clone();
+                    by_sale.push((k, sale_id, vec![a]));
+                }
+            }
+        }
+        let caller = caller.clone();
+        tokio::spawn(async move {
+            let _slot = slot;
+            let calls = by_sale
+                .into_iter()
+                .map(|(k, sale_id, group)| caller.call(k, sale_id, group));
+            futures_util::future::join_all(calls).await;
+        });
+    }
+}
+
+impl Caller {
+    /// One script call for attempts on one sale; every attempt gets its verdict or the error.
+    async fn call(&self, k: Arc<SaleKeys>, sale_id: i64, group: Vec<Attempt>) {
+        CALLS.fetch_add(1, Ordering::Relaxed);
+        ATTEMPTS.fetch_add(group.len() as u64, Ordering::Relaxed);
+        let now = crate::now_ms();
+        let mut call = self.script.key(&k.sale);
+        call.key(&k.buyers)
+            .key(&k.stream)
+            .key(&k.accepted)
+            .key(&k.rate);
+        for a in &group {
+            match a.purchase.token {
+                Some(t) => call.key(k.spent(t.nonce)),
+                None => call.key(&k.sale),
+            };
+        }
+        call.arg(sale_id)
+            .arg(self.rate.interval_ms())
+            .arg(self.rate.tolerance_ms());
+        for a in &group {
+            let p = &a.purchase;
+            call.arg(p.user_id)
+                .arg(p.quantity)
+                .arg(p.order_id)
+                .arg(p.token.map_or(0, |t| t.keep_ms(now)));
+        }
+        let mut conn = self.conn.clone();
+        let reply: Result<Value, _> = call.invoke_async(&mut conn).await;
+        match reply
+            .map_err(GateError::from)
+            .and_then(|v| verdicts_from_reply(&v, group.len()))
+        {
+            Ok(verdicts) => {
+                for (a, v) in group.into_iter().zip(verdicts) {
+                    // The caller may have given up (a timeout); its verdict stands regardless.
+                    let _ = a.answer.send(Ok(v));
+                }
+            }
+            Err(e) => {
+                for a in group {
+                    let _ = a.answer.send(Err(e.for_another_waiter()));
+                }
+            }
+        }
+    }
+}
