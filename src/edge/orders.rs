@@ -118,7 +118,13 @@ async fn decide(
         })),
         Verdict::Rejected(Rejection::NotLoaded) => {
             // Approved but not preloaded yet (approved on another instance moments ago).
-            crate::scheduler::load_sale(&st.store, st.gate.as_ref(), &st.sales, &sale).await?;
+            crate::scheduler::load_sale_unless_loading(
+                &st.store,
+                st.gate.as_ref(),
+                &st.sales,
+                &sale,
+            )
+            .await?;
             Err(ApiError::from_rejection(Rejection::NotLoaded, limit))
         }
         Verdict::Rejected(r) => Err(ApiError::from_rejection(r, limit)),

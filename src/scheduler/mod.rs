@@ -35,9 +35,10 @@ pub enum SchedulerError {
 #[derive(Default)]
 pub struct SaleCache {
     sales: RwLock<HashMap<i64, Arc<Sale>>>,
-    /// Sales being loaded into the gate right now: one load at a time per sale, so that a
-    /// crowd meeting an empty gate (Redis lost its data) triggers one rebuild, not thousands.
-    loading: std::sync::Mutex<std::collections::HashSet<i64>>,
+    /// One load at a time per sale: a crowd meeting an empty gate (Redis lost its data)
+    /// triggers one rebuild, not thousands, and an approval that meets the tick's load of
+    /// the same sale waits for it instead of answering before the sale is in the gate.
+    loading: std::sync::Mutex<HashMap<i64, Arc<tokio::sync::Mutex<()>>>>,
     /// When a miss last refreshed the cache (Unix ms), and the lock that makes one miss
     /// refresh for all: unknown ids cost at most a few queries a second, whatever the load.
     miss_refreshed_at: std::sync::atomic::AtomicI64,
@@ -66,6 +67,15 @@ impl SaleCache {
             .collect();
         v.sort_by_key(|s| (s.begins_at, s.id));
         v
+    }
+
+    fn load_lock(&self, id: i64) -> Arc<tokio::sync::Mutex<()>> {
+        self.loading
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(id)
+            .or_default()
+            .clone()
     }
 
     pub fn replace(&self, sales: Vec<Sale>) {
@@ -105,29 +115,32 @@ impl SaleCache {
     }
 }
 
-/// Loads one sale into the gate from SQL, unless the gate has it or another task of this
-/// process is loading it already.
+/// Loads one sale into the gate from SQL unless the gate has it; if another task of this
+/// process is loading it, waits for that load. On return the sale is in the gate.
 pub async fn load_sale(
     store: &Store,
     gate: &dyn Gate,
     cache: &SaleCache,
     sale: &Sale,
 ) -> Result<bool, SchedulerError> {
-    let claimed = cache
-        .loading
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(sale.id);
-    if !claimed {
+    let lock = cache.load_lock(sale.id);
+    let _one_at_a_time = lock.lock().await;
+    load_unclaimed(store, gate, sale).await
+}
+
+/// Like [`load_sale`], but returns at once if another task is loading the sale: for the
+/// purchase path, whose caller is answered `not_loaded` and retries anyway.
+pub async fn load_sale_unless_loading(
+    store: &Store,
+    gate: &dyn Gate,
+    cache: &SaleCache,
+    sale: &Sale,
+) -> Result<bool, SchedulerError> {
+    let lock = cache.load_lock(sale.id);
+    let Ok(_one_at_a_time) = lock.try_lock() else {
         return Ok(false);
-    }
-    let result = load_unclaimed(store, gate, sale).await;
-    cache
-        .loading
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .remove(&sale.id);
-    result
+    };
+    load_unclaimed(store, gate, sale).await
 }
 
 async fn load_unclaimed(
@@ -226,5 +239,70 @@ impl Scheduler {
                 break;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gate::memory::MemoryGate;
+
+    async fn store_with_sale() -> (Store, Sale) {
+        let dir = std::env::temp_dir().join(format!("seckill-sched-{}", rand::random::<u64>()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let store = Store::connect(&format!("sqlite://{}/s.db", dir.display()), 2)
+            .await
+            .unwrap();
+        store.migrate().await.unwrap();
+        let now = crate::now_ms();
+        let sale = Sale {
+            id: 42,
+            title: "t".into(),
+            price_cents: 100,
+            initial_stock: 5,
+            stock: 5,
+            per_user_limit: 1,
+            begins_at: now - 1000,
+            ends_at: now + 60_000,
+            payment_window_secs: 60,
+            approved: true,
+            paused: false,
+            updated_at: now,
+            anti_bot: Default::default(),
+        };
+        store.create_sale(&sale).await.unwrap();
+        (store, sale)
+    }
+
+    /// The race CI found: the tick held the sale's load when an approval asked for it, and
+    /// the approval answered before the sale was in the gate.
+    #[tokio::test]
+    async fn a_load_that_meets_another_waits_for_it_and_returns_loaded() {
+        let (store, sale) = store_with_sale().await;
+        let (log, _reader) = crate::orderlog::local::channel();
+        let gate = Arc::new(MemoryGate::new(log));
+        let cache = Arc::new(SaleCache::default());
+        let lock = cache.load_lock(sale.id);
+        let held = lock.lock().await;
+        let waiter = {
+            let (store, gate, cache, sale) =
+                (store.clone(), gate.clone(), cache.clone(), sale.clone());
+            tokio::spawn(async move { load_sale(&store, gate.as_ref(), &cache, &sale).await })
+        };
+        // The purchase path does not wait: it answers `not_loaded` and its caller retries.
+        assert!(
+            !load_sale_unless_loading(&store, gate.as_ref(), &cache, &sale)
+                .await
+                .unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(
+            !waiter.is_finished(),
+            "returned while another load held the sale"
+        );
+        assert!(!gate.is_loaded(sale.id).await.unwrap());
+        drop(held);
+        assert!(waiter.await.unwrap().unwrap());
+        assert!(gate.is_loaded(sale.id).await.unwrap());
     }
 }
