@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
-use hyper::Method;
+use axum::http::Method;
 use rand::seq::SliceRandom;
 use serde::Deserialize;
 

@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 
+use axum::http::Method;
+
 use super::client::Connection;
 
 #[derive(Debug, Clone, Copy)]
@@ -38,31 +40,45 @@ struct Shared {
     ok_orders: Vec<(usize, String)>,
 }
 
+/// Workers record into one of this many shards, so that they rarely wait on each other's
+/// lock (one histogram per worker would cost 256 KiB each).
+const SHARDS: usize = 16;
+
 impl Shared {
-    fn record(
-        &mut self,
-        micros: u64,
-        answer: Result<(u16, super::client::Answer), ()>,
-        buyer: usize,
-    ) {
-        let _ = self.latency.record(micros.max(1));
-        match answer {
-            Ok((_, a)) => {
-                if a.code == "ok" {
-                    if let Some(id) = a.order_id.clone() {
-                        self.ok_orders.push((buyer, id));
-                    }
-                }
-                let code = if a.code.is_empty() {
-                    "<no code>".to_string()
-                } else {
-                    a.code
-                };
-                *self.by_code.entry(code).or_default() += 1;
-            }
-            Err(()) => self.errors += 1,
+    fn new() -> Shared {
+        Shared {
+            latency: Histogram::new_with_bounds(1, 60_000_000, 3)
+                .unwrap_or_else(|_| unreachable!("constant bounds")),
+            by_code: HashMap::new(),
+            errors: 0,
+            ok_orders: Vec::new(),
         }
     }
+
+    fn count(&mut self, code: &str) {
+        let code = if code.is_empty() { "<no code>" } else { code };
+        match self.by_code.get_mut(code) {
+            Some(n) => *n += 1,
+            None => {
+                self.by_code.insert(code.to_string(), 1);
+            }
+        }
+    }
+
+    fn merge(&mut self, other: Shared) {
+        let _ = self.latency.add(&other.latency);
+        for (code, n) in other.by_code {
+            *self.by_code.entry(code).or_default() += n;
+        }
+        self.errors += other.errors;
+        self.ok_orders.extend(other.ok_orders);
+    }
+}
+
+/// What one answer was, reduced to what the storm keeps.
+enum Outcome {
+    Answered,
+    Failed,
 }
 
 /// What each request of a storm is.
@@ -87,13 +103,8 @@ pub async fn run(
     model: Model,
     progress: Arc<AtomicUsize>,
 ) -> Observed {
-    let histogram = Histogram::new_with_bounds(1, 60_000_000, 3).unwrap_or_else(|_| unreachable!());
-    let shared = Arc::new(Mutex::new(Shared {
-        latency: histogram,
-        by_code: HashMap::new(),
-        errors: 0,
-        ok_orders: Vec::new(),
-    }));
+    let shards: Arc<Vec<Mutex<Shared>>> =
+        Arc::new((0..SHARDS).map(|_| Mutex::new(Shared::new())).collect());
     let next = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
     let (connections, interval) = match model {
@@ -104,11 +115,11 @@ pub async fn run(
         ),
     };
     let workers: Vec<_> = (0..connections.max(1))
-        .map(|_| {
-            let (shot, requests, shared, next, progress) = (
+        .map(|w| {
+            let (shot, requests, shards, next, progress) = (
                 shot.clone(),
                 requests.clone(),
-                shared.clone(),
+                shards.clone(),
                 next.clone(),
                 progress.clone(),
             );
@@ -127,12 +138,8 @@ pub async fn run(
                         }
                         None => Instant::now(),
                     };
-                    let answer = send(&mut conn, addr, &shot, buyer).await;
-                    let micros = intended.elapsed().as_micros() as u64;
-                    shared
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .record(micros, answer, buyer);
+                    let shard = &shards[w % SHARDS];
+                    send(&mut conn, addr, &shot, buyer, intended, shard).await;
                     progress.fetch_add(1, Ordering::Relaxed);
                 }
             })
@@ -142,10 +149,14 @@ pub async fn run(
         let _ = w.await;
     }
     let elapsed = started.elapsed();
-    let shared = Arc::try_unwrap(shared)
-        .ok()
-        .map(|m| m.into_inner().unwrap_or_else(|p| p.into_inner()))
-        .unwrap_or_else(|| unreachable!("every worker has finished"));
+    let mut shared = Shared::new();
+    for shard in shards.iter() {
+        let shard = std::mem::replace(
+            &mut *shard.lock().unwrap_or_else(|p| p.into_inner()),
+            Shared::new(),
+        );
+        shared.merge(shard);
+    }
     Observed {
         latency: shared.latency,
         by_code: shared.by_code,
@@ -156,42 +167,63 @@ pub async fn run(
     }
 }
 
-/// One purchase on the worker's connection. A failed request is counted as an error, not
-/// retried (a retry could buy twice); the next request opens a new connection.
+/// One request on the worker's connection, recorded in `shard` with its latency from
+/// `intended`. A failed request is counted as an error, not retried (a retry could buy
+/// twice); the next request opens a new connection.
 async fn send(
     conn: &mut Option<Connection>,
     addr: SocketAddr,
     shot: &Shot,
     buyer: usize,
-) -> Result<(u16, super::client::Answer), ()> {
-    if conn.is_none() {
-        *conn = Some(Connection::open(addr).await.map_err(|_| ())?);
-    }
-    let Some(c) = conn.as_mut() else {
-        return Err(());
-    };
-    let answer = match shot {
-        Shot::Purchase {
-            sale,
-            tokens,
-            anti_bot,
-        } => c.purchase(sale, &tokens[buyer], *anti_bot).await,
-        Shot::Get { path } => c
-            .send(hyper::Method::GET, path, None, axum::body::Bytes::new())
-            .await
-            .map(|(status, _)| {
-                let answer = super::client::Answer {
-                    code: status.to_string(),
-                    order_id: None,
-                };
-                (status, answer)
-            }),
-    };
-    match answer {
-        Ok(answer) => Ok(answer),
-        Err(_) => {
-            *conn = None;
-            Err(())
+    intended: Instant,
+    shard: &Mutex<Shared>,
+) {
+    let record = |code: &str, order_id: Option<&str>| {
+        let micros = intended.elapsed().as_micros() as u64;
+        let mut s = shard.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = s.latency.record(micros.max(1));
+        if code == "ok" {
+            if let Some(id) = order_id {
+                s.ok_orders.push((buyer, id.to_string()));
+            }
         }
+        s.count(code);
+        Outcome::Answered
+    };
+    let outcome = match open(conn, addr).await {
+        None => Outcome::Failed,
+        Some(c) => match shot {
+            Shot::Purchase {
+                sale,
+                tokens,
+                anti_bot,
+            } => c
+                .purchase(sale, &tokens[buyer], *anti_bot, |_, a| {
+                    record(a.code, a.order_id)
+                })
+                .await
+                .unwrap_or(Outcome::Failed),
+            Shot::Get { path } => match c
+                .send(Method::GET, path, None, axum::body::Bytes::new())
+                .await
+            {
+                Ok((status, _)) => record(&status.to_string(), None),
+                Err(_) => Outcome::Failed,
+            },
+        },
+    };
+    if let Outcome::Failed = outcome {
+        *conn = None;
+        let micros = intended.elapsed().as_micros() as u64;
+        let mut s = shard.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = s.latency.record(micros.max(1));
+        s.errors += 1;
     }
+}
+
+async fn open(conn: &mut Option<Connection>, addr: SocketAddr) -> Option<&mut Connection> {
+    if conn.is_none() {
+        *conn = Some(Connection::open(addr).await.ok()?);
+    }
+    conn.as_mut()
 }
