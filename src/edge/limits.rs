@@ -82,7 +82,8 @@ impl AddressLimiter {
     }
 }
 
-/// Middleware: answers 429 `rate_limited` (with Retry-After) to an address over its rate.
+/// Middleware, in the stack only when the limit is configured: answers 429 `rate_limited`
+/// (with Retry-After) to an address over its rate.
 pub async fn limit_addresses(
     State(st): State<Arc<AppState>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
@@ -90,16 +91,14 @@ pub async fn limit_addresses(
     next: Next,
 ) -> Response {
     let limiter = &st.address_limiter;
-    if limiter.enabled() {
-        let client = limiter.client_of(peer.ip(), req.headers());
-        if let Err(wait_ms) = limiter.take(client, crate::now_ms()) {
-            limiter.limited.fetch_add(1, Ordering::Relaxed);
-            return ApiError::RateLimited {
-                retry_after_secs: (wait_ms as u64).div_ceil(1000),
-                message: "too many requests from this address".into(),
-            }
-            .into_response();
+    let client = limiter.client_of(peer.ip(), req.headers());
+    if let Err(wait_ms) = limiter.take(client, crate::now_ms()) {
+        limiter.limited.fetch_add(1, Ordering::Relaxed);
+        return ApiError::RateLimited {
+            retry_after_secs: (wait_ms as u64).div_ceil(1000),
+            message: "too many requests from this address".into(),
         }
+        .into_response();
     }
     next.run(req).await
 }

@@ -127,7 +127,7 @@ pub fn parse_id(s: &str, what: &str) -> Result<i64, ApiError> {
 }
 
 pub fn router(state: Arc<AppState>) -> Router {
-    Router::new()
+    let routes = Router::new()
         .route("/api/auth/code", post(auth::request_code))
         .route("/api/auth/login", post(auth::login))
         .route("/api/sales", get(sales::list_sales))
@@ -163,11 +163,18 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi))
         .fallback(|| async { ApiError::NotFound("no such endpoint".into()) })
-        .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
-        .layer(axum::middleware::from_fn_with_state(
+        .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed });
+    // Each layer costs every request (a boxed future, the connection info extracted), so
+    // the per-address limit is only in the stack when configured.
+    let routes = if state.address_limiter.enabled() {
+        routes.layer(axum::middleware::from_fn_with_state(
             state.clone(),
             limits::limit_addresses,
         ))
+    } else {
+        routes
+    };
+    routes
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(tower_http::timeout::TimeoutLayer::with_status_code(
             StatusCode::SERVICE_UNAVAILABLE,
