@@ -125,7 +125,7 @@ pub async fn load_sale(
 ) -> Result<bool, SchedulerError> {
     let lock = cache.load_lock(sale.id);
     let _one_at_a_time = lock.lock().await;
-    load_unclaimed(store, gate, sale).await
+    load_under_lock(store, gate, sale).await
 }
 
 /// Like [`load_sale`], but returns at once if another task is loading the sale: for the
@@ -140,10 +140,10 @@ pub async fn load_sale_unless_loading(
     let Ok(_one_at_a_time) = lock.try_lock() else {
         return Ok(false);
     };
-    load_unclaimed(store, gate, sale).await
+    load_under_lock(store, gate, sale).await
 }
 
-async fn load_unclaimed(
+async fn load_under_lock(
     store: &Store,
     gate: &dyn Gate,
     sale: &Sale,
