@@ -126,6 +126,11 @@ pub struct ConfigArgs {
     /// sql-lock or sql-conditional (in the database; for comparison, or to run without Redis).
     #[arg(long, env = "SECKILL_GATE", global = true)]
     pub gate: Option<GateKind>,
+    /// Threads that run the server's tasks (HTTP, gate calls, writer) [default: one per
+    /// core]. On a box shared with other busy processes (a load generator, the database),
+    /// fewer threads than cores spend less time being switched out.
+    #[arg(long, env = "SECKILL_THREADS", global = true)]
+    pub threads: Option<usize>,
     /// Log filter, tracing's EnvFilter syntax [default: info].
     #[arg(long, env = "SECKILL_LOG", global = true)]
     pub log: Option<String>,
@@ -179,6 +184,7 @@ pub struct Config {
     pub db_max_connections: u32,
     pub max_connections: usize,
     pub gate: GateKind,
+    pub threads: usize,
     pub log: String,
 }
 
@@ -257,6 +263,10 @@ impl Config {
             } else {
                 GateKind::Redis
             }),
+            threads: a
+                .threads
+                .or(f.threads)
+                .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
             log: a.log.or(f.log).unwrap_or_else(|| "info".to_string()),
         };
         config.validate()?;
@@ -316,6 +326,12 @@ impl Config {
             return Err(ConfigError::Invalid {
                 name: "writer_concurrency",
                 message: "must be between 1 and 64".into(),
+            });
+        }
+        if self.threads == 0 || self.threads > 1024 {
+            return Err(ConfigError::Invalid {
+                name: "threads",
+                message: "must be between 1 and 1024".into(),
             });
         }
         if self.writer_batch == 0 || self.writer_batch > 5000 {
@@ -383,6 +399,7 @@ impl Config {
             format!("db_max_connections = {}", self.db_max_connections),
             format!("max_connections    = {}", self.max_connections),
             format!("gate               = {}", self.gate.name()),
+            format!("threads            = {}", self.threads),
             format!("log                = {}", self.log),
         ]
         .join("\n")

@@ -1,8 +1,7 @@
 use std::process::ExitCode;
 
-#[tokio::main]
-async fn main() -> ExitCode {
-    seckill::cli::main().await
+fn main() -> ExitCode {
+    seckill::cli::main()
 }
 
 // The purchase path allocates small, short-lived buffers in hyper, axum and redis-rs; with

@@ -1,8 +1,9 @@
 //! Prometheus metrics without a metrics framework: counters and fixed-bucket histograms on
-//! atomics, cheap enough for the purchase path (no lock, no allocation per observation).
+//! atomics, cheap enough for the purchase path (no lock, no allocation, no cache line
+//! shared between threads per observation).
 
 use std::fmt::Write;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 /// Latency buckets in seconds: 100 µs to 5 s.
 pub const LATENCY_BUCKETS: &[f64] = &[
@@ -17,43 +18,100 @@ pub const LAG_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0,
 ];
 
-pub struct Histogram {
-    bounds: &'static [f64],
-    buckets: Box<[AtomicU64]>,
+/// Every counter and histogram is split in this many shards, and each thread adds to its
+/// own: purchases served at once on two cores then never wait for one cache line that
+/// the other core just wrote (about ten counters per purchase measured ~0.5 µs of CPU
+/// per request on the 2-core box). Reading sums the shards.
+const SHARDS: usize = 8;
+
+/// Most bounds a histogram may have.
+const MAX_BOUNDS: usize = 16;
+
+/// One shard's values, alone on its cache lines.
+#[repr(align(128))]
+#[derive(Default)]
+struct Padded<T>(T);
+
+thread_local! {
+    static SHARD: usize = {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS
+    };
+}
+
+fn my_shard() -> usize {
+    SHARD.with(|s| *s)
+}
+
+/// A counter that many threads add to at once.
+#[derive(Default)]
+pub struct Counter {
+    shards: [Padded<AtomicU64>; SHARDS],
+}
+
+impl Counter {
+    pub fn add(&self, n: u64) {
+        self.shards[my_shard()].0.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> u64 {
+        self.shards
+            .iter()
+            .map(|s| s.0.load(Ordering::Relaxed))
+            .sum()
+    }
+}
+
+#[derive(Default)]
+struct HistogramShard {
+    buckets: [AtomicU64; MAX_BOUNDS],
     count: AtomicU64,
     /// Sum of observations in millionths, so that it fits an integer atomic.
     sum_micros: AtomicU64,
 }
 
+pub struct Histogram {
+    bounds: &'static [f64],
+    shards: [Padded<HistogramShard>; SHARDS],
+}
+
 impl Histogram {
     pub fn new(bounds: &'static [f64]) -> Self {
+        assert!(bounds.len() <= MAX_BOUNDS, "at most {MAX_BOUNDS} bounds");
         Histogram {
             bounds,
-            buckets: bounds.iter().map(|_| AtomicU64::new(0)).collect(),
-            count: AtomicU64::new(0),
-            sum_micros: AtomicU64::new(0),
+            shards: Default::default(),
         }
     }
 
     pub fn observe(&self, value: f64) {
+        let shard = &self.shards[my_shard()].0;
         if let Some(i) = self.bounds.iter().position(|b| value <= *b) {
-            self.buckets[i].fetch_add(1, Ordering::Relaxed);
+            shard.buckets[i].fetch_add(1, Ordering::Relaxed);
         }
-        self.count.fetch_add(1, Ordering::Relaxed);
-        self.sum_micros
+        shard.count.fetch_add(1, Ordering::Relaxed);
+        shard
+            .sum_micros
             .fetch_add((value.max(0.0) * 1e6) as u64, Ordering::Relaxed);
     }
 
+    fn total(&self, value: impl Fn(&HistogramShard) -> &AtomicU64) -> u64 {
+        self.shards
+            .iter()
+            .map(|s| value(&s.0).load(Ordering::Relaxed))
+            .sum()
+    }
+
     pub fn count(&self) -> u64 {
-        self.count.load(Ordering::Relaxed)
+        self.total(|s| &s.count)
     }
 
     /// Appends the histogram in Prometheus text format (cumulative buckets).
     pub fn render(&self, name: &str, help: &str, out: &mut String) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
         let mut cumulative = 0;
-        for (bound, bucket) in self.bounds.iter().zip(self.buckets.iter()) {
-            cumulative += bucket.load(Ordering::Relaxed);
+        for (i, bound) in self.bounds.iter().enumerate() {
+            cumulative += self.total(|s| &s.buckets[i]);
             let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {cumulative}");
         }
         let count = self.count();
@@ -61,7 +119,7 @@ impl Histogram {
         let _ = writeln!(
             out,
             "{name}_sum {}",
-            self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6
+            self.total(|s| &s.sum_micros) as f64 / 1e6
         );
         let _ = writeln!(out, "{name}_count {count}");
     }
@@ -90,5 +148,26 @@ mod tests {
         assert!(out.contains("x_bucket{le=\"2\"} 3\n"), "{out}");
         assert!(out.contains("x_bucket{le=\"+Inf\"} 4\n"), "{out}");
         assert!(out.contains("x_sum 12.7\n"), "{out}");
+    }
+
+    #[test]
+    fn shards_of_every_thread_add_up() {
+        let (c, h) = (Counter::default(), Histogram::new(&[1.0]));
+        std::thread::scope(|s| {
+            for _ in 0..12 {
+                s.spawn(|| {
+                    for _ in 0..1000 {
+                        c.add(1);
+                        h.observe(0.5);
+                    }
+                });
+            }
+        });
+        assert_eq!(c.get(), 12_000);
+        assert_eq!(h.count(), 12_000);
+        let mut out = String::new();
+        h.render("x", "help", &mut out);
+        assert!(out.contains("x_bucket{le=\"1\"} 12000\n"), "{out}");
+        assert!(out.contains("x_sum 6000\n"), "{out}");
     }
 }

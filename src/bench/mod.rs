@@ -288,6 +288,7 @@ async fn start_server(config: &Config, gate: GateKind) -> Result<Target, BenchEr
             "SECKILL_DB_MAX_CONNECTIONS".to_string(),
             config.db_max_connections.to_string(),
         ),
+        ("SECKILL_THREADS".to_string(), config.threads.to_string()),
     ];
     if gate == GateKind::Redis {
         let redis = config

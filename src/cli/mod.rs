@@ -50,7 +50,7 @@ enum UsersCommand {
     },
 }
 
-pub async fn main() -> ExitCode {
+pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let config = match Config::load(&cli.config) {
         Ok(c) => c,
@@ -60,7 +60,28 @@ pub async fn main() -> ExitCode {
         }
     };
     init_tracing(&config.log);
-    let result = match cli.command {
+    // The server's processes get the configured threads; the tools (bench above all, whose
+    // client must not be the bottleneck) get one per core.
+    let threads = match cli.command {
+        Command::Serve | Command::Worker => config.threads,
+        _ => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("seckill: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(run(cli.command, config))
+}
+
+async fn run(command: Command, config: Config) -> ExitCode {
+    let result = match command {
         Command::Serve => serve(config).await,
         Command::Worker => worker(config).await,
         Command::Migrate => migrate(config).await,
@@ -99,16 +120,11 @@ async fn serve(config: Config) -> Result<(), AppError> {
     let listener =
         bind(listen).map_err(|e| AppError::Other(format!("cannot listen on {listen}: {e}")))?;
     tracing::info!(%listen, dev, "seckill is serving");
-    let router = crate::edge::router(app.state.clone());
     use axum::serve::ListenerExt;
     let listener = app.state.connections.limit(listener).tap_io(|conn| {
         let _ = conn.get_mut().set_nodelay(true);
     });
-    let service = router.into_make_service_with_connect_info::<std::net::SocketAddr>();
-    axum::serve(listener, service)
-        .with_graceful_shutdown(app::shutdown_signal())
-        .await
-        .map_err(|e| AppError::Other(format!("server: {e}")))?;
+    crate::edge::front::serve(listener, app.state.clone(), app::shutdown_signal()).await;
     tracing::info!("HTTP drained; stopping background tasks");
     let _ = stop.send(true);
     for t in tasks {

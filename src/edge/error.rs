@@ -88,6 +88,11 @@ impl ApiError {
         }
     }
 
+    /// 503 for a call that ran out of `REQUEST_TIMEOUT`.
+    pub fn too_slow() -> Self {
+        ApiError::Unavailable("the server could not answer in time".into())
+    }
+
     pub fn invalid(message: impl Into<String>) -> Self {
         ApiError::InvalidRequest(message.into())
     }

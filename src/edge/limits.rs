@@ -4,17 +4,13 @@
 //! ignored from anyone else, since a client can write anything in it.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
-use axum::extract::{ConnectInfo, Request, State};
 use axum::http::HeaderMap;
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
 
 use super::error::ApiError;
-use super::AppState;
 use crate::gate::RateLimit;
 
 /// Buckets kept at most; beyond it, full (idle) buckets are dropped.
@@ -80,27 +76,19 @@ impl AddressLimiter {
             Err((((1.0 - *tokens) * 1000.0 / self.rate.per_sec).ceil() as i64).max(1))
         }
     }
-}
 
-/// Middleware, in the stack only when the limit is configured: answers 429 `rate_limited`
-/// (with Retry-After) to an address over its rate.
-pub async fn limit_addresses(
-    State(st): State<Arc<AppState>>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    req: Request,
-    next: Next,
-) -> Response {
-    let limiter = &st.address_limiter;
-    let client = limiter.client_of(peer.ip(), req.headers());
-    if let Err(wait_ms) = limiter.take(client, crate::now_ms()) {
-        limiter.limited.fetch_add(1, Ordering::Relaxed);
-        return ApiError::RateLimited {
-            retry_after_secs: (wait_ms as u64).div_ceil(1000),
-            message: "too many requests from this address".into(),
-        }
-        .into_response();
+    /// Takes a token for the caller of a request from `peer`, or answers 429
+    /// `rate_limited` (with Retry-After) when its address is over the rate.
+    pub fn admit(&self, peer: IpAddr, headers: &HeaderMap) -> Result<(), ApiError> {
+        let client = self.client_of(peer, headers);
+        self.take(client, crate::now_ms()).map_err(|wait_ms| {
+            self.limited.fetch_add(1, Ordering::Relaxed);
+            ApiError::RateLimited {
+                retry_after_secs: (wait_ms as u64).div_ceil(1000),
+                message: "too many requests from this address".into(),
+            }
+        })
     }
-    next.run(req).await
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ pub mod auth;
 pub mod captcha;
 pub mod connections;
 pub mod error;
+pub mod front;
 pub mod limits;
 pub mod orders;
 pub mod payments;
@@ -17,8 +18,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{header, StatusCode};
+use axum::body::Body;
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
@@ -27,7 +29,7 @@ use serde::de::DeserializeOwned;
 use crate::config::Config;
 use crate::gate::Gate;
 use crate::ids::IdGenerator;
-use crate::metrics::{render_counter, Histogram};
+use crate::metrics::{render_counter, Counter, Histogram};
 use crate::scheduler::SaleCache;
 use crate::store::Store;
 use crate::writer::WriterStats;
@@ -36,6 +38,9 @@ use error::ApiError;
 
 /// Largest request body accepted; every call of the contract fits in far less.
 pub const MAX_BODY_BYTES: usize = 16 * 1024;
+
+/// Longest a call may take before it is answered 503 `unavailable`.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub struct AppState {
     pub config: Arc<Config>,
@@ -60,7 +65,7 @@ pub struct AppState {
 
 /// What the edge measures, for `/metrics`.
 pub struct Metrics {
-    purchases: [AtomicU64; PURCHASE_CODES.len()],
+    purchases: [Counter; PURCHASE_CODES.len()],
     /// Purchase requests, from the handler's start to its answer.
     pub request_seconds: Histogram,
     /// The gate's decision alone.
@@ -107,7 +112,7 @@ impl Metrics {
             .iter()
             .position(|c| *c == code)
             .unwrap_or(PURCHASE_CODES.len() - 1);
-        self.purchases[i].fetch_add(1, Ordering::Relaxed);
+        self.purchases[i].add(1);
     }
 }
 
@@ -133,7 +138,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/sales", get(sales::list_sales))
         .route("/api/sales/{id}", get(sales::get_sale))
         .route("/api/sales/{id}/stock", get(sales::get_stock))
-        .route("/api/sales/{id}/purchase", post(orders::purchase))
+        .route("/api/sales/{id}/purchase", post(purchase))
         .route("/api/sales/{id}/token", get(antibot::token))
         .route("/api/sales/{id}/captcha", get(antibot::captcha))
         .route("/api/orders", get(orders::list_orders))
@@ -164,24 +169,25 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/openapi.json", get(openapi))
         .fallback(|| async { ApiError::NotFound("no such endpoint".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed });
-    // Each layer costs every request (a boxed future, the connection info extracted), so
-    // the per-address limit is only in the stack when configured.
-    let routes = if state.address_limiter.enabled() {
-        routes.layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            limits::limit_addresses,
-        ))
-    } else {
-        routes
-    };
+    // The per-address limit is applied by the front door, to this router's calls too.
     routes
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(tower_http::timeout::TimeoutLayer::with_status_code(
             StatusCode::SERVICE_UNAVAILABLE,
-            Duration::from_secs(10),
+            REQUEST_TIMEOUT,
         ))
         .layer(axum::middleware::map_response(json_rejections))
         .with_state(state)
+}
+
+/// Purchases whose sale id the front door leaves to the router (percent-escaped).
+async fn purchase(
+    State(st): State<Arc<AppState>>,
+    Path(sale): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    orders::purchase(&st, &sale, &headers, body).await
 }
 
 /// Axum's own extractor rejections (a bad path, a body over the limit) are plain text;
@@ -201,7 +207,7 @@ async fn json_rejections(response: Response) -> Response {
         StatusCode::NOT_FOUND => ApiError::NotFound("no such endpoint".into()).into_response(),
         StatusCode::METHOD_NOT_ALLOWED => ApiError::MethodNotAllowed.into_response(),
         s if s.is_client_error() => ApiError::invalid(format!("bad request ({s})")).into_response(),
-        _ => ApiError::Unavailable("the server could not answer in time".into()).into_response(),
+        _ => ApiError::too_slow().into_response(),
     }
 }
 
@@ -227,7 +233,7 @@ async fn metrics(State(st): State<Arc<AppState>>) -> Response {
     let mut out = String::new();
     out.push_str("# HELP seckill_purchases_total Purchase answers by code.\n# TYPE seckill_purchases_total counter\n");
     for (i, code) in PURCHASE_CODES.iter().enumerate() {
-        let n = st.metrics.purchases[i].load(Ordering::Relaxed);
+        let n = st.metrics.purchases[i].get();
         out.push_str(&format!("seckill_purchases_total{{code=\"{code}\"}} {n}\n"));
     }
     let m = &st.metrics;
@@ -336,7 +342,7 @@ async fn metrics(State(st): State<Arc<AppState>>) -> Response {
     render_counter(
         "seckill_sold_out_shortcuts_total",
         "Purchases answered sold_out from this instance's flag, without the gate.",
-        st.sold_out.shortcuts.load(Ordering::Relaxed),
+        st.sold_out.shortcuts.get(),
         &mut out,
     );
     render_counter(

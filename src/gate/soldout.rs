@@ -7,9 +7,12 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
+use arc_swap::ArcSwap;
 use async_trait::async_trait;
+
+use crate::metrics::Counter;
 
 use super::{
     Gate, GateError, GateStock, Purchase, Rejection, Release, Released, SaleLoad, Verdict,
@@ -20,35 +23,33 @@ type Flag = Arc<AtomicU64>;
 
 pub struct SoldOutShortcut {
     inner: Arc<dyn Gate>,
-    flags: RwLock<HashMap<i64, Flag>>,
+    /// Read by every purchase, written when a sale is first seen: readers take no lock.
+    flags: ArcSwap<HashMap<i64, Flag>>,
     /// Purchases answered from the flag, without the gate.
-    pub shortcuts: AtomicU64,
+    pub shortcuts: Counter,
 }
 
 impl SoldOutShortcut {
     pub fn new(inner: Arc<dyn Gate>) -> Self {
         SoldOutShortcut {
             inner,
-            flags: RwLock::new(HashMap::new()),
-            shortcuts: AtomicU64::new(0),
+            flags: ArcSwap::default(),
+            shortcuts: Counter::default(),
         }
     }
 
     fn flag(&self, sale_id: i64) -> Flag {
-        if let Some(f) = self
-            .flags
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&sale_id)
-        {
+        if let Some(f) = self.flags.load().get(&sale_id) {
             return f.clone();
         }
-        self.flags
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(sale_id)
-            .or_default()
-            .clone()
+        // Concurrent first sights of a sale agree on one flag: rcu retries on a race, and
+        // an entry already there is kept.
+        self.flags.rcu(|flags| {
+            let mut flags = HashMap::clone(flags);
+            flags.entry(sale_id).or_default();
+            flags
+        });
+        self.flags.load().get(&sale_id).cloned().unwrap_or_default()
     }
 
     /// Stock of this sale may be back: ask the gate again from now on.
@@ -61,18 +62,22 @@ impl SoldOutShortcut {
 
     /// Forget every flag (after missing messages, e.g. a lost subscription).
     pub fn reopen_all(&self) {
-        let ids: Vec<i64> = self
-            .flags
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .keys()
-            .copied()
-            .collect();
+        let ids: Vec<i64> = self.flags.load().keys().copied().collect();
         ids.into_iter().for_each(|id| self.reopen(id));
     }
 
-    pub fn is_flagged(&self, sale_id: i64) -> bool {
-        self.flag(sale_id).load(Ordering::Acquire) & 1 == 1
+    /// `sold_out` if this instance knows the sale is sold out. The edge asks this before
+    /// it takes an order id or calls the gate: it is most of a storm's answers.
+    pub fn answer(&self, sale_id: i64) -> Option<Verdict> {
+        let flag = self.flags.load().get(&sale_id)?.load(Ordering::Acquire);
+        self.answer_from(flag)
+    }
+
+    fn answer_from(&self, flag: u64) -> Option<Verdict> {
+        (flag & 1 == 1).then(|| {
+            self.shortcuts.add(1);
+            Verdict::Rejected(Rejection::SoldOut { remaining: 0 })
+        })
     }
 }
 
@@ -81,9 +86,8 @@ impl Gate for SoldOutShortcut {
     async fn purchase(&self, p: Purchase) -> Result<Verdict, GateError> {
         let flag = self.flag(p.sale_id);
         let seen = flag.load(Ordering::Acquire);
-        if seen & 1 == 1 {
-            self.shortcuts.fetch_add(1, Ordering::Relaxed);
-            return Ok(Verdict::Rejected(Rejection::SoldOut { remaining: 0 }));
+        if let Some(sold_out) = self.answer_from(seen) {
+            return Ok(sold_out);
         }
         let verdict = self.inner.purchase(p).await?;
         if verdict == Verdict::Rejected(Rejection::SoldOut { remaining: 0 }) {

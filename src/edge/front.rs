@@ -1,0 +1,141 @@
+//! The front door: accepts client connections, serves each with hyper, and routes each
+//! request. It applies the per-address limit (when configured) to every call, hands
+//! purchases straight to `orders::purchase`, and everything else to the router.
+//!
+//! Purchases skip the router, and connections skip `axum::serve`, because a storm is
+//! hundreds of thousands of purchases, most answered `sold_out` from a local flag: on the
+//! 2-core box (BENCHMARKS.md) the router with its boxed per-route services and layers,
+//! and axum's per-request service clone and body boxing, cost more CPU per request than
+//! hyper itself. The purchase handler gives itself what the layers gave it (the body
+//! limit, the time limit, JSON errors). This door must never answer a call differently
+//! from the router; anything it does not recognise goes to the router.
+
+use std::convert::Infallible;
+use std::future::{ready, Future};
+use std::net::SocketAddr;
+use std::pin::pin;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::Request;
+use axum::http::Method;
+use axum::response::{IntoResponse, Response};
+use axum::serve::Listener;
+use axum::Router;
+use futures_util::future::BoxFuture;
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::watch;
+use tower_service::Service;
+
+use super::{orders, AppState};
+
+/// Serves `listener` until `shutdown` resolves; then stops accepting, lets every
+/// connection finish the request it is serving, and returns once all are closed.
+pub async fn serve<L>(mut listener: L, state: Arc<AppState>, shutdown: impl Future<Output = ()>)
+where
+    L: Listener<Addr = SocketAddr>,
+    L::Io: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let router = super::router(state.clone());
+    // Connections hold a receiver of each: the first tells them to close, the second
+    // tells this loop when the last of them has.
+    let (stop_tx, stop_rx) = watch::channel(());
+    let (closed_tx, closed_rx) = watch::channel(());
+    let mut shutdown = pin!(shutdown);
+    loop {
+        let (io, peer) = tokio::select! {
+            conn = listener.accept() => conn,
+            () = &mut shutdown => break,
+        };
+        let front = Front {
+            state: state.clone(),
+            router: router.clone(),
+            peer,
+        };
+        let (mut stop, closed) = (stop_rx.clone(), closed_rx.clone());
+        tokio::spawn(async move {
+            let conn = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(io), front);
+            let mut conn = pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                _ = stop.changed() => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.await;
+                }
+            }
+            drop(closed);
+        });
+    }
+    drop(listener);
+    let _ = stop_tx.send(());
+    drop(closed_rx);
+    closed_tx.closed().await;
+}
+
+/// Serves the requests of one connection.
+struct Front {
+    state: Arc<AppState>,
+    router: Router,
+    peer: SocketAddr,
+}
+
+impl hyper::service::Service<hyper::Request<Incoming>> for Front {
+    type Response = Response;
+    type Error = Infallible;
+    type Future = BoxFuture<'static, Result<Response, Infallible>>;
+
+    fn call(&self, req: hyper::Request<Incoming>) -> Self::Future {
+        let limiter = &self.state.address_limiter;
+        if limiter.enabled() {
+            if let Err(e) = limiter.admit(self.peer.ip(), req.headers()) {
+                return Box::pin(ready(Ok(e.into_response())));
+            }
+        }
+        if req.method() == Method::POST && purchase_sale_segment(req.uri().path()).is_some() {
+            let st = self.state.clone();
+            return Box::pin(async move {
+                let (parts, body) = req.into_parts();
+                let sale = purchase_sale_segment(parts.uri.path()).unwrap_or_default();
+                Ok(orders::purchase(&st, sale, &parts.headers, body).await)
+            });
+        }
+        let req: Request = req.map(Body::new);
+        Box::pin(self.router.clone().call(req))
+    }
+}
+
+/// The `{id}` of `/api/sales/{id}/purchase`, as the router would match it. A segment with
+/// percent-escapes is left to the router, which decodes it.
+pub fn purchase_sale_segment(path: &str) -> Option<&str> {
+    let id = path
+        .strip_prefix("/api/sales/")?
+        .strip_suffix("/purchase")?;
+    (!id.is_empty() && !id.bytes().any(|b| b == b'/' || b == b'%')).then_some(id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::purchase_sale_segment;
+
+    #[test]
+    fn only_the_purchase_route_is_taken() {
+        assert_eq!(purchase_sale_segment("/api/sales/42/purchase"), Some("42"));
+        assert_eq!(purchase_sale_segment("/api/sales/x/purchase"), Some("x"));
+        for other in [
+            "/api/sales/purchase",
+            "/api/sales//purchase",
+            "/api/sales/4/2/purchase",
+            "/api/sales/%34%32/purchase",
+            "/api/sales/42/purchase/",
+            "/api/sales/42/purchases",
+            "/api/sales/42",
+            "/api/sales/42/stock",
+            "//api/sales/42/purchase",
+        ] {
+            assert_eq!(purchase_sale_segment(other), None, "{other}");
+        }
+    }
+}
