@@ -192,3 +192,79 @@ mod tests {
         assert_eq!(OrderStatus::parse("bogus"), None);
     }
 }
+
+/// A map from sale id to `T` for the lookups every purchase makes: a vector sorted by id,
+/// searched by bisection. There are a few dozen live sales at most, and hashing an id with
+/// the standard library's SipHash cost more than the rest of the lookup.
+#[derive(Debug, Clone)]
+pub struct BySale<T>(Vec<(i64, T)>);
+
+impl<T> Default for BySale<T> {
+    fn default() -> Self {
+        BySale(Vec::new())
+    }
+}
+
+impl<T> BySale<T> {
+    pub fn get(&self, sale_id: i64) -> Option<&T> {
+        let i = self.0.binary_search_by_key(&sale_id, |(id, _)| *id).ok()?;
+        Some(&self.0[i].1)
+    }
+
+    /// The entry of `sale_id`, made by `make` if missing.
+    pub fn get_or_insert_with(&mut self, sale_id: i64, make: impl FnOnce() -> T) -> &mut T {
+        let i = match self.0.binary_search_by_key(&sale_id, |(id, _)| *id) {
+            Ok(i) => i,
+            Err(i) => {
+                self.0.insert(i, (sale_id, make()));
+                i
+            }
+        };
+        &mut self.0[i].1
+    }
+
+    pub fn ids(&self) -> impl Iterator<Item = i64> + '_ {
+        self.0.iter().map(|(id, _)| *id)
+    }
+
+    pub fn values(&self) -> impl Iterator<Item = &T> {
+        self.0.iter().map(|(_, v)| v)
+    }
+}
+
+impl<T> FromIterator<(i64, T)> for BySale<T> {
+    fn from_iter<I: IntoIterator<Item = (i64, T)>>(entries: I) -> Self {
+        let mut v: Vec<(i64, T)> = entries.into_iter().collect();
+        v.sort_by_key(|(id, _)| *id);
+        // One entry per id, the last one given, as a map built from them would hold.
+        v.reverse();
+        v.dedup_by_key(|(id, _)| *id);
+        v.reverse();
+        BySale(v)
+    }
+}
+
+#[cfg(test)]
+mod by_sale_tests {
+    use super::BySale;
+
+    #[test]
+    fn finds_what_was_put_and_nothing_else() {
+        let mut m: BySale<&str> = [(30, "c"), (10, "a"), (20, "b"), (10, "a2")]
+            .into_iter()
+            .collect();
+        assert_eq!(m.get(10), Some(&"a2"), "the last entry of an id wins");
+        assert_eq!(m.get(20), Some(&"b"));
+        assert_eq!(m.get(30), Some(&"c"));
+        assert_eq!(m.get(15), None);
+        assert_eq!(m.ids().collect::<Vec<_>>(), [10, 20, 30]);
+        *m.get_or_insert_with(15, || "x") = "y";
+        assert_eq!(
+            *m.get_or_insert_with(15, || "z"),
+            "y",
+            "kept, not made again"
+        );
+        assert_eq!(m.ids().collect::<Vec<_>>(), [10, 15, 20, 30]);
+        assert_eq!(BySale::<u8>::default().get(1), None);
+    }
+}

@@ -149,8 +149,8 @@ fn checked(
         ApiError::Forbidden {
             code,
             message: match e {
-                Invalid::Expired => format!("the {what} has expired; get a new one"),
-                Invalid::Forged => format!("the {what} is not valid for this user and sale"),
+                Invalid::Expired => format!("the {what} has expired; get a new one").into(),
+                Invalid::Forged => format!("the {what} is not valid for this user and sale").into(),
             },
         }
     })
@@ -251,7 +251,7 @@ pub async fn token(
 async fn solve(st: &AppState, sale: &Sale, user_id: i64, q: &TokenQuery) -> Result<(), ApiError> {
     let failed = |message: &str| ApiError::Forbidden {
         code: "captcha_failed",
-        message: message.to_string(),
+        message: message.to_string().into(),
     };
     let (Some(id), Some(given)) = (&q.captcha_id, &q.answer) else {
         return Err(ApiError::Forbidden {

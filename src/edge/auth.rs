@@ -106,7 +106,12 @@ fn unhex_signature(s: &str) -> Option<[u8; SIG_BYTES]> {
     if s.len() != 2 * SIG_BYTES {
         return None;
     }
-    let nibble = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+    let nibble = |c: u8| match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        b'A'..=b'F' => Some(c - b'A' + 10),
+        _ => None,
+    };
     let mut sig = [0u8; SIG_BYTES];
     for (byte, pair) in sig.iter_mut().zip(s.chunks_exact(2)) {
         *byte = nibble(pair[0])? << 4 | nibble(pair[1])?;

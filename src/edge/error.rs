@@ -2,10 +2,11 @@
 //! internal failures are logged with their cause and shown to the client only as
 //! `unavailable` (503): never a 500, never a stack trace.
 
+use std::borrow::Cow;
+
+use axum::body::Body;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
-use serde::Serialize;
 
 use crate::gate::{GateError, Rejection};
 use crate::ids::IdError;
@@ -33,11 +34,17 @@ pub enum ApiError {
     PayloadTooLarge,
     /// 409 with the rejection's own code (`sold_out`, `already_purchased`, ...).
     #[error("{message}")]
-    Rejected { code: &'static str, message: String },
+    Rejected {
+        code: &'static str,
+        message: Cow<'static, str>,
+    },
     /// 403 with its own code: the anti-bot checks (`token_required`, `token_invalid`,
     /// `token_used`, `captcha_required`, `captcha_failed`).
     #[error("{message}")]
-    Forbidden { code: &'static str, message: String },
+    Forbidden {
+        code: &'static str,
+        message: Cow<'static, str>,
+    },
     /// 409 `conflict`: the request clashes with the current state (e.g. approving twice).
     #[error("{0}")]
     Conflict(String),
@@ -45,17 +52,11 @@ pub enum ApiError {
     #[error("{message}")]
     RateLimited {
         retry_after_secs: u64,
-        message: String,
+        message: Cow<'static, str>,
     },
     /// 503 `unavailable`: a dependency failed or the service is not ready; safe to retry.
     #[error("{0}")]
     Unavailable(String),
-}
-
-#[derive(Serialize)]
-struct ErrorBody<'a> {
-    code: &'a str,
-    message: String,
 }
 
 impl ApiError {
@@ -112,12 +113,16 @@ impl ApiError {
                     message: "this purchase token was used already; get a new one".into(),
                 }
             }
-            Rejection::NotStarted => ("not_started", "the sale has not started".to_string()),
-            Rejection::Ended => ("ended", "the sale has ended".to_string()),
-            Rejection::Paused => ("paused", "the sale is paused".to_string()),
+            Rejection::NotStarted => ("not_started", "the sale has not started".into()),
+            Rejection::Ended => ("ended", "the sale has ended".into()),
+            Rejection::Paused => ("paused", "the sale is paused".into()),
+            Rejection::AlreadyPurchased if limit == 1 => (
+                "already_purchased",
+                "you already hold the limit of 1 for this sale".into(),
+            ),
             Rejection::AlreadyPurchased => (
                 "already_purchased",
-                format!("you already hold the limit of {limit} for this sale"),
+                format!("you already hold the limit of {limit} for this sale").into(),
             ),
             Rejection::OverLimit { held } => {
                 if held > 0 {
@@ -126,7 +131,8 @@ impl ApiError {
                         format!(
                             "you hold {held} of at most {limit}; you may buy {} more",
                             limit - held
-                        ),
+                        )
+                        .into(),
                     )
                 } else {
                     return ApiError::invalid(format!(
@@ -136,9 +142,9 @@ impl ApiError {
             }
             Rejection::SoldOut { remaining } if remaining > 0 => (
                 "sold_out",
-                format!("only {remaining} left, fewer than the quantity asked"),
+                format!("only {remaining} left, fewer than the quantity asked").into(),
             ),
-            Rejection::SoldOut { .. } => ("sold_out", "the sale is sold out".to_string()),
+            Rejection::SoldOut { .. } => ("sold_out", "the sale is sold out".into()),
             Rejection::NotLoaded => {
                 return ApiError::Unavailable(
                     "the sale is being prepared; retry in a second".into(),
@@ -151,12 +157,20 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let status = self.status();
-        let body = ErrorBody {
-            code: self.code(),
-            message: self.to_string(),
-        };
-        let mut response = (status, Json(body)).into_response();
+        let message = self.message();
+        let mut body = Vec::with_capacity(40 + message.len());
+        body.extend_from_slice(b"{\"code\":\"");
+        body.extend_from_slice(self.code().as_bytes());
+        body.extend_from_slice(b"\",\"message\":");
+        write_json_string(&mut body, &message);
+        body.push(b'}');
+        let mut response = Response::new(Body::from(body));
+        *response.status_mut() = self.status();
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
         let retry_after = match &self {
             ApiError::RateLimited {
                 retry_after_secs, ..
@@ -165,11 +179,41 @@ impl IntoResponse for ApiError {
             _ => None,
         };
         if let Some(secs) = retry_after {
-            if let Ok(v) = HeaderValue::from_str(&secs.to_string()) {
-                response.headers_mut().insert(header::RETRY_AFTER, v);
-            }
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
         response
+    }
+}
+
+impl ApiError {
+    /// The human half of the answer, borrowed where the error holds it.
+    fn message(&self) -> Cow<'_, str> {
+        match self {
+            ApiError::InvalidRequest(m)
+            | ApiError::Unauthorized(m)
+            | ApiError::NotFound(m)
+            | ApiError::Conflict(m)
+            | ApiError::Unavailable(m) => Cow::Borrowed(m),
+            ApiError::Rejected { message, .. }
+            | ApiError::Forbidden { message, .. }
+            | ApiError::RateLimited { message, .. } => Cow::Borrowed(message),
+            ApiError::InvalidCode | ApiError::MethodNotAllowed | ApiError::PayloadTooLarge => {
+                Cow::Owned(self.to_string())
+            }
+        }
+    }
+}
+
+/// `s` as a JSON string. Error messages rarely hold a character JSON must escape, and
+/// every purchase refused is answered with one: copy those as they are.
+fn write_json_string(out: &mut Vec<u8>, s: &str) {
+    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+        out.push(b'"');
+        out.extend_from_slice(s.as_bytes());
+        out.push(b'"');
+    } else {
+        // Writing JSON into a Vec cannot fail.
+        let _ = serde_json::to_writer(out, s);
     }
 }
 
@@ -210,5 +254,65 @@ impl From<crate::scheduler::SchedulerError> for ApiError {
     fn from(e: crate::scheduler::SchedulerError) -> Self {
         tracing::error!(error = %e, "could not load a sale");
         ApiError::Unavailable("the sale could not be prepared; retry shortly".into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn answer(e: ApiError) -> (StatusCode, Option<String>, serde_json::Value) {
+        let r = e.into_response();
+        let retry = r
+            .headers()
+            .get(header::RETRY_AFTER)
+            .map(|v| v.to_str().unwrap().to_string());
+        assert_eq!(r.headers()[header::CONTENT_TYPE], "application/json");
+        let status = r.status();
+        let body = axum::body::to_bytes(r.into_body(), 4096).await.unwrap();
+        (status, retry, serde_json::from_slice(&body).unwrap())
+    }
+
+    #[tokio::test]
+    async fn every_error_is_code_and_message_in_valid_json() {
+        let (s, retry, v) = answer(ApiError::from_rejection(
+            Rejection::SoldOut { remaining: 0 },
+            1,
+        ))
+        .await;
+        assert_eq!(s, StatusCode::CONFLICT);
+        assert_eq!(retry, None);
+        assert_eq!(
+            v,
+            serde_json::json!({"code": "sold_out", "message": "the sale is sold out"})
+        );
+        let tricky = "a \"quoted\" \\ back\tslash\n and 中文 and \u{1}";
+        let (s, _, v) = answer(ApiError::invalid(tricky)).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST);
+        assert_eq!(
+            v,
+            serde_json::json!({"code": "invalid_request", "message": tricky})
+        );
+        let (s, retry, v) = answer(ApiError::RateLimited {
+            retry_after_secs: 3,
+            message: "slow down".into(),
+        })
+        .await;
+        assert_eq!(
+            (s, retry.as_deref()),
+            (StatusCode::TOO_MANY_REQUESTS, Some("3"))
+        );
+        assert_eq!(v["code"], "rate_limited");
+        let (s, retry, v) = answer(ApiError::too_slow()).await;
+        assert_eq!(
+            (s, retry.as_deref()),
+            (StatusCode::SERVICE_UNAVAILABLE, Some("1"))
+        );
+        assert_eq!(v["code"], "unavailable");
+        let (_, _, v) = answer(ApiError::PayloadTooLarge).await;
+        assert_eq!(
+            v,
+            serde_json::json!({"code": "payload_too_large", "message": "the request body is too large"})
+        );
     }
 }

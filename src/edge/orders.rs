@@ -66,7 +66,11 @@ where
     let started = std::time::Instant::now();
     let result = within_time_limit(async {
         let user_id = user_of(&st.tokens, headers)?;
-        let body = read_body(body).await?;
+        let body = if body.size_hint().exact() == Some(0) {
+            Bytes::new()
+        } else {
+            Box::pin(read_body(body)).await?
+        };
         decide(st, user_id, sale, &body).await
     })
     .await;
@@ -94,7 +98,8 @@ async fn within_time_limit<T>(
     if let Some(done) = answer.as_mut().now_or_never() {
         return done;
     }
-    tokio::time::timeout(super::REQUEST_TIMEOUT, answer)
+    // Boxed: the timer would otherwise take room in every purchase's future.
+    Box::pin(tokio::time::timeout(super::REQUEST_TIMEOUT, answer))
         .await
         .unwrap_or_else(|_| Err(ApiError::too_slow()))
 }
@@ -105,9 +110,6 @@ where
     B: HttpBody<Data = Bytes>,
     B::Error: std::error::Error + Send + Sync + 'static,
 {
-    if body.size_hint().exact() == Some(0) {
-        return Ok(Bytes::new());
-    }
     match Limited::new(body, MAX_BODY_BYTES).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
         Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(ApiError::PayloadTooLarge),
@@ -131,9 +133,9 @@ async fn decide(
     let admitted = match st.sales.with(sale_id, |sale| admit(st, sale, &ask)) {
         Some(admitted) => admitted?,
         None => {
-            let sale = st
-                .sales
-                .get_or_refresh(sale_id, &st.store)
+            // Rare paths (a cache miss asks SQL, a sale not loaded yet is loaded) are boxed:
+            // inline, their futures made every purchase's future kilobytes larger.
+            let sale = Box::pin(st.sales.get_or_refresh(sale_id, &st.store))
                 .await?
                 .ok_or_else(|| ApiError::NotFound(format!("sale {sale_id} does not exist")))?;
             admit(st, &sale, &ask)?
@@ -163,12 +165,12 @@ async fn decide(
         Verdict::Rejected(Rejection::NotLoaded) => {
             // Approved but not preloaded yet (approved on another instance moments ago).
             if let Some(sale) = st.sales.get(sale_id) {
-                crate::scheduler::load_sale_unless_loading(
+                Box::pin(crate::scheduler::load_sale_unless_loading(
                     &st.store,
                     st.gate.as_ref(),
                     &st.sales,
                     &sale,
-                )
+                ))
                 .await?;
             }
             Err(ApiError::from_rejection(Rejection::NotLoaded, limit))

@@ -28,7 +28,7 @@ impl From<TransitionError> for ApiError {
             }
             TransitionError::Illegal { from, to } => ApiError::Rejected {
                 code: "invalid_transition",
-                message: format!("the order is {from}; it cannot become {to}"),
+                message: format!("the order is {from}; it cannot become {to}").into(),
             },
             TransitionError::Store(e) => e.into(),
         }
@@ -83,7 +83,7 @@ pub async fn pay(
         };
         return Err(ApiError::Rejected {
             code: "invalid_transition",
-            message: format!("the order is {from}; it cannot be paid"),
+            message: format!("the order is {from}; it cannot be paid").into(),
         });
     }
     let payment = match st.store.open_payment_of(order_id).await? {

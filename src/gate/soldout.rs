@@ -5,7 +5,6 @@
 //! A decorator at the gate seam, so every gate gets it. It must never answer `sold_out`
 //! for stock that is back: a flag is only set if no return arrived since the call began.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -13,6 +12,7 @@ use arc_swap::ArcSwap;
 use async_trait::async_trait;
 
 use crate::metrics::Counter;
+use crate::model::BySale;
 
 use super::{
     Gate, GateError, GateStock, Purchase, Rejection, Release, Released, SaleLoad, Verdict,
@@ -24,7 +24,7 @@ type Flag = Arc<AtomicU64>;
 pub struct SoldOutShortcut {
     inner: Arc<dyn Gate>,
     /// Read by every purchase, written when a sale is first seen: readers take no lock.
-    flags: ArcSwap<HashMap<i64, Flag>>,
+    flags: ArcSwap<BySale<Flag>>,
     /// Purchases answered from the flag, without the gate.
     pub shortcuts: Counter,
 }
@@ -39,17 +39,17 @@ impl SoldOutShortcut {
     }
 
     fn flag(&self, sale_id: i64) -> Flag {
-        if let Some(f) = self.flags.load().get(&sale_id) {
+        if let Some(f) = self.flags.load().get(sale_id) {
             return f.clone();
         }
         // Concurrent first sights of a sale agree on one flag: rcu retries on a race, and
         // an entry already there is kept.
         self.flags.rcu(|flags| {
-            let mut flags = HashMap::clone(flags);
-            flags.entry(sale_id).or_default();
+            let mut flags = BySale::clone(flags);
+            flags.get_or_insert_with(sale_id, Flag::default);
             flags
         });
-        self.flags.load().get(&sale_id).cloned().unwrap_or_default()
+        self.flags.load().get(sale_id).cloned().unwrap_or_default()
     }
 
     /// Stock of this sale may be back: ask the gate again from now on.
@@ -62,14 +62,14 @@ impl SoldOutShortcut {
 
     /// Forget every flag (after missing messages, e.g. a lost subscription).
     pub fn reopen_all(&self) {
-        let ids: Vec<i64> = self.flags.load().keys().copied().collect();
+        let ids: Vec<i64> = self.flags.load().ids().collect();
         ids.into_iter().for_each(|id| self.reopen(id));
     }
 
     /// `sold_out` if this instance knows the sale is sold out. The edge asks this before
     /// it takes an order id or calls the gate: it is most of a storm's answers.
     pub fn answer(&self, sale_id: i64) -> Option<Verdict> {
-        let flag = self.flags.load().get(&sale_id)?.load(Ordering::Acquire);
+        let flag = self.flags.load().get(sale_id)?.load(Ordering::Acquire);
         self.answer_from(flag)
     }
 

@@ -13,7 +13,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use crate::gate::{Gate, GateError, SaleLoad};
-use crate::model::Sale;
+use crate::model::{BySale, Sale};
 use crate::orderlog::redis_stream::StreamLog;
 use crate::store::{Store, StoreError};
 
@@ -39,7 +39,7 @@ pub struct SaleCache {
     /// Every purchase reads this and it changes once a second at most: readers take no
     /// lock and write no shared cache line (an `RwLock` here was two contended atomic
     /// writes per purchase on two cores).
-    sales: ArcSwap<HashMap<i64, Arc<Sale>>>,
+    sales: ArcSwap<BySale<Arc<Sale>>>,
     /// One load at a time per sale: a crowd meeting an empty gate (Redis lost its data)
     /// triggers one rebuild, not thousands, and an approval that meets the tick's load of
     /// the same sale waits for it instead of answering before the sale is in the gate.
@@ -55,12 +55,12 @@ const MISS_REFRESH_EVERY_MS: i64 = 250;
 
 impl SaleCache {
     pub fn get(&self, id: i64) -> Option<Arc<Sale>> {
-        self.sales.load().get(&id).cloned()
+        self.sales.load().get(id).cloned()
     }
 
     /// `f` of the sale, if cached, without taking a reference to it: the purchase path.
     pub fn with<R>(&self, id: i64, f: impl FnOnce(&Sale) -> R) -> Option<R> {
-        self.sales.load().get(&id).map(|sale| f(sale))
+        self.sales.load().get(id).map(|sale| f(sale))
     }
 
     pub fn all(&self) -> Vec<Arc<Sale>> {
