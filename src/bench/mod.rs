@@ -70,6 +70,11 @@ pub struct BenchArgs {
     /// Longest wait for the order log to drain after the storm.
     #[arg(long, default_value_t = 120)]
     pub drain_timeout_secs: u64,
+    /// Threads of the load generator [default: half the cores, at least one]. On a box
+    /// it shares with the server it measures, each gets its share of the cores: with one
+    /// thread the client runs a single event loop, its cheapest per request.
+    #[arg(long)]
+    pub client_threads: Option<usize>,
     /// Create the sale with anti-bot purchase tokens: each buyer then fetches a token
     /// (`GET /api/sales/{id}/token`) before every purchase, and latency covers both calls.
     #[arg(long)]

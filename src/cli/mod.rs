@@ -60,11 +60,12 @@ pub fn main() -> ExitCode {
         }
     };
     init_tracing(&config.log);
-    // The server's processes get the configured threads; the tools (bench above all, whose
-    // client must not be the bottleneck) get one per core.
-    let threads = match cli.command {
+    // The server's processes get the configured threads; the load generator its own share.
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = match &cli.command {
         Command::Serve | Command::Worker => config.threads,
-        _ => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        Command::Bench(args) => args.client_threads.unwrap_or(cores / 2).clamp(1, 1024),
+        _ => cores,
     };
     // One thread is one event loop, as an nginx worker is: no work stealing, no waking of
     // other workers (0.3 µs of CPU less per request than a one-worker thread pool).

@@ -79,14 +79,15 @@ impl TokenSigner {
         format!("{user_id}.{expires}.{}", hex(&sig[..SIG_BYTES]))
     }
 
-    /// The user id of a valid, unexpired token.
+    /// The user id of a valid, unexpired token. Every purchase verifies one, so the token
+    /// is read in one pass, without allocating.
     pub fn verify(&self, token: &str, now_secs: i64) -> Option<i64> {
-        let mut parts = token.split('.');
-        let (user_text, expires_text) = (parts.next()?, parts.next()?);
-        let user_id: i64 = user_text.parse().ok()?;
-        let expires: i64 = expires_text.parse().ok()?;
-        let sig = unhex_signature(parts.next()?)?;
-        if parts.next().is_some() || user_id <= 0 || expires <= now_secs {
+        let (user_text, rest) = split_at_dot(token)?;
+        let (expires_text, sig) = split_at_dot(rest)?;
+        let user_id = decimal(user_text)?;
+        let expires = decimal(expires_text)?;
+        let sig = unhex_signature(sig)?;
+        if user_id <= 0 || expires <= now_secs {
             return None;
         }
         self.mac(user_text, expires_text)
@@ -96,9 +97,45 @@ impl TokenSigner {
     }
 }
 
+fn split_at_dot(s: &str) -> Option<(&str, &str)> {
+    let dot = s.bytes().position(|b| b == b'.')?;
+    Some((&s[..dot], &s[dot + 1..]))
+}
+
+/// A non-negative decimal integer of at most 19 digits that fits an i64.
+fn decimal(s: &str) -> Option<i64> {
+    if s.is_empty() || s.len() > 19 {
+        return None;
+    }
+    s.bytes().try_fold(0i64, |n, b| {
+        let digit = b.wrapping_sub(b'0');
+        (digit < 10)
+            .then_some(n)?
+            .checked_mul(10)?
+            .checked_add(digit as i64)
+    })
+}
+
 pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
+
+/// The value of each hex digit; 0xff for every other byte.
+const HEX_VALUE: [u8; 256] = {
+    let mut table = [0xff; 256];
+    let mut i = 0;
+    while i < 10 {
+        table[b'0' as usize + i] = i as u8;
+        i += 1;
+    }
+    let mut i = 0;
+    while i < 6 {
+        table[b'a' as usize + i] = 10 + i as u8;
+        table[b'A' as usize + i] = 10 + i as u8;
+        i += 1;
+    }
+    table
+};
 
 /// A signature as written in tokens: exactly `SIG_BYTES` bytes in hex.
 fn unhex_signature(s: &str) -> Option<[u8; SIG_BYTES]> {
@@ -106,17 +143,15 @@ fn unhex_signature(s: &str) -> Option<[u8; SIG_BYTES]> {
     if s.len() != 2 * SIG_BYTES {
         return None;
     }
-    let nibble = |c: u8| match c {
-        b'0'..=b'9' => Some(c - b'0'),
-        b'a'..=b'f' => Some(c - b'a' + 10),
-        b'A'..=b'F' => Some(c - b'A' + 10),
-        _ => None,
-    };
     let mut sig = [0u8; SIG_BYTES];
+    let mut invalid = 0;
     for (byte, pair) in sig.iter_mut().zip(s.chunks_exact(2)) {
-        *byte = nibble(pair[0])? << 4 | nibble(pair[1])?;
+        let (high, low) = (HEX_VALUE[pair[0] as usize], HEX_VALUE[pair[1] as usize]);
+        invalid |= high | low;
+        *byte = high << 4 | low;
     }
-    Some(sig)
+    // Every invalid character has the high bit set in the table.
+    (invalid & 0x80 == 0).then_some(sig)
 }
 
 pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -128,12 +163,12 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
     value.strip_prefix("Bearer ").map(str::trim)
 }
 
-/// The user id behind the request's bearer token, or 401.
-pub fn user_of(tokens: &TokenSigner, headers: &HeaderMap) -> Result<i64, ApiError> {
+/// The user id behind the request's bearer token at `now_ms`, or 401.
+pub fn user_of(tokens: &TokenSigner, headers: &HeaderMap, now_ms: i64) -> Result<i64, ApiError> {
     let token =
         bearer(headers).ok_or_else(|| ApiError::Unauthorized("missing bearer token".into()))?;
     tokens
-        .verify(token, crate::now_ms() / 1000)
+        .verify(token, now_ms / 1000)
         .ok_or_else(|| ApiError::Unauthorized("invalid or expired token".into()))
 }
 
@@ -147,7 +182,7 @@ impl FromRequestParts<Arc<AppState>> for AuthUser {
         parts: &mut Parts,
         state: &Arc<AppState>,
     ) -> Result<Self, ApiError> {
-        user_of(&state.tokens, &parts.headers).map(AuthUser)
+        user_of(&state.tokens, &parts.headers, crate::now_ms()).map(AuthUser)
     }
 }
 
@@ -319,7 +354,11 @@ mod tests {
         assert_eq!(s.verify(&forged, 1_000), None, "user id changed");
         let longer = t.replacen(".2000.", ".9999.", 1);
         assert_eq!(s.verify(&longer, 1_000), None, "expiry changed");
-        for respelled in [t.replacen("42.", "042.", 1), t.replacen("42.", "+42.", 1)] {
+        for respelled in [
+            t.replacen("42.", "042.", 1),
+            t.replacen("42.", "+42.", 1),
+            t.replacen("42.", " 42.", 1),
+        ] {
             assert_eq!(
                 s.verify(&respelled, 1_000),
                 None,
@@ -332,6 +371,7 @@ mod tests {
             Some(42),
             "hex is hex in either case"
         );
+        let sig = t.rsplit('.').next().unwrap();
         for junk in [
             "",
             "a.b.c",
@@ -339,6 +379,12 @@ mod tests {
             "42.2000.zz",
             "42.2000.00.00",
             "-1.2000.00",
+            &format!("42.2000.{sig}.00"),
+            &format!("42..{sig}"),
+            &format!(".2000.{sig}"),
+            &format!("99999999999999999999.2000.{sig}"),
+            &format!("42.2000.{}g", &sig[..31]),
+            &format!("42.2000.{}", &sig[..30]),
         ] {
             assert_eq!(s.verify(junk, 1_000), None, "{junk}");
         }

@@ -187,7 +187,7 @@ async fn purchase(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    orders::purchase(&st, &sale, &headers, body).await
+    orders::purchase(&st, &sale, &headers, body).wait().await
 }
 
 /// Axum's own extractor rejections (a bad path, a body over the limit) are plain text;

@@ -3,12 +3,14 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Instant;
 
 use axum::body::{Bytes, HttpBody};
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde::{Deserialize, Serialize};
@@ -55,25 +57,76 @@ fn quantity(body: &[u8]) -> Result<i64, ApiError> {
     parse_body(body).map(|b| b.quantity.unwrap_or(1))
 }
 
+/// The answer to a purchase: given at once, or still to come.
+pub enum Answer {
+    /// Decided without waiting for anything: a bad token or sale id, a sale not open, a
+    /// sale this instance knows is sold out. Most of a storm; no future is allocated.
+    Now(Response),
+    /// Waits for the body, the sale (a cache miss asks SQL) or the gate.
+    Later(BoxFuture<'static, Response>),
+}
+
+impl Answer {
+    pub async fn wait(self) -> Response {
+        match self {
+            Answer::Now(response) => response,
+            Answer::Later(response) => response.await,
+        }
+    }
+}
+
 /// `POST /api/sales/{id}/purchase`, called by the front door (and by the router for ids
 /// it must decode first). Gives itself what the router's layers give other calls: the
 /// body limit, the time limit, and `{code, message}` errors.
-pub async fn purchase<B>(st: &AppState, sale: &str, headers: &HeaderMap, body: B) -> Response
+pub fn purchase<B>(st: &Arc<AppState>, sale: &str, headers: &HeaderMap, body: B) -> Answer
 where
-    B: HttpBody<Data = Bytes>,
+    B: HttpBody<Data = Bytes> + Send + 'static,
+    B::Data: Send,
     B::Error: std::error::Error + Send + Sync + 'static,
 {
-    let started = std::time::Instant::now();
-    let result = within_time_limit(async {
-        let user_id = user_of(&st.tokens, headers)?;
-        let body = if body.size_hint().exact() == Some(0) {
-            Bytes::new()
-        } else {
-            Box::pin(read_body(body)).await?
-        };
-        decide(st, user_id, sale, &body).await
-    })
-    .await;
+    let started = Instant::now();
+    let now = crate::now_ms();
+    let caller = user_of(&st.tokens, headers, now)
+        .and_then(|user_id| Ok((user_id, parse_id(sale, "sale id")?)));
+    let (user_id, sale_id) = match caller {
+        Ok(caller) => caller,
+        Err(e) => return Answer::Now(answer(st, started, Err(e))),
+    };
+    let st = st.clone();
+    if body.size_hint().exact() != Some(0) {
+        return Answer::Later(Box::pin(async move {
+            let result = within_time_limit(async {
+                let body = parse_body(&read_body(body).await?)?;
+                let ask = Ask {
+                    user_id,
+                    quantity: body.quantity.unwrap_or(1),
+                    token: body.token,
+                };
+                decide(&st, sale_id, ask, now).await
+            });
+            answer(&st, started, result.await)
+        }));
+    }
+    let ask = Ask {
+        user_id,
+        quantity: 1,
+        token: None,
+    };
+    match st.sales.with(sale_id, |sale| admit(&st, sale, &ask, now)) {
+        Some(Err(e)) => Answer::Now(answer(&st, started, Err(e))),
+        Some(Ok(admitted)) => Answer::Later(Box::pin(async move {
+            let result = within_time_limit(ask_gate(&st, sale_id, &ask, admitted)).await;
+            answer(&st, started, result)
+        })),
+        None => Answer::Later(Box::pin(async move {
+            let result = within_time_limit(decide(&st, sale_id, ask, now)).await;
+            answer(&st, started, result)
+        })),
+    }
+}
+
+/// Counts and times the answer, and renders it.
+fn answer(st: &AppState, started: Instant, result: Result<PurchaseOk, ApiError>) -> Response {
     st.metrics
         .request_seconds
         .observe(started.elapsed().as_secs_f64());
@@ -82,15 +135,14 @@ where
         Err(e) => e.code(),
     });
     match result {
-        Ok(ok) => ok.into_response(),
+        Ok(ok) => Json(ok).into_response(),
         Err(e) => e.into_response(),
     }
 }
 
 /// Runs `answer` under `REQUEST_TIMEOUT`, arming the timer only if it is not answered on
-/// its first poll: most purchases of a storm are (the sold-out flag, an embedded gate's
-/// rejection), and a timer armed and cancelled per request measured about 4% of the
-/// sold-out answer's CPU.
+/// its first poll (an embedded gate's answer is): a timer armed and cancelled per request
+/// measured about 4% of the sold-out answer's CPU.
 async fn within_time_limit<T>(
     answer: impl Future<Output = Result<T, ApiError>>,
 ) -> Result<T, ApiError> {
@@ -117,37 +169,36 @@ where
     }
 }
 
-async fn decide(
-    st: &AppState,
-    user_id: i64,
-    id: &str,
-    body: &[u8],
-) -> Result<Json<PurchaseOk>, ApiError> {
-    let sale_id = parse_id(id, "sale id")?;
-    let body = parse_body(body)?;
-    let ask = Ask {
-        user_id,
-        quantity: body.quantity.unwrap_or(1),
-        token: body.token.as_deref(),
-    };
-    let admitted = match st.sales.with(sale_id, |sale| admit(st, sale, &ask)) {
+/// Admits the purchase against the sale (read from SQL if this instance has not cached it
+/// yet), then asks the gate.
+async fn decide(st: &AppState, sale_id: i64, ask: Ask, now: i64) -> Result<PurchaseOk, ApiError> {
+    let admitted = match st.sales.with(sale_id, |sale| admit(st, sale, &ask, now)) {
         Some(admitted) => admitted?,
         None => {
-            // Rare paths (a cache miss asks SQL, a sale not loaded yet is loaded) are boxed:
-            // inline, their futures made every purchase's future kilobytes larger.
+            // Boxed: inline, the SQL future made every purchase's future kilobytes larger.
             let sale = Box::pin(st.sales.get_or_refresh(sale_id, &st.store))
                 .await?
                 .ok_or_else(|| ApiError::NotFound(format!("sale {sale_id} does not exist")))?;
-            admit(st, &sale, &ask)?
+            admit(st, &sale, &ask, now)?
         }
     };
+    ask_gate(st, sale_id, &ask, admitted).await
+}
+
+/// The one gate call of an admitted purchase.
+async fn ask_gate(
+    st: &AppState,
+    sale_id: i64,
+    ask: &Ask,
+    admitted: Admitted,
+) -> Result<PurchaseOk, ApiError> {
     let order_id = st.ids.next()?;
-    let asked = std::time::Instant::now();
+    let asked = Instant::now();
     let verdict = st
         .gate
         .purchase(Purchase {
             sale_id,
-            user_id,
+            user_id: ask.user_id,
             quantity: ask.quantity,
             order_id,
             token: admitted.token,
@@ -158,12 +209,13 @@ async fn decide(
         .observe(asked.elapsed().as_secs_f64());
     let limit = admitted.limit;
     match verdict? {
-        Verdict::Accepted { .. } => Ok(Json(PurchaseOk {
+        Verdict::Accepted { .. } => Ok(PurchaseOk {
             code: "ok",
             order_id: order_id.to_string(),
-        })),
+        }),
         Verdict::Rejected(Rejection::NotLoaded) => {
             // Approved but not preloaded yet (approved on another instance moments ago).
+            // Boxed, as the SQL above.
             if let Some(sale) = st.sales.get(sale_id) {
                 Box::pin(crate::scheduler::load_sale_unless_loading(
                     &st.store,
@@ -180,10 +232,10 @@ async fn decide(
 }
 
 /// What the buyer asks for.
-struct Ask<'a> {
+struct Ask {
     user_id: i64,
     quantity: i64,
-    token: Option<&'a str>,
+    token: Option<String>,
 }
 
 /// A purchase that passed the checks made without the gate, and what the gate needs of them.
@@ -195,21 +247,20 @@ struct Admitted {
 /// The checks that need nothing but the cached sale, cheapest first: the quantity against
 /// the limit, the window, the anti-bot token, and this instance's sold-out flag (a storm's
 /// commonest answer, given before an order id is taken or the gate is called).
-fn admit(st: &AppState, sale: &Sale, ask: &Ask) -> Result<Admitted, ApiError> {
+fn admit(st: &AppState, sale: &Sale, ask: &Ask, now: i64) -> Result<Admitted, ApiError> {
     let limit = sale.per_user_limit;
     if ask.quantity > limit {
         return Err(ApiError::invalid(format!(
             "quantity exceeds the per-user limit of {limit}"
         )));
     }
-    let now = crate::now_ms();
     if now < sale.begins_at - WINDOW_SLACK_MS {
         return Err(ApiError::from_rejection(Rejection::NotStarted, limit));
     }
     if now >= sale.ends_at + WINDOW_SLACK_MS {
         return Err(ApiError::from_rejection(Rejection::Ended, limit));
     }
-    let token = super::antibot::purchase_token(st, sale, ask.user_id, ask.token)?;
+    let token = super::antibot::purchase_token(st, sale, ask.user_id, ask.token.as_deref())?;
     if let Some(Verdict::Rejected(sold_out)) = st.sold_out.answer(sale.id) {
         return Err(ApiError::from_rejection(sold_out, limit));
     }
