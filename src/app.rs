@@ -1,4 +1,5 @@
-//! Assembles the parts for a deployment. Embedded: memory gate, local order log, SQLite.
+//! Assembles the parts for a deployment. Embedded: memory gate, local order log (a file
+//! beside the database), SQLite.
 //! Distributed: Redis gate, Redis Stream order log, PostgreSQL or MySQL. Everything after
 //! assembly (edge, writer, scheduler) is the same code for both.
 
@@ -55,6 +56,8 @@ pub enum Role {
 struct Parts {
     gate: Arc<dyn Gate>,
     log: Arc<dyn OrderLog>,
+    /// The embedded order log's producer side (memory gate only), for queued counts.
+    local_log: Option<local::LocalLog>,
     ids: Arc<IdGenerator>,
     redis: Option<redis::aio::ConnectionManager>,
     streams: Option<Arc<StreamLog>>,
@@ -73,26 +76,51 @@ fn sql_gate(config: &Config, store: &Store, how: SqlDecision) -> Arc<dyn Gate> {
     Arc::new(SqlGate::new(store.clone(), how, in_flight))
 }
 
-fn embedded_parts(config: &Config, store: &Store, role: Role) -> Parts {
-    let (writer_end, reader) = local::channel();
+fn embedded_parts(config: &Config, store: &Store, role: Role) -> Result<Parts, AppError> {
     let worker = if role == Role::Server {
         ids::EMBEDDED_WORKER
     } else {
         ids::TOOL_WORKER
     };
-    let gate: Arc<dyn Gate> = match config.gate {
-        GateKind::SqlLock => sql_gate(config, store, SqlDecision::Lock),
-        GateKind::SqlConditional => sql_gate(config, store, SqlDecision::Conditional),
-        _ => Arc::new(MemoryGate::new(writer_end).with_rate_limit(config.rate_user)),
+    let (gate, log): (Arc<dyn Gate>, _) = match config.gate {
+        GateKind::SqlLock => (sql_gate(config, store, SqlDecision::Lock), None),
+        GateKind::SqlConditional => (sql_gate(config, store, SqlDecision::Conditional), None),
+        _ => {
+            // Only the server takes orders; a tool run beside it must not touch its log.
+            let (log, reader) = match order_log_dir(&config.database_url) {
+                Some(dir) if role == Role::Server => local::open(&dir)?,
+                _ => local::channel(),
+            };
+            let gate = MemoryGate::new(log.clone()).with_rate_limit(config.rate_user);
+            (Arc::new(gate) as Arc<dyn Gate>, Some((log, reader)))
+        }
     };
-    Parts {
+    let (local_log, reader) = match log {
+        Some((log, reader)) => (Some(log), reader),
+        None => (None, local::channel().1),
+    };
+    Ok(Parts {
         gate,
         log: Arc::new(reader),
+        local_log,
         ids: Arc::new(IdGenerator::fixed(worker)),
         redis: None,
         streams: None,
         breaker: None,
+    })
+}
+
+/// The embedded order log's folder, beside the SQLite file (`seckill.db` ->
+/// `seckill.db.orders`); none for an in-memory database.
+pub fn order_log_dir(database_url: &str) -> Option<std::path::PathBuf> {
+    let path = database_url
+        .strip_prefix("sqlite://")
+        .or_else(|| database_url.strip_prefix("sqlite:"))?;
+    let path = path.split('?').next().unwrap_or_default();
+    if path.is_empty() || path.starts_with(":memory:") {
+        return None;
     }
+    Some(std::path::PathBuf::from(format!("{path}.orders")))
 }
 
 async fn distributed_parts(config: &Config, store: &Store, url: &str) -> Result<Parts, AppError> {
@@ -117,6 +145,7 @@ async fn distributed_parts(config: &Config, store: &Store, url: &str) -> Result<
     Ok(Parts {
         gate,
         log: streams.clone(),
+        local_log: None,
         ids,
         redis: Some(conn),
         streams: Some(streams),
@@ -185,12 +214,13 @@ pub async fn assemble(config: Config, role: Role) -> Result<App, AppError> {
     let tokens = token_signer(&config, &store).await?;
     let payments = payment_provider(&config, &store).await?;
     let parts = match &config.redis_url {
-        None => embedded_parts(&config, &store, role),
+        None => embedded_parts(&config, &store, role)?,
         Some(url) => distributed_parts(&config, &store, url).await?,
     };
     let Parts {
         gate,
         log,
+        local_log,
         ids,
         redis,
         streams,
@@ -224,6 +254,7 @@ pub async fn assemble(config: Config, role: Role) -> Result<App, AppError> {
         simulator: payments,
         sales: Arc::new(SaleCache::default()),
         redis,
+        local_log,
         writer_stats: Arc::new(WriterStats::default()),
         metrics: Metrics::default(),
     });
@@ -259,6 +290,11 @@ impl App {
         &self,
         run_writer: bool,
     ) -> Result<(watch::Sender<bool>, Vec<tokio::task::JoinHandle<()>>), AppError> {
+        // Orders an embedded server answered `ok` before it stopped may still be only in
+        // its order log: into SQL with them before the gate is rebuilt from SQL.
+        self.writer()
+            .drain_recovered(Duration::from_secs(120))
+            .await?;
         // The first pass runs before serving, so that a restarted embedded server has
         // rebuilt its gate from SQL before it answers a single purchase.
         let scheduler = self.scheduler();

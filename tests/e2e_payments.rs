@@ -60,6 +60,13 @@ async fn callbacks_are_verified_and_settle_once() {
     let token = common::login_users(&c, &base, 1).await.remove(0);
     let (_, bought) = common::buy(&c, &base, &sale, &token).await;
     let order = bought["order_id"].as_str().unwrap().to_string();
+    // `ok` means durable in the order log; the writer puts it in SQL moments later.
+    let (c2, base2, token2, order2) = (c.clone(), base.clone(), token.clone(), order.clone());
+    common::eventually(20, "the order is written", || {
+        let (c, base, token, order) = (c2.clone(), base2.clone(), token2.clone(), order2.clone());
+        async move { order_status(&c, &base, &token, &order).await["status"] == "pending_payment" }
+    })
+    .await;
     let intent: serde_json::Value = c
         .post(format!("{base}/api/orders/{order}/pay"))
         .bearer_auth(&token)

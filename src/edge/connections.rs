@@ -62,7 +62,7 @@ impl<L: Listener> Listener for Limited<L> {
             Err(_) => {
                 let times = self.connections.saturated.fetch_add(1, Ordering::Relaxed);
                 // A flood would hit this once per connection: log the first of each thousand.
-                if times % 1000 == 0 {
+                if times.is_multiple_of(1000) {
                     tracing::warn!(
                         max = self.connections.max,
                         times = times + 1,

@@ -53,6 +53,8 @@ pub struct AppState {
     pub simulator: crate::lifecycle::payment::SimulatedProvider,
     pub sales: Arc<SaleCache>,
     pub redis: Option<redis::aio::ConnectionManager>,
+    /// The embedded order log (memory gate only), for its backlog.
+    pub local_log: Option<crate::orderlog::local::LocalLog>,
     pub writer_stats: Arc<WriterStats>,
     pub address_limiter: limits::AddressLimiter,
     pub connections: Arc<connections::Connections>,

@@ -393,7 +393,7 @@ pub async fn sale_stats(
                 .map_err(|e| ApiError::Unavailable(format!("redis: {e}")))?;
             Some(b)
         }
-        None => None,
+        None => st.local_log.as_ref().map(|log| (log.backlog(id), 0, 0)),
     };
     Ok(Json(SaleStats {
         id: id.to_string(),
@@ -465,7 +465,7 @@ pub async fn sale_audit(
                 .map(|b| Some(b.0))
                 .map_err(|e| ApiError::Unavailable(format!("redis: {e}")))?
         }
-        None => None,
+        None => st.local_log.as_ref().map(|log| log.backlog(id)),
     };
     Ok(Json(Audit {
         id: id.to_string(),

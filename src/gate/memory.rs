@@ -1,7 +1,8 @@
 //! The embedded gate: sale state in process memory, one mutex per sale. An accepted
 //! order is appended to the local order log and answered only once it is durable; if the
 //! log fails, the units and the user's slot are given back before the error is returned.
-//! Lost on restart by design: the scheduler rebuilds it from SQL before serving.
+//! Lost on restart by design: the orders still in the log are written to SQL, then the
+//! scheduler rebuilds the gate from SQL, before serving.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
@@ -244,11 +245,10 @@ impl Gate for MemoryGate {
 
     async fn queued_order(
         &self,
-        _sale_id: i64,
-        _order_id: i64,
+        sale_id: i64,
+        order_id: i64,
     ) -> Result<Option<(i64, i64)>, GateError> {
-        // Embedded orders are answered only once written: none is ever queued.
-        Ok(None)
+        Ok(self.log.queued(sale_id, order_id))
     }
 }
 

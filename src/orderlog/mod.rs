@@ -1,13 +1,12 @@
-//! The order log: accepted orders on their way from the gate to SQL. Embedded, a local
-//! queue whose entries each carry the waiting request ([`local::LocalLog`]); distributed,
-//! one Redis Stream per sale read by a consumer group ([`redis_stream::StreamLog`]).
+//! The order log: accepted orders on their way from the gate to SQL. Embedded, an
+//! append-only local file ([`local::LocalLog`]); distributed, one Redis Stream per sale
+//! read by a consumer group ([`redis_stream::StreamLog`]).
 //! The log never drops an entry on its own: an entry leaves only by ack or dead letter.
 
 pub mod local;
 pub mod redis_stream;
 
 use async_trait::async_trait;
-use tokio::sync::oneshot;
 
 use crate::model::NewOrder;
 
@@ -19,13 +18,15 @@ pub enum LogError {
     Closed,
     #[error("the order could not be written: {0}")]
     WriteFailed(String),
+    #[error("order log file: {0}")]
+    File(String),
 }
 
 /// Where an entry came from, so that it can be acknowledged there.
 #[derive(Debug)]
 pub enum Receipt {
-    /// The request waiting for this order to become durable.
-    Local(Option<oneshot::Sender<Result<(), String>>>),
+    /// An order of the local log, and the segment of the file it is in.
+    Local { order: NewOrder, segment: u64 },
     /// A stream entry: (stream key, entry id).
     Stream { stream: String, id: String },
 }
@@ -77,4 +78,10 @@ pub trait OrderLog: Send + Sync {
 
     /// True once the log is closed and drained: the writer may stop.
     fn finished(&self) -> bool;
+
+    /// True while orders this log held from an earlier run are not all in SQL yet: the
+    /// gate must not be rebuilt from SQL before (see `Writer::drain_recovered`).
+    fn recovering(&self) -> bool {
+        false
+    }
 }

@@ -12,7 +12,7 @@ use tokio::sync::watch;
 
 use crate::metrics::Histogram;
 use crate::model::NewOrder;
-use crate::orderlog::{Batch, OrderLog, Receipt};
+use crate::orderlog::{Batch, LogError, OrderLog, Receipt};
 use crate::store::Store;
 
 const RECLAIM_EVERY: Duration = Duration::from_secs(5);
@@ -86,6 +86,22 @@ impl Writer {
             }
         }
         tracing::info!("order writer stopped");
+    }
+
+    /// Writes the orders the log kept from an earlier run, before anything else reads SQL
+    /// as the truth (the gate is rebuilt from it). Gives up after `limit`.
+    pub async fn drain_recovered(&self, limit: Duration) -> Result<(), LogError> {
+        let started = Instant::now();
+        while self.log.recovering() {
+            if started.elapsed() > limit {
+                return Err(LogError::WriteFailed(format!(
+                    "the orders recovered from the order log were not all written to SQL in {limit:?}"
+                )));
+            }
+            let batch = self.log.next_batch(self.batch_max).await?;
+            self.process(batch).await;
+        }
+        Ok(())
     }
 
     /// Writes one batch and settles every entry in it: acked, left for retry, or dead.
