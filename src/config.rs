@@ -81,7 +81,8 @@ pub struct ConfigArgs {
     #[arg(long, env = "SECKILL_NO_WRITER", global = true, num_args = 0..=1, default_missing_value = "true",
           value_parser = clap::builder::BoolishValueParser::new())]
     pub no_writer: Option<bool>,
-    /// Most orders the writer puts in one SQL transaction [default: 1000].
+    /// Most orders the writer puts in one SQL transaction [default: 5000 embedded, 1000
+    /// distributed].
     #[arg(long, env = "SECKILL_WRITER_BATCH", global = true)]
     pub writer_batch: Option<usize>,
     /// Order-writer loops per process; several overlap their database round trips [default: 4].
@@ -227,7 +228,14 @@ impl Config {
             dev: a.dev.or(f.dev).unwrap_or(embedded),
             sms_hook: a.sms_hook.or(f.sms_hook),
             run_writer: !a.no_writer.or(f.no_writer).unwrap_or(false),
-            writer_batch: a.writer_batch.or(f.writer_batch).unwrap_or(1000),
+            // SQLite pays per page a commit touches, so fewer, larger commits drain the
+            // embedded log faster (1,000 -> 5,000 cut a 200,000-order backlog's drain from
+            // 4.0 to 1.2 s); PostgreSQL and MySQL were measured at 1,000.
+            writer_batch: a.writer_batch.or(f.writer_batch).unwrap_or(if embedded {
+                5000
+            } else {
+                1000
+            }),
             writer_concurrency: a.writer_concurrency.or(f.writer_concurrency).unwrap_or(4),
             rate_user: crate::gate::RateLimit {
                 per_sec: a.rate_user_per_sec.or(f.rate_user_per_sec).unwrap_or(5.0),

@@ -17,7 +17,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 
 use async_trait::async_trait;
 use tokio::sync::{mpsc, oneshot};
@@ -27,6 +27,10 @@ use crate::model::NewOrder;
 
 /// A segment takes no more records once it is this large.
 const SEGMENT_BYTES: u64 = 64 << 20;
+/// Most orders held in memory on their way to SQL; past it, new orders wait for the writer
+/// (backpressure), so that a storm of winners faster than SQLite cannot grow memory
+/// without bound. About 130 bytes each (the writer's queue and the queued index).
+const MAX_BACKLOG: usize = 200_000;
 /// How long the writer lets a batch fill before it writes it to SQL.
 const LINGER: std::time::Duration = std::time::Duration::from_millis(50);
 /// Most orders written and synced together.
@@ -58,6 +62,10 @@ struct Shared {
     dir: Option<PathBuf>,
     /// Orders in the log and not yet settled: id -> (sale, user, quantity).
     queued: Mutex<HashMap<i64, (i64, i64, i64)>>,
+    /// Most orders `queued` may hold before new ones wait (`MAX_BACKLOG`).
+    max_backlog: usize,
+    /// Signalled when orders are settled: the appender may be waiting for room.
+    room: Condvar,
     /// Segment number -> (orders appended, orders settled).
     segments: Mutex<BTreeMap<u64, (u64, u64)>>,
     /// The segment being appended to; never deleted.
@@ -68,12 +76,17 @@ struct Shared {
 
 /// An in-memory log: nothing survives the process.
 pub fn channel() -> (LocalLog, LocalLogReader) {
-    start(None, None, Vec::new(), 0).unwrap_or_else(|_| unreachable!("no file is opened"))
+    start(None, None, Vec::new(), 0, MAX_BACKLOG)
+        .unwrap_or_else(|_| unreachable!("no file is opened"))
 }
 
 /// Opens (creating it if needed) the log in `dir` and starts its appender. Orders left in
 /// it by an earlier run are delivered to the reader before anything new.
 pub fn open(dir: &Path) -> Result<(LocalLog, LocalLogReader), LogError> {
+    open_with_limit(dir, MAX_BACKLOG)
+}
+
+fn open_with_limit(dir: &Path, max_backlog: usize) -> Result<(LocalLog, LocalLogReader), LogError> {
     let io =
         |what: &str, e: std::io::Error| LogError::File(format!("{what} {}: {e}", dir.display()));
     std::fs::create_dir_all(dir).map_err(|e| io("cannot create", e))?;
@@ -97,7 +110,13 @@ pub fn open(dir: &Path) -> Result<(LocalLog, LocalLogReader), LogError> {
         recovered.extend(orders.into_iter().map(|o| (o, number)));
         last = number;
     }
-    start(Some(dir.to_path_buf()), Some(lock), recovered, last + 1)
+    start(
+        Some(dir.to_path_buf()),
+        Some(lock),
+        recovered,
+        last + 1,
+        max_backlog,
+    )
 }
 
 fn start(
@@ -105,6 +124,7 @@ fn start(
     lock: Option<File>,
     recovered: Vec<(NewOrder, u64)>,
     first_segment: u64,
+    max_backlog: usize,
 ) -> Result<(LocalLog, LocalLogReader), LogError> {
     let mut segments = BTreeMap::new();
     let mut queued = HashMap::new();
@@ -115,6 +135,8 @@ fn start(
     let shared = Arc::new(Shared {
         dir,
         queued: Mutex::new(queued),
+        max_backlog,
+        room: Condvar::new(),
         segments: Mutex::new(segments),
         active: AtomicU64::new(first_segment),
         _lock: lock,
@@ -213,6 +235,7 @@ impl LocalLogReader {
                 self.recovered.store(false, Ordering::Release);
             }
         }
+        self.shared.room.notify_all();
         if let Some(dir) = &self.shared.dir {
             for number in done {
                 if let Err(e) = std::fs::remove_file(segment_path(dir, number)) {
@@ -353,6 +376,7 @@ impl Appender {
                     Err(_) => break,
                 }
             }
+            self.wait_for_room(group.len());
             match self.write(&group, &mut buf) {
                 Ok(segment) => self.accept(group.drain(..), segment),
                 Err(reason) => {
@@ -361,6 +385,18 @@ impl Appender {
                     }
                 }
             }
+        }
+    }
+
+    /// Waits until the writer has settled enough orders to take `incoming` more.
+    fn wait_for_room(&self, incoming: usize) {
+        let mut queued = lock(&self.shared.queued);
+        while !queued.is_empty() && queued.len() + incoming > self.shared.max_backlog {
+            queued = self
+                .shared
+                .room
+                .wait(queued)
+                .unwrap_or_else(|p| p.into_inner());
         }
     }
 
@@ -666,6 +702,34 @@ mod tests {
             [order(1), order(2)],
             "a damaged record ends what is read"
         );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn past_the_backlog_limit_new_orders_wait_for_the_writer() {
+        let dir = temp_dir();
+        let (log, reader) = open_with_limit(&dir, 2).unwrap();
+        log.append(order(1)).await.unwrap();
+        log.append(order(2)).await.unwrap();
+        let third = tokio::spawn({
+            let log = log.clone();
+            async move { log.append(order(3)).await }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        assert!(
+            !third.is_finished(),
+            "two orders wait for SQL: the third must wait"
+        );
+        let receipts = drain(&reader).await;
+        assert_eq!(ids(&receipts), [1, 2]);
+        reader.ack(receipts).await.unwrap();
+        tokio::time::timeout(std::time::Duration::from_secs(5), third)
+            .await
+            .expect("room was made")
+            .unwrap()
+            .unwrap();
+        assert_eq!(log.backlog(7), 1);
+        drop((log, reader));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -136,12 +136,25 @@ impl Store {
                 .execute(&mut *one)
                 .await?;
         }
-        let pool = AnyPoolOptions::new()
+        let mut pool = AnyPoolOptions::new()
             .max_connections(max_connections.max(2))
             .min_connections(1)
-            .acquire_timeout(std::time::Duration::from_secs(5))
-            .connect_with(options)
-            .await?;
+            .acquire_timeout(std::time::Duration::from_secs(5));
+        if dialect == Dialect::Sqlite {
+            // A commit of a writer's batch dirties thousands of index pages (buyers' ids are
+            // random), past SQLite's default checkpoint of 1,000 WAL pages: each commit was
+            // followed by a checkpoint writing every page a second time. Checkpointing every
+            // 16,000 pages (64 MB of WAL) writes a page dirtied by many commits back once.
+            pool = pool.after_connect(|conn, _| {
+                Box::pin(async move {
+                    sqlx::query("PRAGMA wal_autocheckpoint = 16000")
+                        .execute(conn)
+                        .await
+                        .map(|_| ())
+                })
+            });
+        }
+        let pool = pool.connect_with(options).await?;
         Ok(Store { pool, dialect })
     }
 
