@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 
 use super::error::ApiError;
-use super::{parse_json, AppState};
+use super::{decimal, parse_json, AppState};
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -42,10 +42,16 @@ impl TokenSigner {
     /// The MAC of a login token's fields as written in it (`user:{user_id}:{expires_at}`).
     /// Only canonical decimal fields are ever signed, so other spellings never verify.
     fn mac(&self, user_id: &str, expires_at: &str) -> HmacSha256 {
-        let mut mac = self.keyed.clone();
+        // One update of the whole message: each update pays for the hash's buffering.
+        let mut message = [0u8; 64];
+        let mut len = 0;
         for part in [b"user:", user_id.as_bytes(), b":", expires_at.as_bytes()] {
-            mac.update(part);
+            let end = (len + part.len()).min(message.len());
+            message[len..end].copy_from_slice(&part[..end - len]);
+            len = end;
         }
+        let mut mac = self.keyed.clone();
+        mac.update(&message[..len]);
         mac
     }
 
@@ -100,20 +106,6 @@ impl TokenSigner {
 fn split_at_dot(s: &str) -> Option<(&str, &str)> {
     let dot = s.bytes().position(|b| b == b'.')?;
     Some((&s[..dot], &s[dot + 1..]))
-}
-
-/// A non-negative decimal integer of at most 19 digits that fits an i64.
-fn decimal(s: &str) -> Option<i64> {
-    if s.is_empty() || s.len() > 19 {
-        return None;
-    }
-    s.bytes().try_fold(0i64, |n, b| {
-        let digit = b.wrapping_sub(b'0');
-        (digit < 10)
-            .then_some(n)?
-            .checked_mul(10)?
-            .checked_add(digit as i64)
-    })
 }
 
 pub fn hex(bytes: &[u8]) -> String {

@@ -125,12 +125,27 @@ pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
 
 /// Ids in paths are positive 64-bit integers.
 pub fn parse_id(s: &str, what: &str) -> Result<i64, ApiError> {
-    match s.parse::<i64>() {
-        Ok(id) if id > 0 => Ok(id),
+    match decimal(s) {
+        Some(id) if id > 0 => Ok(id),
         _ => Err(ApiError::invalid(format!(
             "{what} must be a positive 64-bit integer"
         ))),
     }
+}
+
+/// A non-negative decimal integer, digits only, that fits an i64. Every purchase parses
+/// two or three (the sale id, the fields of its token): `str::parse` cost twice as much.
+pub fn decimal(s: &str) -> Option<i64> {
+    if s.is_empty() || s.len() > 19 {
+        return None;
+    }
+    s.bytes().try_fold(0i64, |n, b| {
+        let digit = b.wrapping_sub(b'0');
+        (digit < 10)
+            .then_some(n)?
+            .checked_mul(10)?
+            .checked_add(digit as i64)
+    })
 }
 
 pub fn router(state: Arc<AppState>) -> Router {
@@ -374,4 +389,30 @@ async fn openapi() -> Response {
         include_str!("openapi.json"),
     )
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_id;
+
+    #[test]
+    fn ids_are_positive_decimal_i64s_and_nothing_else() {
+        assert_eq!(parse_id("42", "id").unwrap(), 42);
+        assert_eq!(parse_id("007", "id").unwrap(), 7);
+        assert_eq!(parse_id("9223372036854775807", "id").unwrap(), i64::MAX);
+        for bad in [
+            "",
+            "0",
+            "-1",
+            "+5",
+            " 5",
+            "5 ",
+            "4a",
+            "9223372036854775808",
+            "99999999999999999999",
+            "１２",
+        ] {
+            assert!(parse_id(bad, "id").is_err(), "{bad:?}");
+        }
+    }
 }

@@ -92,8 +92,8 @@ where
         Ok(caller) => caller,
         Err(e) => return Answer::Now(answer(st, started, Err(e))),
     };
-    let st = st.clone();
     if body.size_hint().exact() != Some(0) {
+        let st = st.clone();
         return Answer::Later(Box::pin(async move {
             let result = within_time_limit(async {
                 let body = parse_body(&read_body(body).await?)?;
@@ -112,16 +112,22 @@ where
         quantity: 1,
         token: None,
     };
-    match st.sales.with(sale_id, |sale| admit(&st, sale, &ask, now)) {
-        Some(Err(e)) => Answer::Now(answer(&st, started, Err(e))),
-        Some(Ok(admitted)) => Answer::Later(Box::pin(async move {
-            let result = within_time_limit(ask_gate(&st, sale_id, &ask, admitted)).await;
-            answer(&st, started, result)
-        })),
-        None => Answer::Later(Box::pin(async move {
-            let result = within_time_limit(decide(&st, sale_id, ask, now)).await;
-            answer(&st, started, result)
-        })),
+    match st.sales.with(sale_id, |sale| admit(st, sale, &ask, now)) {
+        Some(Err(e)) => Answer::Now(answer(st, started, Err(e))),
+        Some(Ok(admitted)) => {
+            let st = st.clone();
+            Answer::Later(Box::pin(async move {
+                let result = within_time_limit(ask_gate(&st, sale_id, &ask, admitted)).await;
+                answer(&st, started, result)
+            }))
+        }
+        None => {
+            let st = st.clone();
+            Answer::Later(Box::pin(async move {
+                let result = within_time_limit(decide(&st, sale_id, ask, now)).await;
+                answer(&st, started, result)
+            }))
+        }
     }
 }
 
