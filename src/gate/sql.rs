@@ -14,7 +14,7 @@ use super::{
 };
 use crate::model::NewOrder;
 use crate::store::lifecycle::{SqlDecision, SqlVerdict};
-use crate::store::Store;
+use crate::store::{Dialect, Store};
 
 pub struct SqlGate {
     store: Store,
@@ -28,10 +28,18 @@ const SWEEP_EVERY: u64 = 4096;
 
 impl SqlGate {
     pub fn new(store: Store, how: SqlDecision, max_in_flight: usize) -> Self {
+        // SQLite writes one transaction at a time. More purchases in flight only wait in
+        // SQLite's busy handler, which polls with sleeps of up to 100 ms, unfairly: under
+        // load one of them waited past the busy timeout ("database is locked") while
+        // others went first. Here they wait in line instead.
+        let max_in_flight = match store.dialect() {
+            Dialect::Sqlite => 1,
+            _ => max_in_flight.max(1),
+        };
         SqlGate {
             store,
             how,
-            in_flight: Semaphore::new(max_in_flight.max(1)),
+            in_flight: Semaphore::new(max_in_flight),
             spends: AtomicU64::new(0),
         }
     }
