@@ -136,10 +136,16 @@ impl Store {
                 .execute(&mut *one)
                 .await?;
         }
+        // A server that does not answer for 5 s is down. A local file is never down, only
+        // slow: while the disk is busy (say, writing back a large build) every SQLite
+        // commit waits on its fsync, and 5 s of waiting for the lock or for a connection
+        // failed test suites that pass in 10 s on a quiet disk. Callers are bounded by
+        // their own time limits (a request's is 10 s).
+        let wait = if dialect == Dialect::Sqlite { 30 } else { 5 };
         let mut pool = AnyPoolOptions::new()
             .max_connections(max_connections.max(2))
             .min_connections(1)
-            .acquire_timeout(std::time::Duration::from_secs(5));
+            .acquire_timeout(std::time::Duration::from_secs(wait));
         if dialect == Dialect::Sqlite {
             // A commit of a writer's batch dirties thousands of index pages (buyers' ids are
             // random), past SQLite's default checkpoint of 1,000 WAL pages: each commit was
@@ -148,6 +154,9 @@ impl Store {
             pool = pool.after_connect(|conn, _| {
                 Box::pin(async move {
                     sqlx::query("PRAGMA wal_autocheckpoint = 16000")
+                        .execute(&mut *conn)
+                        .await?;
+                    sqlx::query("PRAGMA busy_timeout = 30000")
                         .execute(conn)
                         .await
                         .map(|_| ())
