@@ -186,6 +186,15 @@ async fn catalogue_is_cacheable_and_orders_are_private() {
         mine["status"] == "queued" || mine["status"] == "pending_payment",
         "an ok order is the buyer's at once, queued until written: {mine}"
     );
+    let listed: serde_json::Value =
+        common::get_json(&c, format!("{base}/api/orders"), Some(&tokens[0])).await;
+    assert_eq!(
+        listed
+            .as_array()
+            .map(|l| l.iter().filter(|o| o["id"] == order).count()),
+        Some(1),
+        "listed at once, once, written or not: {listed}"
+    );
     let (c2, base2, token2, order2) = (
         c.clone(),
         base.clone(),

@@ -353,22 +353,29 @@ pub async fn get_order(
             continue;
         };
         if owner == user_id {
-            return Ok(Json(OrderView {
-                id: order_id.to_string(),
-                sale_id: sale.id.to_string(),
-                quantity,
-                price_cents: sale.price_cents,
-                status: OrderStatus::Queued,
-                accepted_at: rfc3339(accepted_at),
-                pay_deadline: None,
-                history: vec![Step {
-                    status: "queued".into(),
-                    at: rfc3339(accepted_at),
-                }],
-            }));
+            let mut view = queued_view(order_id, &sale, quantity);
+            view.history = vec![Step {
+                status: "queued".into(),
+                at: rfc3339(accepted_at),
+            }];
+            return Ok(Json(view));
         }
     }
     Err(not_found())
+}
+
+/// An order accepted and not yet in SQL.
+fn queued_view(order_id: i64, sale: &Sale, quantity: i64) -> OrderView {
+    OrderView {
+        id: order_id.to_string(),
+        sale_id: sale.id.to_string(),
+        quantity,
+        price_cents: sale.price_cents,
+        status: OrderStatus::Queued,
+        accepted_at: rfc3339(crate::ids::IdGenerator::time_of(order_id)),
+        pay_deadline: None,
+        history: Vec::new(),
+    }
 }
 
 pub async fn list_orders(
@@ -376,7 +383,24 @@ pub async fn list_orders(
     State(st): State<Arc<AppState>>,
 ) -> Result<Json<Vec<OrderView>>, ApiError> {
     let orders = st.store.orders_of_user(user_id, 200).await?;
-    Ok(Json(orders.iter().map(OrderView::from).collect()))
+    let mut views: Vec<OrderView> = orders.iter().map(OrderView::from).collect();
+    // The embedded log knows its queued orders by buyer; newest first, as SQL's are.
+    if let Some(log) = &st.local_log {
+        let written: std::collections::HashSet<i64> = orders.iter().map(|o| o.id).collect();
+        let mut queued: Vec<_> = log
+            .queued_of_user(user_id)
+            .into_iter()
+            .filter(|(id, _, _)| !written.contains(id))
+            .filter_map(|(id, sale_id, quantity)| {
+                st.sales
+                    .get(sale_id)
+                    .map(|sale| (id, queued_view(id, &sale, quantity)))
+            })
+            .collect();
+        queued.sort_by_key(|(id, _)| std::cmp::Reverse(*id));
+        views.splice(0..0, queued.into_iter().map(|(_, view)| view));
+    }
+    Ok(Json(views))
 }
 
 #[cfg(test)]

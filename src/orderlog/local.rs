@@ -202,6 +202,15 @@ impl LocalLog {
             .map(|(_, user, quantity)| (*user, *quantity))
     }
 
+    /// (order, sale, quantity) of the orders of `user_id` in the log and not yet in SQL.
+    pub fn queued_of_user(&self, user_id: i64) -> Vec<(i64, i64, i64)> {
+        lock(&self.shared.queued)
+            .iter()
+            .filter(|(_, (_, user, _))| *user == user_id)
+            .map(|(id, (sale, _, quantity))| (*id, *sale, *quantity))
+            .collect()
+    }
+
     /// Orders of `sale_id` in the log and not yet in SQL.
     pub fn backlog(&self, sale_id: i64) -> i64 {
         lock(&self.shared.queued)
@@ -626,6 +635,7 @@ mod tests {
                 log.append(order(id)).await.unwrap();
             }
             assert_eq!(log.queued(7, 3), Some((1003, 1)), "queued until settled");
+            assert_eq!(log.queued_of_user(1003), [(3, 7, 1)]);
             assert_eq!(
                 log.queued(8, 3),
                 None,
