@@ -1,5 +1,5 @@
-//! Assembles the parts for a deployment. Embedded: memory gate, local order log (a file
-//! beside the database), SQLite.
+//! Assembles the parts for a deployment. Embedded (no Redis): memory gate, local order log
+//! (a folder bound to the database), SQLite, PostgreSQL or MySQL.
 //! Distributed: Redis gate, Redis Stream order log, PostgreSQL or MySQL. Everything after
 //! assembly (edge, writer, scheduler) is the same code for both.
 
@@ -62,6 +62,8 @@ struct Parts {
     redis: Option<redis::aio::ConnectionManager>,
     streams: Option<Arc<StreamLog>>,
     breaker: Option<Arc<Breaker>>,
+    /// The embedded server's claim on a PostgreSQL or MySQL database.
+    claim: DatabaseClaim,
 }
 
 /// Connection failures in a row that open the Redis gate's circuit, and how long it stays open.
@@ -76,7 +78,8 @@ fn sql_gate(config: &Config, store: &Store, how: SqlDecision) -> Arc<dyn Gate> {
     Arc::new(SqlGate::new(store.clone(), how, in_flight))
 }
 
-fn embedded_parts(config: &Config, store: &Store, role: Role) -> Result<Parts, AppError> {
+async fn embedded_parts(config: &Config, store: &Store, role: Role) -> Result<Parts, AppError> {
+    let mut claim = None;
     let worker = if role == Role::Server {
         ids::EMBEDDED_WORKER
     } else {
@@ -86,10 +89,13 @@ fn embedded_parts(config: &Config, store: &Store, role: Role) -> Result<Parts, A
         GateKind::SqlLock => (sql_gate(config, store, SqlDecision::Lock), None),
         GateKind::SqlConditional => (sql_gate(config, store, SqlDecision::Conditional), None),
         _ => {
-            // Only the server takes orders; a tool run beside it must not touch its log.
-            let (log, reader) = match order_log_dir(&config.database_url) {
-                Some(dir) if role == Role::Server => local::open(&dir)?,
-                _ => local::channel(),
+            let (log, reader) = if role == Role::Server {
+                let (log, reader, claimed) = open_order_log(config, store).await?;
+                claim = claimed;
+                (log, reader)
+            } else {
+                // A tool takes no orders, and must not touch the log of a server beside it.
+                local::channel()
             };
             let gate = MemoryGate::new(log.clone()).with_rate_limit(config.rate_user);
             (Arc::new(gate) as Arc<dyn Gate>, Some((log, reader)))
@@ -107,20 +113,45 @@ fn embedded_parts(config: &Config, store: &Store, role: Role) -> Result<Parts, A
         redis: None,
         streams: None,
         breaker: None,
+        claim,
     })
 }
 
-/// The embedded order log's folder, beside the SQLite file (`seckill.db` ->
-/// `seckill.db.orders`); none for an in-memory database.
-pub fn order_log_dir(database_url: &str) -> Option<std::path::PathBuf> {
-    let path = database_url
-        .strip_prefix("sqlite://")
-        .or_else(|| database_url.strip_prefix("sqlite:"))?;
-    let path = path.split('?').next().unwrap_or_default();
-    if path.is_empty() || path.starts_with(":memory:") {
-        return None;
+/// The order log of a server whose purchases are decided in memory: always a file, whatever
+/// the database, since an `ok` must outlive a SIGKILL (guarantee 3). The folder is bound to
+/// this database, so that its orders are never replayed into another one.
+/// The claim on the database (see `Store::claim_single_server`), held while the server runs.
+type DatabaseClaim = Option<sqlx::pool::PoolConnection<sqlx::Any>>;
+
+async fn open_order_log(
+    config: &Config,
+    store: &Store,
+) -> Result<(local::LocalLog, local::LocalLogReader, DatabaseClaim), AppError> {
+    let Some(dir) = &config.order_log_dir else {
+        // Config::validate refuses this combination; never fall back to memory.
+        return Err(AppError::Other("no order log folder".into()));
+    };
+    let candidate = crate::edge::auth::hex(&rand::random::<[u8; 16]>());
+    let database_id = store.meta_get_or_init("database_id", &candidate).await?;
+    // A server SIGKILLed a moment ago holds the claim until its database session ends.
+    let mut claimed = store.claim_single_server().await?;
+    for _ in 0..50 {
+        if claimed.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        claimed = store.claim_single_server().await?;
     }
-    Some(std::path::PathBuf::from(format!("{path}.orders")))
+    let Some(claim) = claimed else {
+        return Err(AppError::Other(
+            "another seckill server already decides purchases in memory on this database; \
+             two would each sell the whole stock. Run several servers distributed (--redis), \
+             or decide purchases in SQL (--gate sql-conditional)"
+                .into(),
+        ));
+    };
+    let (log, reader) = local::open(dir, &database_id)?;
+    Ok((log, reader, claim))
 }
 
 async fn distributed_parts(config: &Config, store: &Store, url: &str) -> Result<Parts, AppError> {
@@ -150,6 +181,7 @@ async fn distributed_parts(config: &Config, store: &Store, url: &str) -> Result<
         redis: Some(conn),
         streams: Some(streams),
         breaker,
+        claim: None,
     })
 }
 
@@ -158,6 +190,7 @@ pub struct App {
     pub state: Arc<AppState>,
     pub log: Arc<dyn OrderLog>,
     pub streams: Option<Arc<StreamLog>>,
+    _claim: DatabaseClaim,
 }
 
 pub async fn connect_store(config: &Config) -> Result<Store, AppError> {
@@ -208,13 +241,20 @@ pub async fn redis_manager(
 }
 
 pub async fn assemble(config: Config, role: Role) -> Result<App, AppError> {
-    let connections = crate::edge::connections::Connections::new(config.max_connections);
+    let connections =
+        crate::edge::connections::Connections::new(crate::edge::connections::ConnectionLimits {
+            max: config.max_connections,
+            per_address: config.max_connections_per_address,
+            exempt: config.trusted_proxies.clone(),
+            header_read_timeout: config.header_read_timeout,
+            idle_timeout: config.idle_timeout,
+        });
     let config = Arc::new(config);
     let store = connect_store(&config).await?;
     let tokens = token_signer(&config, &store).await?;
     let payments = payment_provider(&config, &store).await?;
     let parts = match &config.redis_url {
-        None => embedded_parts(&config, &store, role)?,
+        None => embedded_parts(&config, &store, role).await?,
         Some(url) => distributed_parts(&config, &store, url).await?,
     };
     let Parts {
@@ -225,6 +265,7 @@ pub async fn assemble(config: Config, role: Role) -> Result<App, AppError> {
         redis,
         streams,
         breaker,
+        claim,
     } = parts;
     let shortcut = Arc::new(SoldOutShortcut::new(gate));
     if let Some(url) = &config.redis_url {
@@ -245,6 +286,10 @@ pub async fn assemble(config: Config, role: Role) -> Result<App, AppError> {
         gate: shortcut.clone(),
         sold_out: shortcut,
         address_limiter,
+        captcha_limiter: crate::edge::limits::RateTable::new(
+            crate::edge::antibot::CAPTCHA_RATE,
+            crate::edge::antibot::CAPTCHA_LIMITER_KEYS,
+        ),
         connections,
 
         breaker,
@@ -262,6 +307,7 @@ pub async fn assemble(config: Config, role: Role) -> Result<App, AppError> {
         state,
         log,
         streams,
+        _claim: claim,
     })
 }
 

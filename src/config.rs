@@ -39,6 +39,11 @@ pub struct ConfigArgs {
     /// SQL database: sqlite://FILE, postgres://..., mysql://... [default: sqlite://seckill.db].
     #[arg(long = "database", env = "SECKILL_DATABASE_URL", global = true)]
     pub database_url: Option<String>,
+    /// Folder of the order log when purchases are decided in this process (no --redis):
+    /// accepted orders are fsynced there before `ok` [default: beside a SQLite file
+    /// (seckill.db -> seckill.db.orders), else ./seckill.orders].
+    #[arg(long, env = "SECKILL_ORDER_LOG_DIR", global = true)]
+    pub order_log_dir: Option<PathBuf>,
     /// Redis URL; when set, seckill runs distributed (gate and order log in Redis).
     #[arg(long = "redis", env = "SECKILL_REDIS_URL", global = true)]
     pub redis_url: Option<String>,
@@ -61,7 +66,8 @@ pub struct ConfigArgs {
         hide_env_values = true
     )]
     pub token_secret: Option<String>,
-    /// Development mode: login codes are returned in the answer [default: on when embedded].
+    /// Development mode: login codes are returned in the answer, so anyone can log in as
+    /// any phone [default: on only for the zero-configuration start, SQLite without Redis].
     #[arg(long, env = "SECKILL_DEV", global = true, num_args = 0..=1, default_missing_value = "true",
           value_parser = clap::builder::BoolishValueParser::new())]
     pub dev: Option<bool>,
@@ -123,6 +129,26 @@ pub struct ConfigArgs {
     /// [default: 10000].
     #[arg(long, env = "SECKILL_MAX_CONNECTIONS", global = true)]
     pub max_connections: Option<usize>,
+    /// Seconds a client may take to send a request's head once it has started [default: 10].
+    #[arg(long, env = "SECKILL_HEADER_READ_TIMEOUT_SECS", global = true)]
+    pub header_read_timeout_secs: Option<u64>,
+    /// Seconds a connection may stay open without a request (a new connection before its
+    /// first byte, a keep-alive connection between requests) [default: 60].
+    #[arg(long, env = "SECKILL_IDLE_TIMEOUT_SECS", global = true)]
+    pub idle_timeout_secs: Option<u64>,
+    /// Client connections one address may hold open at once; further ones are closed at
+    /// once. Trusted proxies are exempt [default: 1000].
+    #[arg(long, env = "SECKILL_MAX_CONNECTIONS_PER_ADDRESS", global = true)]
+    pub max_connections_per_address: Option<usize>,
+    /// Web origins whose pages may call the API (CORS), comma-separated, e.g.
+    /// https://shop.example [default: none, same origin only].
+    #[arg(
+        long,
+        env = "SECKILL_CORS_ORIGINS",
+        global = true,
+        value_delimiter = ','
+    )]
+    pub cors_origins: Option<Vec<String>>,
     /// How purchases are decided: redis (default with --redis), embedded (default without),
     /// sql-lock or sql-conditional (in the database; for comparison, or to run without Redis).
     #[arg(long, env = "SECKILL_GATE", global = true)]
@@ -167,6 +193,9 @@ impl GateKind {
 pub struct Config {
     pub listen: SocketAddr,
     pub database_url: String,
+    /// Where the embedded gate's order log lives; `None` only for an in-memory SQLite
+    /// database, where nothing survives the process anyway.
+    pub order_log_dir: Option<PathBuf>,
     pub redis_url: Option<String>,
     pub redis_prefix: String,
     pub admin_token: Option<String>,
@@ -184,6 +213,10 @@ pub struct Config {
     pub token_ttl_secs: u64,
     pub db_max_connections: u32,
     pub max_connections: usize,
+    pub header_read_timeout: std::time::Duration,
+    pub idle_timeout: std::time::Duration,
+    pub max_connections_per_address: usize,
+    pub cors_origins: Vec<String>,
     pub gate: GateKind,
     pub threads: usize,
     pub log: String,
@@ -205,15 +238,21 @@ impl Config {
     fn merge(a: ConfigArgs, f: ConfigArgs) -> Result<Config, ConfigError> {
         let redis_url = a.redis_url.or(f.redis_url).filter(|s| !s.is_empty());
         let embedded = redis_url.is_none();
+        let database_url = a
+            .database_url
+            .or(f.database_url)
+            .unwrap_or_else(|| "sqlite://seckill.db".to_string());
+        let sqlite = database_url.starts_with("sqlite:");
         let config = Config {
             listen: a
                 .listen
                 .or(f.listen)
                 .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8080))),
-            database_url: a
-                .database_url
-                .or(f.database_url)
-                .unwrap_or_else(|| "sqlite://seckill.db".to_string()),
+            order_log_dir: a
+                .order_log_dir
+                .or(f.order_log_dir)
+                .or_else(|| default_order_log_dir(&database_url)),
+            database_url,
             redis_url,
             redis_prefix: a
                 .redis_prefix
@@ -225,7 +264,9 @@ impl Config {
                 .payment_secret
                 .or(f.payment_secret)
                 .filter(|s| !s.is_empty()),
-            dev: a.dev.or(f.dev).unwrap_or(embedded),
+            // Dev mode hands out login codes: only the laptop start (no Redis, a SQLite
+            // file) has it by default. A server database means real users may be near.
+            dev: a.dev.or(f.dev).unwrap_or(embedded && sqlite),
             sms_hook: a.sms_hook.or(f.sms_hook),
             run_writer: !a.no_writer.or(f.no_writer).unwrap_or(false),
             // SQLite pays per page a commit touches, so fewer, larger commits drain the
@@ -266,6 +307,19 @@ impl Config {
                 .or(f.max_connections)
                 .unwrap_or(10_000)
                 .max(1),
+            header_read_timeout: std::time::Duration::from_secs(
+                a.header_read_timeout_secs
+                    .or(f.header_read_timeout_secs)
+                    .unwrap_or(10),
+            ),
+            idle_timeout: std::time::Duration::from_secs(
+                a.idle_timeout_secs.or(f.idle_timeout_secs).unwrap_or(60),
+            ),
+            max_connections_per_address: a
+                .max_connections_per_address
+                .or(f.max_connections_per_address)
+                .unwrap_or(1000),
+            cors_origins: a.cors_origins.or(f.cors_origins).unwrap_or_default(),
             gate: a.gate.or(f.gate).unwrap_or(if embedded {
                 GateKind::Embedded
             } else {
@@ -293,6 +347,15 @@ impl Config {
             return Err(ConfigError::Invalid {
                 name: "database_url",
                 message: "a distributed deployment (--redis) needs PostgreSQL or MySQL".into(),
+            });
+        }
+        if self.embedded() && self.gate == GateKind::Embedded && self.order_log_dir.is_none() {
+            return Err(ConfigError::Invalid {
+                name: "database_url",
+                message: "an in-memory SQLite database cannot keep accepted orders across a \
+                          restart: use sqlite://FILE, or give --order-log-dir, or decide \
+                          purchases in SQL (--gate sql-conditional)"
+                    .into(),
             });
         }
         if self.embedded() && !self.run_writer {
@@ -327,6 +390,32 @@ impl Config {
                     name,
                     message: "must be between 0 (off) and 1000000, with a burst of at least 1"
                         .into(),
+                });
+            }
+        }
+        if self.header_read_timeout.is_zero() || self.idle_timeout.is_zero() {
+            return Err(ConfigError::Invalid {
+                name: "header_read_timeout_secs",
+                message: "header_read_timeout_secs and idle_timeout_secs must be at least 1".into(),
+            });
+        }
+        if self.max_connections_per_address == 0 {
+            return Err(ConfigError::Invalid {
+                name: "max_connections_per_address",
+                message: "must be at least 1".into(),
+            });
+        }
+        for origin in &self.cors_origins {
+            let host = origin
+                .strip_prefix("http://")
+                .or_else(|| origin.strip_prefix("https://"));
+            if host.is_none_or(|h| h.is_empty() || h.contains(['/', '*', ' '])) {
+                return Err(ConfigError::Invalid {
+                    name: "cors_origins",
+                    message: format!(
+                        "{origin:?} is not an origin such as https://shop.example (no wildcard, \
+                         no path)"
+                    ),
                 });
             }
         }
@@ -375,6 +464,13 @@ impl Config {
             format!("listen             = {}", self.listen),
             format!("database_url       = {}", mask_url(&self.database_url)),
             format!(
+                "order_log_dir      = {}",
+                match (&self.order_log_dir, self.gate) {
+                    (Some(dir), GateKind::Embedded) => dir.display().to_string(),
+                    _ => "(not used)".into(),
+                }
+            ),
+            format!(
                 "redis_url          = {}",
                 self.redis_url
                     .as_deref()
@@ -386,10 +482,8 @@ impl Config {
             format!("token_secret       = {}", mask(&self.token_secret)),
             format!("payment_secret     = {}", mask(&self.payment_secret)),
             format!("dev                = {}", self.dev),
-            format!(
-                "sms_hook           = {}",
-                self.sms_hook.as_deref().unwrap_or("(unset)")
-            ),
+            // The hook's command line may carry an API key of the SMS provider.
+            format!("sms_hook           = {}", mask(&self.sms_hook)),
             format!("run_writer         = {}", self.run_writer),
             format!("writer_batch       = {}", self.writer_batch),
             format!("writer_concurrency = {}", self.writer_concurrency),
@@ -406,6 +500,16 @@ impl Config {
             format!("token_ttl_secs     = {}", self.token_ttl_secs),
             format!("db_max_connections = {}", self.db_max_connections),
             format!("max_connections    = {}", self.max_connections),
+            format!(
+                "max_connections_per_address = {}",
+                self.max_connections_per_address
+            ),
+            format!(
+                "header_read_timeout = {} s",
+                self.header_read_timeout.as_secs()
+            ),
+            format!("idle_timeout       = {} s", self.idle_timeout.as_secs()),
+            format!("cors_origins       = {:?}", self.cors_origins),
             format!("gate               = {}", self.gate.name()),
             format!("threads            = {}", self.threads),
             format!("log                = {}", self.log),
@@ -425,22 +529,59 @@ fn read_file(path: &PathBuf) -> Result<ConfigArgs, ConfigError> {
     })
 }
 
-/// Hides the password of a URL such as `postgres://user:pw@host/db`.
+/// Hides the password of a URL such as `postgres://user:pw@host/db`, and the values of
+/// query parameters that carry secrets (`?password=...`, `?sslpassword=...`, tokens).
 pub fn mask_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (url, None),
     };
-    match rest.split_once('@') {
-        Some((cred, host)) => {
-            let user = cred.split(':').next().unwrap_or("");
-            if cred.contains(':') {
-                format!("{scheme}://{user}:***@{host}")
-            } else {
-                format!("{scheme}://{user}@{host}")
-            }
-        }
-        None => url.to_string(),
+    let mut out = match base.split_once("://") {
+        None => base.to_string(),
+        Some((scheme, rest)) => match rest.rsplit_once('@') {
+            Some((cred, host)) => match cred.split_once(':') {
+                Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
+                None => format!("{scheme}://{cred}@{host}"),
+            },
+            None => base.to_string(),
+        },
+    };
+    if let Some(query) = query {
+        let masked: Vec<String> = query
+            .split('&')
+            .map(|pair| match pair.split_once('=') {
+                Some((k, _)) if secret_param(k) => format!("{k}=***"),
+                _ => pair.to_string(),
+            })
+            .collect();
+        out.push('?');
+        out.push_str(&masked.join("&"));
     }
+    out
+}
+
+fn secret_param(key: &str) -> bool {
+    let k = key.to_ascii_lowercase();
+    ["pass", "pwd", "secret", "token", "key", "auth"]
+        .iter()
+        .any(|s| k.contains(s))
+}
+
+/// The embedded order log's folder: beside a SQLite file (`seckill.db` ->
+/// `seckill.db.orders`), `./seckill.orders` for a server database; none for an in-memory
+/// SQLite database.
+pub fn default_order_log_dir(database_url: &str) -> Option<PathBuf> {
+    let Some(path) = database_url
+        .strip_prefix("sqlite://")
+        .or_else(|| database_url.strip_prefix("sqlite:"))
+    else {
+        return Some(PathBuf::from("seckill.orders"));
+    };
+    let path = path.split('?').next().unwrap_or_default();
+    if path.is_empty() || path.starts_with(":memory:") {
+        return None;
+    }
+    Some(PathBuf::from(format!("{path}.orders")))
 }
 
 #[cfg(test)]
@@ -498,5 +639,82 @@ mod tests {
             mask_url("redis://127.0.0.1:6379/"),
             "redis://127.0.0.1:6379/"
         );
+        assert_eq!(
+            mask_url("postgres://u@h/db?sslmode=require&password=hunter2"),
+            "postgres://u@h/db?sslmode=require&password=***"
+        );
+        assert_eq!(
+            mask_url("redis://:p@ss@h:6379/0"),
+            "redis://:***@h:6379/0",
+            "an @ inside the password"
+        );
+        assert_eq!(mask_url("sqlite://seckill.db"), "sqlite://seckill.db");
+    }
+
+    #[test]
+    fn cors_origins_are_exact_origins() {
+        let with = |o: &str| {
+            let a = ConfigArgs {
+                cors_origins: Some(vec![o.into()]),
+                ..Default::default()
+            };
+            Config::merge(a, ConfigArgs::default())
+        };
+        assert!(with("https://shop.example").is_ok());
+        assert!(with("http://localhost:3000").is_ok());
+        for bad in [
+            "*",
+            "shop.example",
+            "https://shop.example/",
+            "https://a.example/x",
+        ] {
+            assert!(with(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_sms_hook_is_masked_in_the_start_up_log() {
+        let a = ConfigArgs {
+            sms_hook: Some("curl -u api:s3cret https://sms.example".into()),
+            ..Default::default()
+        };
+        let c = Config::merge(a, ConfigArgs::default()).unwrap();
+        assert!(!c.describe().contains("s3cret"), "{}", c.describe());
+    }
+
+    #[test]
+    fn dev_mode_is_on_by_default_only_for_sqlite_without_redis() {
+        let dev = |db: &str| {
+            let a = ConfigArgs {
+                database_url: Some(db.into()),
+                ..Default::default()
+            };
+            Config::merge(a, ConfigArgs::default()).unwrap().dev
+        };
+        assert!(dev("sqlite://x.db"));
+        assert!(
+            !dev("postgres://u@h/db"),
+            "a server database may face real users"
+        );
+        assert!(!dev("mysql://root@h/db"));
+        let forced = ConfigArgs {
+            database_url: Some("postgres://u@h/db".into()),
+            dev: Some(true),
+            ..Default::default()
+        };
+        assert!(Config::merge(forced, ConfigArgs::default()).unwrap().dev);
+    }
+
+    #[test]
+    fn every_embedded_database_gets_an_order_log_folder() {
+        let dir = |db: &str| default_order_log_dir(db).map(|p| p.display().to_string());
+        assert_eq!(
+            dir("sqlite://data/x.db").as_deref(),
+            Some("data/x.db.orders")
+        );
+        assert_eq!(dir("sqlite:x.db?mode=rwc").as_deref(), Some("x.db.orders"));
+        assert_eq!(dir("postgres://u@h/db").as_deref(), Some("seckill.orders"));
+        assert_eq!(dir("mysql://u@h/db").as_deref(), Some("seckill.orders"));
+        assert_eq!(dir("sqlite::memory:"), None);
     }
 }

@@ -42,3 +42,9 @@ pub fn now_ms() -> i64 {
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0)
 }
+
+/// Whether a request body is a JSON object (its first non-space byte is `{`). Every body of
+/// the contract is an object; serde would also fill a struct from an array (`[1, "t"]`).
+pub fn is_json_object(body: &[u8]) -> bool {
+    body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{')
+}

@@ -162,12 +162,7 @@ async fn bench_compare_runs_every_gate_on_redis_and_postgres() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_drives_a_running_target_through_the_api() {
-    let db = common::fresh_database(Sql::Sqlite).await;
-    let server = Server::start(
-        vec![("SECKILL_DATABASE_URL".into(), db)],
-        vec!["serve".into()],
-    )
-    .await;
+    let server = Server::embedded(&[]).await;
     let (base, admin) = (server.base.clone(), server.admin.clone());
     let (ok, r, stderr) = tokio::task::spawn_blocking(move || {
         bench(

@@ -88,3 +88,139 @@ fn bad_configuration_is_refused_clearly() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("distributed"));
 }
+
+#[test]
+fn a_server_that_could_not_keep_its_orders_is_refused() {
+    // Memory decides purchases, and an in-memory database cannot outlive the process.
+    let out = seckill(
+        &[
+            ("SECKILL_DATABASE_URL", "sqlite::memory:"),
+            ("SECKILL_LISTEN", "127.0.0.1:0"),
+        ],
+        &["serve"],
+    );
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("sqlite://FILE") && stderr.contains("--order-log-dir"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_database_has_dev_mode_off_and_dev_mode_warns() {
+    let db = common::fresh_database(Sql::Postgres).await;
+    let dir = std::env::temp_dir().join(common::unique("orders"));
+    let env = vec![
+        ("SECKILL_DATABASE_URL".to_string(), db.clone()),
+        (
+            "SECKILL_ORDER_LOG_DIR".to_string(),
+            dir.display().to_string(),
+        ),
+    ];
+    let server = Server::start(env.clone(), vec!["serve".into()]).await;
+    let c = common::client();
+    let r = c
+        .post(format!("{}/api/auth/code", server.base))
+        .json(&serde_json::json!({"phone": "+8613800000001"}))
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert!(
+        body.get("dev_code").is_none(),
+        "PostgreSQL without Redis must not hand out login codes: {status} {body}"
+    );
+    drop(server);
+
+    // Dev mode asked for on the same database: it works, and says so loudly.
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_seckill"));
+    cmd.arg("serve")
+        .env("SECKILL_DATABASE_URL", &db)
+        .env("SECKILL_ORDER_LOG_DIR", &dir)
+        .env("SECKILL_DEV", "1")
+        .env(
+            "SECKILL_LISTEN",
+            format!("127.0.0.1:{}", common::free_port()),
+        )
+        .env_remove("SECKILL_REDIS_URL")
+        .env_remove("SECKILL_CONFIG")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null());
+    let mut child = cmd.spawn().unwrap();
+    // The log goes to standard output; read it until the server says it is serving.
+    let mut out = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::Read;
+        let mut text = String::new();
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = out.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            text.push_str(&String::from_utf8_lossy(&buf[..n]));
+            if text.contains("seckill is serving") {
+                break;
+            }
+        }
+        let _ = tx.send(text);
+    });
+    let text = rx.recv_timeout(std::time::Duration::from_secs(60));
+    let _ = child.kill();
+    let _ = child.wait();
+    let text = text.expect("the server started within a minute");
+    assert_eq!(
+        text.matches("DEV MODE IS ON").count(),
+        1,
+        "one loud line: {text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_server_deciding_in_memory_on_the_same_database_is_refused() {
+    for kind in [Sql::Postgres, Sql::Mariadb] {
+        let db = common::fresh_database(kind).await;
+        let dir = |tag: &str| {
+            std::env::temp_dir()
+                .join(common::unique(tag))
+                .display()
+                .to_string()
+        };
+        let first = Server::start(
+            vec![
+                ("SECKILL_DATABASE_URL".into(), db.clone()),
+                ("SECKILL_ORDER_LOG_DIR".into(), dir("orders-a")),
+            ],
+            vec!["serve".into()],
+        )
+        .await;
+        // Its own log folder, the same database: each would sell the whole stock.
+        let port = common::free_port().to_string();
+        let listen = format!("127.0.0.1:{port}");
+        let orders_b = dir("orders-b");
+        let out = seckill(
+            &[
+                ("SECKILL_DATABASE_URL", &db),
+                ("SECKILL_ORDER_LOG_DIR", &orders_b),
+                ("SECKILL_LISTEN", &listen),
+            ],
+            &["serve"],
+        );
+        assert!(!out.status.success(), "{kind:?}: a second server started");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("--redis"), "{kind:?}: {stderr}");
+        // Once the first is gone, a server may take over the database.
+        drop(first);
+        let again = Server::start(
+            vec![
+                ("SECKILL_DATABASE_URL".into(), db.clone()),
+                ("SECKILL_ORDER_LOG_DIR".into(), orders_b),
+            ],
+            vec!["serve".into()],
+        )
+        .await;
+        drop(again);
+    }
+}

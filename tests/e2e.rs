@@ -1,4 +1,5 @@
-//! End to end, per deployment (embedded SQLite; Redis + PostgreSQL; Redis + MariaDB): the
+//! End to end, per deployment (embedded SQLite; PostgreSQL or MariaDB without Redis;
+//! Redis + PostgreSQL; Redis + MariaDB): the
 //! real binary, buyers who logged in through the API, a storm over HTTP with a share of
 //! repeat buyers, then the database itself checked. Then a storm cut by SIGKILL of the
 //! server, a restart, and the same checks.
@@ -34,6 +35,33 @@ async fn embedded() -> Deployment {
     let server = Server::start(env, vec!["serve".into()]).await;
     Deployment {
         name: "embedded",
+        server,
+        _worker: None,
+        store: Store::connect(&db, 4).await.unwrap(),
+    }
+}
+
+/// No Redis but a server database: purchases decided in the server's memory, accepted orders
+/// fsynced to the order log folder before `ok`, then written to PostgreSQL or MariaDB.
+async fn embedded_on(kind: Sql) -> Deployment {
+    let db = common::fresh_database(kind).await;
+    let dir = std::env::temp_dir().join(common::unique("orders"));
+    let env = vec![
+        ("SECKILL_DATABASE_URL".to_string(), db.clone()),
+        (
+            "SECKILL_ORDER_LOG_DIR".to_string(),
+            dir.display().to_string(),
+        ),
+        // A server database has dev mode off by default; these buyers log in with it.
+        ("SECKILL_DEV".to_string(), "1".to_string()),
+    ];
+    let server = Server::start(env, vec!["serve".into()]).await;
+    Deployment {
+        name: if kind == Sql::Postgres {
+            "embedded+postgres"
+        } else {
+            "embedded+mariadb"
+        },
         server,
         _worker: None,
         store: Store::connect(&db, 4).await.unwrap(),
@@ -287,6 +315,16 @@ async fn run_deployment(mut d: Deployment) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn embedded_storm_and_sigkill() {
     run_deployment(embedded().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_without_redis_storm_and_sigkill() {
+    run_deployment(embedded_on(Sql::Postgres).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mariadb_without_redis_storm_and_sigkill() {
+    run_deployment(embedded_on(Sql::Mariadb).await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -86,7 +86,7 @@ async fn purchase_tokens_and_captchas_over_http() {
         json!({"anti_bot": "token", "begins_at": in_an_hour, "ends_at": "2099-01-01T00:00:00Z"}),
     )
     .await;
-    let users = common::login_users(&c, &base, 3).await;
+    let users = common::login_users(&c, &base, 5).await;
     let sale_view = common::get_json(&c, format!("{base}/api/sales/{with_token}"), None).await;
     assert_eq!(
         sale_view["anti_bot"], "token",
@@ -197,7 +197,33 @@ async fn purchase_tokens_and_captchas_over_http() {
     let reused = guess(fresh_answer, fresh_id, users[1].clone()).await;
     assert_eq!(code(&reused), (403, "captcha_failed".into()));
 
+    // Pictures are rationed per buyer and sale: five at once, then one every five seconds.
+    let mut answers = Vec::new();
+    for _ in 0..7 {
+        let r = c.get(&cap_url).bearer_auth(&users[3]).send().await.unwrap();
+        let retry_after = r
+            .headers()
+            .get("retry-after")
+            .map(|v| v.to_str().unwrap().to_string());
+        let status = r.status().as_u16();
+        let body: serde_json::Value = r.json().await.unwrap();
+        answers.push((status, body["code"].clone(), retry_after));
+    }
+    assert!(answers[..5].iter().all(|a| a.0 == 200), "{answers:?}");
+    for (status, code, retry_after) in &answers[5..] {
+        assert_eq!(
+            (*status, code.as_str()),
+            (429, Some("rate_limited")),
+            "{answers:?}"
+        );
+        let secs: u64 = retry_after.as_deref().unwrap().parse().unwrap();
+        assert!((1..=5).contains(&secs), "{answers:?}");
+    }
+    let (status, _) = get(&c, cap_url.clone(), &users[4]).await;
+    assert_eq!(status, 200, "another buyer is not affected");
+
     let m = metrics(&c, &server).await;
+    assert_eq!(metric(&m, "seckill_captchas_limited_total"), 2, "{m}");
     assert_eq!(
         metric(&m, "seckill_purchases_total{code=\"token_used\"}"),
         1,
@@ -272,6 +298,12 @@ async fn a_bot_storm_against_an_anti_bot_sale_sells_exactly_the_stock() {
         ("SECKILL_REDIS_URL".to_string(), redis.url()),
         ("SECKILL_DEV".to_string(), "1".to_string()),
         ("SECKILL_TOKEN_SECRET".to_string(), SECRET.to_string()),
+        // 3,000 buyers on one loopback address, scripts firing 20 requests at once: far
+        // past the default share of one address (1,000 connections).
+        (
+            "SECKILL_MAX_CONNECTIONS_PER_ADDRESS".to_string(),
+            "10000".to_string(),
+        ),
     ];
     let server = Server::start(env, vec!["serve".into()]).await;
     let c = common::client();

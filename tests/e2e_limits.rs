@@ -6,17 +6,15 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Server, Sql};
+use common::Server;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scripted_buyers_are_throttled_people_are_not() {
-    let db = common::fresh_database(Sql::Sqlite).await;
-    let env = vec![
-        ("SECKILL_DATABASE_URL".into(), db),
-        ("SECKILL_RATE_USER_PER_SEC".into(), "2".into()),
-        ("SECKILL_RATE_USER_BURST".into(), "4".into()),
-    ];
-    let server = Server::start(env, vec!["serve".into()]).await;
+    let server = Server::embedded(&[
+        ("SECKILL_RATE_USER_PER_SEC", "2"),
+        ("SECKILL_RATE_USER_BURST", "4"),
+    ])
+    .await;
     let c = common::client();
     let sale = common::open_sale(&c, &server, 5, 1).await;
     let tokens = common::login_users(&c, &server.base, 2).await;
@@ -68,14 +66,12 @@ async fn scripted_buyers_are_throttled_people_are_not() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_address_limit_believes_only_trusted_proxies() {
-    let db = common::fresh_database(Sql::Sqlite).await;
-    let env = vec![
-        ("SECKILL_DATABASE_URL".into(), db),
-        ("SECKILL_RATE_ADDRESS_PER_SEC".into(), "1".into()),
-        ("SECKILL_RATE_ADDRESS_BURST".into(), "3".into()),
-        ("SECKILL_TRUSTED_PROXIES".into(), "127.0.0.1".into()),
-    ];
-    let server = Server::start(env, vec!["serve".into()]).await;
+    let server = Server::embedded(&[
+        ("SECKILL_RATE_ADDRESS_PER_SEC", "1"),
+        ("SECKILL_RATE_ADDRESS_BURST", "3"),
+        ("SECKILL_TRUSTED_PROXIES", "127.0.0.1"),
+    ])
+    .await;
     let c = common::client();
     let get = |xff: &'static str| {
         let c = c.clone();
@@ -130,12 +126,7 @@ async fn hold_a_connection(base: &str) -> tokio::net::TcpStream {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_beyond_the_cap_wait_their_turn() {
-    let db = common::fresh_database(Sql::Sqlite).await;
-    let env = vec![
-        ("SECKILL_DATABASE_URL".into(), db),
-        ("SECKILL_MAX_CONNECTIONS".into(), "2".into()),
-    ];
-    let server = Server::start(env, vec!["serve".into()]).await;
+    let server = Server::embedded(&[("SECKILL_MAX_CONNECTIONS", "2")]).await;
     let first = hold_a_connection(&server.base).await;
     let _second = hold_a_connection(&server.base).await;
     let third = reqwest::Client::builder()
@@ -160,4 +151,251 @@ async fn connections_beyond_the_cap_wait_their_turn() {
         !metrics.contains("seckill_connections_saturated_total 0"),
         "{metrics}"
     );
+}
+
+/// Opens `n` TCP connections from `local` (a loopback address of its own) that never send
+/// a byte. Connections the server closed at once are dropped; the rest are returned.
+async fn silent_sockets(base: &str, local: &str, n: usize) -> Vec<tokio::net::TcpStream> {
+    let addr: std::net::SocketAddr = base.trim_start_matches("http://").parse().unwrap();
+    let local: std::net::SocketAddr = format!("{local}:0").parse().unwrap();
+    let mut held = Vec::new();
+    for chunk in (0..n).collect::<Vec<_>>().chunks(500) {
+        let opened = futures_util::future::join_all(chunk.iter().map(|_| async move {
+            let socket = tokio::net::TcpSocket::new_v4().ok()?;
+            socket.bind(local).ok()?;
+            tokio::time::timeout(Duration::from_secs(5), socket.connect(addr))
+                .await
+                .ok()?
+                .ok()
+        }))
+        .await;
+        held.extend(opened.into_iter().flatten());
+    }
+    held
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_silent_sockets_from_one_address_stop_nobody_else() {
+    // Default caps: 10,000 connections in all, 1,000 per address.
+    let server = Server::embedded(&[]).await;
+    let c = common::client();
+    let sale = common::open_sale(&c, &server, 5, 1).await;
+    let tokens = common::login_users(&c, &server.base, 3).await;
+
+    let silent = silent_sockets(&server.base, "127.0.0.2", 10_000).await;
+    assert!(silent.len() >= 9_000, "opened {}", silent.len());
+    // Let the server accept (and close) the whole flood.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let quick = reqwest::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    for _ in 0..5 {
+        let r = quick
+            .get(format!("{}/healthz", server.base))
+            .send()
+            .await
+            .expect("/healthz answers while one address holds 10,000 silent sockets");
+        assert_eq!(r.status(), 200);
+    }
+    for t in &tokens {
+        let r = quick
+            .post(format!("{}/api/sales/{sale}/purchase", server.base))
+            .bearer_auth(t)
+            .send()
+            .await
+            .expect("a purchase is answered while the flood is held");
+        assert_eq!(r.status(), 200, "{:?}", r.text().await);
+    }
+    let metrics = common::metrics(&quick, &server).await;
+    let open = common::metric(&metrics, "seckill_connections_open");
+    assert!(
+        open <= 1_010,
+        "one address holds at most its share: {open} open"
+    );
+    assert!(
+        common::metric(&metrics, "seckill_connections_refused_per_address_total") >= 8_000,
+        "{metrics}"
+    );
+    drop(silent);
+}
+
+/// Reads until the server closes the connection; the time it took, or None if it stayed
+/// open for `within`.
+async fn closed_within(conn: &mut tokio::net::TcpStream, within: Duration) -> Option<Duration> {
+    use tokio::io::AsyncReadExt;
+    let started = std::time::Instant::now();
+    let mut buf = [0u8; 1024];
+    loop {
+        match tokio::time::timeout_at(
+            tokio::time::Instant::from_std(started + within),
+            conn.read(&mut buf),
+        )
+        .await
+        {
+            Err(_) => return None,
+            Ok(Ok(0)) | Ok(Err(_)) => return Some(started.elapsed()),
+            Ok(Ok(_)) => continue,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_and_slow_connections_are_closed_busy_ones_are_not() {
+    use tokio::io::AsyncWriteExt;
+    let server = Server::embedded(&[
+        ("SECKILL_IDLE_TIMEOUT_SECS", "2"),
+        ("SECKILL_HEADER_READ_TIMEOUT_SECS", "1"),
+    ])
+    .await;
+    let addr = server.base.trim_start_matches("http://").to_string();
+
+    // Never sends a byte: closed after the idle timeout (watched from the moment it opens).
+    let mut silent = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let silent =
+        tokio::spawn(async move { closed_within(&mut silent, Duration::from_secs(8)).await });
+    // Answered once, then idle on keep-alive: closed after the idle timeout.
+    let mut idle = hold_a_connection(&server.base).await;
+    // Slowloris: starts a head and trickles a byte every 300 ms, forever.
+    let mut slow = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let trickle = {
+        let mut slow_w = slow.into_split();
+        let writer = tokio::spawn(async move {
+            for _ in 0..30 {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                if slow_w.1.write_all(b"X").await.is_err() {
+                    break;
+                }
+            }
+        });
+        (slow_w.0, writer)
+    };
+
+    // Busy: a request every 500 ms on one keep-alive connection for 4 s stays served.
+    let busy = reqwest::Client::builder()
+        .pool_max_idle_per_host(1)
+        .build()
+        .unwrap();
+    for _ in 0..8 {
+        let r = busy
+            .get(format!("{}/healthz", server.base))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+
+    let limit = Duration::from_secs(6);
+    let t = silent
+        .await
+        .unwrap()
+        .expect("a silent connection is closed");
+    assert!(
+        t >= Duration::from_millis(1500),
+        "not before the idle timeout: {t:?}"
+    );
+    closed_within(&mut idle, limit)
+        .await
+        .expect("an idle keep-alive connection is closed");
+    let (mut slow_r, writer) = trickle;
+    {
+        use tokio::io::AsyncReadExt;
+        let mut buf = [0u8; 256];
+        let read = tokio::time::timeout(limit, slow_r.read(&mut buf)).await;
+        assert!(
+            matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+            "a head trickled a byte at a time is cut off: {read:?}"
+        );
+    }
+    writer.abort();
+    let metrics = common::metrics(&busy, &server).await;
+    assert!(
+        common::metric(&metrics, "seckill_connections_timed_out_total") >= 3,
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pages_of_listed_origins_may_call_the_api_others_may_not() {
+    let server = Server::embedded(&[(
+        "SECKILL_CORS_ORIGINS",
+        "https://shop.example,http://localhost:3000",
+    )])
+    .await;
+    let c = common::client();
+    let sale = common::open_sale(&c, &server, 5, 1).await;
+    let token = common::login_users(&c, &server.base, 1).await.remove(0);
+    let purchase = format!("{}/api/sales/{sale}/purchase", server.base);
+
+    // The browser's preflight before a purchase with a bearer token.
+    let pre = c
+        .request(reqwest::Method::OPTIONS, &purchase)
+        .header("Origin", "https://shop.example")
+        .header("Access-Control-Request-Method", "POST")
+        .header(
+            "Access-Control-Request-Headers",
+            "authorization, content-type",
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(pre.status(), 204);
+    assert_eq!(
+        pre.headers()["access-control-allow-origin"],
+        "https://shop.example"
+    );
+    let allowed = pre.headers()["access-control-allow-headers"]
+        .to_str()
+        .unwrap();
+    assert!(allowed.contains("authorization"), "{allowed}");
+
+    // The purchase itself (served by the front door, not the router) and a routed call.
+    let r = c
+        .post(&purchase)
+        .bearer_auth(&token)
+        .header("Origin", "https://shop.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        r.headers()["access-control-allow-origin"],
+        "https://shop.example"
+    );
+    let r = c
+        .get(format!("{}/api/sales", server.base))
+        .header("Origin", "http://localhost:3000")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        r.headers()["access-control-allow-origin"],
+        "http://localhost:3000"
+    );
+    let exposed = r.headers()["access-control-expose-headers"]
+        .to_str()
+        .unwrap();
+    assert!(exposed.contains("etag"), "{exposed}");
+
+    // Another origin gets nothing that would let its page read the answer.
+    let pre = c
+        .request(reqwest::Method::OPTIONS, &purchase)
+        .header("Origin", "https://evil.example")
+        .header("Access-Control-Request-Method", "POST")
+        .send()
+        .await
+        .unwrap();
+    assert!(pre.headers().get("access-control-allow-origin").is_none());
+    let r = c
+        .get(format!("{}/api/sales", server.base))
+        .header("Origin", "https://evil.example")
+        .send()
+        .await
+        .unwrap();
+    assert!(r.headers().get("access-control-allow-origin").is_none());
 }

@@ -141,12 +141,7 @@ async fn malformed_requests_get_clear_errors_and_change_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn catalogue_is_cacheable_and_orders_are_private() {
-    let db = common::fresh_database(Sql::Sqlite).await;
-    let server = Server::start(
-        vec![("SECKILL_DATABASE_URL".into(), db)],
-        vec!["serve".into()],
-    )
-    .await;
+    let server = Server::embedded(&[]).await;
     let c = common::client();
     let base = server.base.clone();
     let sale = common::open_sale(&c, &server, 5, 1).await;

@@ -192,6 +192,30 @@ async fn migrations_are_idempotent_and_safe_to_race() {
     }
 }
 
+/// A new SQLite file opened by several processes at once: switching it to WAL takes a lock
+/// SQLite does not wait for, so before `Store::connect` waited for it itself, a few rounds
+/// in a hundred failed with "database is locked".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_sqlite_file_opened_by_many_at_once() {
+    for round in 0..200 {
+        let url = common::fresh_database(Sql::Sqlite).await;
+        let tasks: Vec<_> = (0..6)
+            .map(|_| {
+                let url = url.clone();
+                tokio::spawn(async move {
+                    let store = Store::connect(&url, 2).await?;
+                    store.migrate().await
+                })
+            })
+            .collect();
+        for t in tasks {
+            if let Err(e) = t.await.unwrap() {
+                panic!("round {round}: {e}");
+            }
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn users_codes_and_meta() {
     for kind in ALL_SQL {

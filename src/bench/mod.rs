@@ -284,6 +284,10 @@ async fn start_server(config: &Config, gate: GateKind) -> Result<Target, BenchEr
     };
     let mut env = vec![
         ("SECKILL_DATABASE_URL".to_string(), database),
+        (
+            "SECKILL_ORDER_LOG_DIR".to_string(),
+            workdir.join("orders").display().to_string(),
+        ),
         ("SECKILL_GATE".to_string(), gate.name().to_string()),
         ("SECKILL_ADMIN_TOKEN".to_string(), admin.clone()),
         ("SECKILL_DEV".to_string(), "1".to_string()),
@@ -294,6 +298,11 @@ async fn start_server(config: &Config, gate: GateKind) -> Result<Target, BenchEr
             config.db_max_connections.to_string(),
         ),
         ("SECKILL_THREADS".to_string(), config.threads.to_string()),
+        // Every simulated buyer comes from this one address.
+        (
+            "SECKILL_MAX_CONNECTIONS_PER_ADDRESS".to_string(),
+            config.max_connections.to_string(),
+        ),
     ];
     if gate == GateKind::Redis {
         let redis = config

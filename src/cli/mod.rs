@@ -118,6 +118,13 @@ fn init_tracing(filter: &str) {
 
 async fn serve(config: Config) -> Result<(), AppError> {
     tracing::info!("configuration:\n{}", config.describe());
+    if config.dev {
+        tracing::warn!(
+            "DEV MODE IS ON: /api/auth/code returns the login code to whoever asks, so anyone \
+             can log in as any phone number. Never expose this server to real users (turn it \
+             off with --dev false or SECKILL_DEV=0)."
+        );
+    }
     let listen = config.listen;
     let run_writer = config.run_writer;
     let dev = config.dev;

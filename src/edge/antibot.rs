@@ -26,6 +26,15 @@ pub const PURCHASE_TOKEN_TTL_MS: i64 = 60_000;
 /// Time for a person to read and type the digits.
 pub const CAPTCHA_TTL_MS: i64 = 300_000;
 const ANSWER_DIGITS: usize = 5;
+/// Captchas one buyer may fetch for one sale: five at once, then one every five seconds.
+/// A person retyping a hard picture needs a few; a script farming pictures for an OCR or a
+/// solving service gets twelve a minute. Kept per instance.
+pub const CAPTCHA_RATE: crate::gate::RateLimit = crate::gate::RateLimit {
+    per_sec: 0.2,
+    burst: 5,
+};
+/// Buyers tracked at most by the captcha limit (each costs a few dozen bytes).
+pub const CAPTCHA_LIMITER_KEYS: usize = 1_000_000;
 
 #[derive(Clone, Copy)]
 enum Kind {
@@ -181,6 +190,13 @@ pub async fn captcha(
             crate::gate::Rejection::Ended,
             sale.per_user_limit,
         ));
+    }
+    if let Err(wait_ms) = st.captcha_limiter.take((sale.id, user_id), crate::now_ms()) {
+        st.metrics.captchas_limited.fetch_add(1, Ordering::Relaxed);
+        return Err(ApiError::RateLimited {
+            retry_after_secs: (wait_ms as u64).div_ceil(1000),
+            message: "too many captchas for this sale; wait before asking for another".into(),
+        });
     }
     let spend = issue(CAPTCHA_TTL_MS);
     let digits = answer(&st.tokens, sale.id, user_id, spend.nonce);

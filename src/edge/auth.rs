@@ -150,9 +150,14 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// The credentials of `Authorization: Bearer ...`; the scheme's name is case-insensitive
+/// (RFC 9110, 11.1), so `bearer` and `BEARER` are the same scheme.
 fn bearer(headers: &HeaderMap) -> Option<&str> {
     let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
-    value.strip_prefix("Bearer ").map(str::trim)
+    let scheme = value.get(..7)?;
+    scheme
+        .eq_ignore_ascii_case("bearer ")
+        .then(|| value[7..].trim())
 }
 
 /// The user id behind the request's bearer token at `now_ms`, or 401.
@@ -330,6 +335,21 @@ pub async fn login(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive() {
+        let with = |v: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(header::AUTHORIZATION, v.parse().unwrap());
+            bearer(&h).map(str::to_string)
+        };
+        for v in ["Bearer abc", "bearer abc", "BEARER abc", "bEaReR  abc "] {
+            assert_eq!(with(v).as_deref(), Some("abc"), "{v}");
+        }
+        for v in ["Basic abc", "Bearerabc", "abc", "Bearer"] {
+            assert_eq!(with(v), None, "{v}");
+        }
+    }
 
     #[test]
     fn tokens_verify_and_resist_forgery() {

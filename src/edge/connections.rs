@@ -1,13 +1,20 @@
-//! The cap on client connections served at once. Over the cap, the listener stops
-//! accepting: new connections wait in the kernel's accept queue (long, see `cli`) instead
-//! of each costing a task, buffers and a file descriptor. A slot is freed when its
-//! connection closes, however it closes.
+//! Client connections: the cap on connections served at once, the cap per client
+//! address, and what each connection is doing (for the idle and header-read timeouts).
+//!
+//! Over the global cap, the listener stops accepting: new connections wait in the kernel's
+//! accept queue (long, see `cli`) instead of each costing a task, buffers and a file
+//! descriptor. A slot is freed when its connection closes, however it closes. Over the
+//! per-address cap, a new connection is closed at once, so that one address holding
+//! thousands of silent sockets cannot take every slot from everyone else.
 
+use std::collections::HashMap;
 use std::io;
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use axum::serve::Listener;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -18,15 +25,53 @@ pub struct Connections {
     max: usize,
     /// Times the cap was reached and accepting paused.
     pub saturated: AtomicU64,
+    per_address: PerAddress,
+    /// How long a request's head may take once its first bytes arrived.
+    pub header_read_timeout: Duration,
+    /// How long a connection may stay open without a request.
+    pub idle_timeout: Duration,
+    /// Connections closed because they were idle, or too slow sending a request's head.
+    pub timed_out: AtomicU64,
+}
+
+/// The limits on one client's connections (see `Config`).
+#[derive(Debug, Clone)]
+pub struct ConnectionLimits {
+    pub max: usize,
+    pub per_address: usize,
+    /// Peers exempt from the per-address cap: a proxy in front carries a whole crowd.
+    pub exempt: Vec<IpAddr>,
+    pub header_read_timeout: Duration,
+    pub idle_timeout: Duration,
 }
 
 impl Connections {
-    pub fn new(max: usize) -> Arc<Self> {
+    pub fn new(limits: ConnectionLimits) -> Arc<Self> {
+        let max = limits.max.max(1);
         Arc::new(Connections {
-            slots: Arc::new(Semaphore::new(max.max(1))),
-            max: max.max(1),
+            slots: Arc::new(Semaphore::new(max)),
+            max,
             saturated: AtomicU64::new(0),
+            per_address: PerAddress {
+                max: limits.per_address.max(1),
+                exempt: limits.exempt,
+                open: Arc::new(Mutex::new(HashMap::new())),
+                refused: AtomicU64::new(0),
+            },
+            header_read_timeout: limits.header_read_timeout,
+            idle_timeout: limits.idle_timeout,
+            timed_out: AtomicU64::new(0),
         })
+    }
+
+    /// Takes one of `peer`'s connection slots, or `None` when it holds its share already.
+    pub fn admit(&self, peer: IpAddr) -> Option<AddressSlot> {
+        self.per_address.admit(peer)
+    }
+
+    /// Connections closed at once because their address held its share.
+    pub fn refused_per_address(&self) -> u64 {
+        self.per_address.refused.load(Ordering::Relaxed)
     }
 
     pub fn open(&self) -> usize {
@@ -78,13 +123,7 @@ impl<L: Listener> Listener for Limited<L> {
             }
         };
         let (io, addr) = self.inner.accept().await;
-        (
-            Counted {
-                io,
-                _slot: Some(slot),
-            },
-            addr,
-        )
+        (Counted::new(io, Some(slot)), addr)
     }
 
     fn local_addr(&self) -> io::Result<Self::Addr> {
@@ -95,14 +134,200 @@ impl<L: Listener> Listener for Limited<L> {
 impl<L: Listener> Limited<L> {
     async fn unlimited(&mut self) -> (Counted<L::Io>, L::Addr) {
         let (io, addr) = self.inner.accept().await;
-        (Counted { io, _slot: None }, addr)
+        (Counted::new(io, None), addr)
     }
 }
 
-/// A connection holding its slot until dropped.
+/// A connection holding its slot until dropped, telling its `Activity` when bytes come in
+/// and answers go out.
 pub struct Counted<I> {
     io: I,
     _slot: Option<OwnedSemaphorePermit>,
+    activity: Arc<Activity>,
+}
+
+impl<I> Counted<I> {
+    fn new(io: I, slot: Option<OwnedSemaphorePermit>) -> Self {
+        Counted {
+            io,
+            _slot: slot,
+            activity: Activity::new(),
+        }
+    }
+
+    pub fn get_mut(&mut self) -> &mut I {
+        &mut self.io
+    }
+
+    /// What this connection is doing, for its watchdog and its requests.
+    pub fn activity(&self) -> Arc<Activity> {
+        self.activity.clone()
+    }
+}
+
+/// Connections open now, per client address.
+type OpenPerAddress = Arc<Mutex<HashMap<IpAddr, usize>>>;
+
+/// The per-address cap.
+struct PerAddress {
+    max: usize,
+    exempt: Vec<IpAddr>,
+    open: OpenPerAddress,
+    refused: AtomicU64,
+}
+
+impl PerAddress {
+    fn admit(&self, peer: IpAddr) -> Option<AddressSlot> {
+        if self.exempt.contains(&peer) {
+            return Some(AddressSlot { held: None });
+        }
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        let count = open.entry(peer).or_insert(0);
+        if *count >= self.max {
+            drop(open);
+            let times = self.refused.fetch_add(1, Ordering::Relaxed);
+            // A flood would hit this once per connection: log the first of each thousand.
+            if times.is_multiple_of(1000) {
+                tracing::warn!(
+                    %peer,
+                    max = self.max,
+                    times = times + 1,
+                    "an address holds its share of connections; closing its new ones"
+                );
+            }
+            return None;
+        }
+        *count += 1;
+        Some(AddressSlot {
+            held: Some((self.open.clone(), peer)),
+        })
+    }
+}
+
+/// One connection of an address, given back when dropped.
+pub struct AddressSlot {
+    held: Option<(OpenPerAddress, IpAddr)>,
+}
+
+impl Drop for AddressSlot {
+    fn drop(&mut self) {
+        if let Some((open, peer)) = self.held.take() {
+            let mut open = open.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(count) = open.get_mut(&peer) {
+                *count -= 1;
+                if *count == 0 {
+                    open.remove(&peer);
+                }
+            }
+        }
+    }
+}
+
+/// Milliseconds on a monotonic clock, never 0 (0 means "not set" in `Activity`), to within
+/// `TICK`: read by every request twice, so it is a load of a number a thread of its own
+/// keeps current, not a clock call (the timeouts it serves are whole seconds).
+fn clock_ms() -> u64 {
+    static NOW_MS: AtomicU64 = AtomicU64::new(0);
+    static TICKER: OnceLock<()> = OnceLock::new();
+    const TICK: Duration = Duration::from_millis(20);
+    TICKER.get_or_init(|| {
+        let start = Instant::now();
+        let now = move || start.elapsed().as_millis() as u64 + 1;
+        NOW_MS.store(now(), Ordering::Relaxed);
+        let ticking = std::thread::Builder::new()
+            .name("seckill-clock".into())
+            .spawn(move || loop {
+                std::thread::sleep(TICK);
+                NOW_MS.store(now(), Ordering::Relaxed);
+            });
+        // Without the thread the clock stands still and no connection ever times out;
+        // threads are only refused when the process is out of them.
+        if let Err(e) = ticking {
+            tracing::error!("cannot start the connection clock: {e}");
+        }
+    });
+    NOW_MS.load(Ordering::Relaxed)
+}
+
+/// What a connection is doing, as seen from its bytes: waiting for a request (idle since),
+/// receiving a request's head (head since), or neither (a request is being served).
+/// Written by the connection's own task only; atomics because hyper owns the I/O.
+#[derive(Default)]
+pub struct Activity {
+    idle_since: AtomicU64,
+    head_since: AtomicU64,
+    /// Set by the watchdog when a deadline passed; the connection's task is woken.
+    expired: std::sync::atomic::AtomicBool,
+    expired_waker: futures_util::task::AtomicWaker,
+}
+
+impl Activity {
+    pub fn new() -> Arc<Self> {
+        let a = Activity::default();
+        a.idle_since.store(clock_ms(), Ordering::Relaxed);
+        Arc::new(a)
+    }
+
+    /// A request's head is complete: from here on the request is served, not awaited.
+    pub fn head_complete(&self) {
+        self.head_since.store(0, Ordering::Relaxed);
+    }
+
+    fn read(&self, bytes: usize) {
+        if bytes > 0 && self.idle_since.load(Ordering::Relaxed) != 0 {
+            self.idle_since.store(0, Ordering::Relaxed);
+            self.head_since.store(clock_ms(), Ordering::Relaxed);
+        }
+    }
+
+    fn wrote(&self) {
+        self.head_since.store(0, Ordering::Relaxed);
+        self.idle_since.store(clock_ms(), Ordering::Relaxed);
+    }
+
+    /// The watchdog of one connection, run as a task of its own: a timer polled beside the
+    /// connection would be polled again at every wake-up of every request.
+    pub async fn watch(self: Arc<Self>, header: Duration, idle: Duration) {
+        self.expired(header, idle).await;
+        self.expired.store(true, Ordering::Release);
+        self.expired_waker.wake();
+    }
+
+    /// Ready once `watch` saw a deadline pass: an atomic load on the connection's path.
+    pub fn poll_expired(&self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.expired.load(Ordering::Acquire) {
+            return Poll::Ready(());
+        }
+        self.expired_waker.register(cx.waker());
+        if self.expired.load(Ordering::Acquire) {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    }
+
+    /// Resolves when the connection has been idle longer than `idle`, or has been sending
+    /// one request's head for longer than `header`; never while a request is served.
+    pub async fn expired(&self, header: Duration, idle: Duration) {
+        let (header, idle) = (header.as_millis() as u64, idle.as_millis() as u64);
+        loop {
+            let now = clock_ms();
+            let head = self.head_since.load(Ordering::Relaxed);
+            let since = self.idle_since.load(Ordering::Relaxed);
+            let deadline = if head != 0 {
+                head + header
+            } else if since != 0 {
+                since + idle
+            } else {
+                // Serving: nothing can expire before the request is answered; look again.
+                now + header.min(idle)
+            };
+            if deadline <= now {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(deadline - now)).await;
+        }
+    }
 }
 
 impl<I: AsyncRead + Unpin> AsyncRead for Counted<I> {
@@ -111,7 +336,12 @@ impl<I: AsyncRead + Unpin> AsyncRead for Counted<I> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_read(cx, buf)
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.io).poll_read(cx, buf);
+        if let Poll::Ready(Ok(())) = polled {
+            self.activity.read(buf.filled().len() - before);
+        }
+        polled
     }
 }
 
@@ -121,7 +351,11 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for Counted<I> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
+        let polled = Pin::new(&mut self.io).poll_write(cx, buf);
+        if let Poll::Ready(Ok(_)) = polled {
+            self.activity.wrote();
+        }
+        polled
     }
 
     fn poll_write_vectored(
@@ -129,7 +363,11 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for Counted<I> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+        let polled = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        if let Poll::Ready(Ok(_)) = polled {
+            self.activity.wrote();
+        }
+        polled
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -145,8 +383,64 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for Counted<I> {
     }
 }
 
-impl<I> Counted<I> {
-    pub fn get_mut(&mut self) -> &mut I {
-        &mut self.io
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(per_address: usize, exempt: &[&str]) -> ConnectionLimits {
+        ConnectionLimits {
+            max: 100,
+            per_address,
+            exempt: exempt.iter().map(|a| a.parse().unwrap()).collect(),
+            header_read_timeout: Duration::from_secs(1),
+            idle_timeout: Duration::from_secs(1),
+        }
+    }
+
+    #[test]
+    fn an_address_holds_at_most_its_share_and_gets_it_back() {
+        let c = Connections::new(limits(2, &["10.0.0.9"]));
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        let first = c.admit(a).unwrap();
+        let _second = c.admit(a).unwrap();
+        assert!(c.admit(a).is_none(), "a third is refused");
+        assert!(
+            c.admit("10.0.0.2".parse().unwrap()).is_some(),
+            "others are not"
+        );
+        drop(first);
+        assert!(c.admit(a).is_some(), "a closed connection frees its slot");
+        let proxy: IpAddr = "10.0.0.9".parse().unwrap();
+        let held: Vec<_> = (0..10).map(|_| c.admit(proxy).unwrap()).collect();
+        assert_eq!(held.len(), 10, "a trusted proxy is exempt");
+        assert_eq!(c.refused_per_address(), 1);
+    }
+
+    #[tokio::test]
+    async fn idle_and_slow_heads_expire_but_a_served_request_does_not() {
+        let ms = Duration::from_millis;
+        // Idle long ago: expired at once.
+        let a = Activity::new();
+        a.idle_since.store(1, Ordering::Relaxed);
+        tokio::time::timeout(ms(500), a.expired(ms(50), ms(50)))
+            .await
+            .expect("an idle connection expires");
+        // A head started and never finished: expired after the header timeout.
+        let a = Activity::new();
+        a.read(10);
+        let started = Instant::now();
+        tokio::time::timeout(ms(2000), a.expired(ms(100), ms(60_000)))
+            .await
+            .expect("a slow head expires");
+        assert!(started.elapsed() >= ms(60), "{:?}", started.elapsed());
+        // Serving: neither idle nor reading a head, so it must not resolve.
+        a.head_complete();
+        let served = tokio::time::timeout(ms(400), a.expired(ms(50), ms(50))).await;
+        assert!(served.is_err(), "a request being served never expires");
+        // Answered: idle again, and expires after the idle timeout.
+        a.wrote();
+        tokio::time::timeout(ms(2000), a.expired(ms(50), ms(100)))
+            .await
+            .expect("idle after the answer");
     }
 }

@@ -1,9 +1,15 @@
-//! The per-address rate limit at the edge: a token bucket per client address, in process,
-//! off until configured (a whole crowd may share one address behind a carrier's NAT). The
-//! address is the peer's, or the one a trusted proxy put in X-Forwarded-For; the header is
-//! ignored from anyone else, since a client can write anything in it.
+//! Rate limits kept in this process: the per-address limit at the edge, and any other
+//! per-key limit (captcha issuance per user and sale). Each key has a token bucket in a
+//! sharded, bounded table, so that a flood of distinct keys (spoofed IPv6 addresses) costs
+//! neither unbounded memory nor a scan of everything under one lock.
+//!
+//! The per-address limit is off until configured (a whole crowd may share one address
+//! behind a carrier's NAT). The address is the peer's, or the one a trusted proxy put in
+//! X-Forwarded-For; the header is ignored from anyone else, since a client can write
+//! anything in it.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasher, Hash};
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -13,14 +19,78 @@ use axum::http::HeaderMap;
 use super::error::ApiError;
 use crate::gate::RateLimit;
 
-/// Buckets kept at most; beyond it, full (idle) buckets are dropped.
+/// Buckets kept at most, over all shards.
 const MAX_BUCKETS: usize = 200_000;
+const SHARDS: usize = 64;
+
+/// A token bucket per key: `(tokens, last refill in ms)`.
+pub struct RateTable<K> {
+    rate: RateLimit,
+    per_shard: usize,
+    hasher: std::collections::hash_map::RandomState,
+    shards: Vec<Mutex<HashMap<K, (f64, i64)>>>,
+}
+
+impl<K: Hash + Eq + Copy> RateTable<K> {
+    pub fn new(rate: RateLimit, max_keys: usize) -> Self {
+        RateTable {
+            rate,
+            per_shard: (max_keys / SHARDS).max(16),
+            hasher: Default::default(),
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+        }
+    }
+
+    /// Takes a token for `key`; Err(ms to wait) when its bucket is empty.
+    pub fn take(&self, key: K, now_ms: i64) -> Result<(), i64> {
+        let capacity = self.rate.burst.max(1) as f64;
+        let per_ms = self.rate.per_sec / 1000.0;
+        let shard = self.hasher.hash_one(key) as usize % SHARDS;
+        let mut buckets = self.shards[shard].lock().unwrap_or_else(|p| p.into_inner());
+        if buckets.len() >= self.per_shard && !buckets.contains_key(&key) {
+            // A full bucket is the same as no bucket: drop those first. If every key is
+            // still busy, forget an eighth of them (each gets a fresh bucket if it comes
+            // back), so that the next scan is an eighth of a shard's inserts away.
+            buckets
+                .retain(|_, (tokens, last)| *tokens + (now_ms - *last) as f64 * per_ms < capacity);
+            if buckets.len() >= self.per_shard {
+                let evict: Vec<K> = buckets
+                    .keys()
+                    .take(self.per_shard / 8 + 1)
+                    .copied()
+                    .collect();
+                for k in evict {
+                    buckets.remove(&k);
+                }
+            }
+        }
+        let (tokens, last) = buckets.entry(key).or_insert((capacity, now_ms));
+        *tokens = (*tokens + (now_ms - *last).max(0) as f64 * per_ms).min(capacity);
+        *last = now_ms;
+        if *tokens >= 1.0 {
+            *tokens -= 1.0;
+            Ok(())
+        } else {
+            Err((((1.0 - *tokens) * 1000.0 / self.rate.per_sec).ceil() as i64).max(1))
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).len())
+            .sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
 
 pub struct AddressLimiter {
     rate: RateLimit,
     trusted: Vec<IpAddr>,
-    /// address -> (tokens, last refill in ms)
-    buckets: Mutex<HashMap<IpAddr, (f64, i64)>>,
+    buckets: RateTable<IpAddr>,
     pub limited: AtomicU64,
 }
 
@@ -29,7 +99,7 @@ impl AddressLimiter {
         AddressLimiter {
             rate,
             trusted,
-            buckets: Mutex::new(HashMap::new()),
+            buckets: RateTable::new(rate, MAX_BUCKETS),
             limited: AtomicU64::new(0),
         }
     }
@@ -58,23 +128,7 @@ impl AddressLimiter {
 
     /// Takes a token for `addr`; Err(ms to wait) when its bucket is empty.
     pub fn take(&self, addr: IpAddr, now_ms: i64) -> Result<(), i64> {
-        let capacity = self.rate.burst.max(1) as f64;
-        let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
-        if buckets.len() >= MAX_BUCKETS {
-            let per_ms = self.rate.per_sec / 1000.0;
-            buckets
-                .retain(|_, (tokens, last)| *tokens + (now_ms - *last) as f64 * per_ms < capacity);
-        }
-        let (tokens, last) = buckets.entry(addr).or_insert((capacity, now_ms));
-        *tokens =
-            (*tokens + (now_ms - *last).max(0) as f64 * self.rate.per_sec / 1000.0).min(capacity);
-        *last = now_ms;
-        if *tokens >= 1.0 {
-            *tokens -= 1.0;
-            Ok(())
-        } else {
-            Err((((1.0 - *tokens) * 1000.0 / self.rate.per_sec).ceil() as i64).max(1))
-        }
+        self.buckets.take(addr, now_ms)
     }
 
     /// Takes a token for the caller of a request from `peer`, or answers 429
@@ -117,6 +171,29 @@ mod tests {
             "other addresses have their own bucket"
         );
         assert!(l.take(a, 500).is_ok(), "one token back after 500 ms at 2/s");
+    }
+
+    #[test]
+    fn a_flood_of_addresses_stays_bounded_and_keeps_limiting() {
+        let table = RateTable::new(
+            RateLimit {
+                per_sec: 1.0,
+                burst: 1,
+            },
+            6_400,
+        );
+        let busy: IpAddr = "10.0.0.1".parse().unwrap();
+        assert!(table.take(busy, 0).is_ok());
+        // A million spoofed IPv6 addresses, each taking its one token.
+        for i in 0..1_000_000u128 {
+            let a = IpAddr::V6(std::net::Ipv6Addr::from(0x2001_0db8_u128 << 96 | i));
+            assert!(table.take(a, 10).is_ok());
+        }
+        assert!(table.len() <= 6_400, "bounded: {}", table.len());
+        // Within the same second, a key still tracked is still limited.
+        let fresh: IpAddr = "10.0.0.2".parse().unwrap();
+        assert!(table.take(fresh, 20).is_ok());
+        assert!(table.take(fresh, 21).is_err());
     }
 
     #[test]

@@ -7,6 +7,7 @@ pub mod antibot;
 pub mod auth;
 pub mod captcha;
 pub mod connections;
+pub mod cors;
 pub mod error;
 pub mod front;
 pub mod limits;
@@ -57,6 +58,8 @@ pub struct AppState {
     pub local_log: Option<crate::orderlog::local::LocalLog>,
     pub writer_stats: Arc<WriterStats>,
     pub address_limiter: limits::AddressLimiter,
+    /// Captchas issued per (sale, user), in this process (`antibot::CAPTCHA_RATE`).
+    pub captcha_limiter: limits::RateTable<(i64, i64)>,
     pub connections: Arc<connections::Connections>,
     /// The Redis gate's circuit breaker (distributed only), for readiness and metrics.
     pub breaker: Option<Arc<crate::gate::breaker::Breaker>>,
@@ -75,6 +78,7 @@ pub struct Metrics {
     pub tokens_issued: AtomicU64,
     pub captchas_issued: AtomicU64,
     pub captchas_failed: AtomicU64,
+    pub captchas_limited: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -86,6 +90,7 @@ impl Default for Metrics {
             tokens_issued: AtomicU64::new(0),
             captchas_issued: AtomicU64::new(0),
             captchas_failed: AtomicU64::new(0),
+            captchas_limited: AtomicU64::new(0),
         }
     }
 }
@@ -118,17 +123,21 @@ impl Metrics {
     }
 }
 
-/// Parses a JSON body into `T`, answering `invalid_request` with serde's reason.
+/// Parses a JSON object body into `T`, answering `invalid_request` with serde's reason.
 pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    if !crate::is_json_object(body) {
+        return Err(ApiError::invalid("the body must be a JSON object"));
+    }
     serde_json::from_slice(body).map_err(|e| ApiError::invalid(format!("invalid JSON body: {e}")))
 }
 
 /// Ids in paths are positive 64-bit integers.
 pub fn parse_id(s: &str, what: &str) -> Result<i64, ApiError> {
+    // No leading zeros: one id has one spelling, as the published pattern says.
     match decimal(s) {
-        Some(id) if id > 0 => Ok(id),
+        Some(id) if id > 0 && !s.starts_with('0') => Ok(id),
         _ => Err(ApiError::invalid(format!(
-            "{what} must be a positive 64-bit integer"
+            "{what} must be a positive 64-bit integer, without leading zeros"
         ))),
     }
 }
@@ -332,6 +341,18 @@ async fn metrics(State(st): State<Arc<AppState>>) -> Response {
         &mut out,
     );
     render_counter(
+        "seckill_connections_refused_per_address_total",
+        "Connections closed at once because their address held its share.",
+        conns.refused_per_address(),
+        &mut out,
+    );
+    render_counter(
+        "seckill_connections_timed_out_total",
+        "Connections closed for being idle, or too slow sending a request's head.",
+        conns.timed_out.load(Ordering::Relaxed),
+        &mut out,
+    );
+    render_counter(
         "seckill_rate_limited_addresses_total",
         "Requests refused by the per-address limit.",
         st.address_limiter.limited.load(Ordering::Relaxed),
@@ -352,6 +373,11 @@ async fn metrics(State(st): State<Arc<AppState>>) -> Response {
             "seckill_captchas_failed_total",
             "Token requests refused for a missing, wrong, reused or expired captcha.",
             &m.captchas_failed,
+        ),
+        (
+            "seckill_captchas_limited_total",
+            "Captcha requests refused because the buyer asked for too many (429).",
+            &m.captchas_limited,
         ),
     ] {
         render_counter(name, help, v.load(Ordering::Relaxed), &mut out);
@@ -398,11 +424,11 @@ mod tests {
     #[test]
     fn ids_are_positive_decimal_i64s_and_nothing_else() {
         assert_eq!(parse_id("42", "id").unwrap(), 42);
-        assert_eq!(parse_id("007", "id").unwrap(), 7);
         assert_eq!(parse_id("9223372036854775807", "id").unwrap(), i64::MAX);
         for bad in [
             "",
             "0",
+            "007",
             "-1",
             "+5",
             " 5",

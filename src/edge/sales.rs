@@ -180,9 +180,10 @@ pub const MAX_STOCK: i64 = 100_000_000;
 pub const MAX_PER_USER_LIMIT: i64 = 1000;
 
 fn validate_new_sale(n: &NewSale) -> Result<(i64, i64), ApiError> {
-    let title_len = n.title.trim().chars().count();
-    if title_len == 0 || title_len > 200 {
-        return Err(ApiError::invalid("title must be 1 to 200 characters"));
+    if n.title.trim().is_empty() || n.title.chars().count() > 200 {
+        return Err(ApiError::invalid(
+            "title must be 1 to 200 characters, not only spaces",
+        ));
     }
     if !(0..=100_000_000_000).contains(&n.price_cents) {
         return Err(ApiError::invalid(
@@ -503,7 +504,13 @@ pub async fn sale_order_ids(
 ) -> Result<Json<OrderIds>, ApiError> {
     let id = parse_id(&id, "sale id")?;
     let page = page.map_err(|e| ApiError::invalid(format!("bad query: {e}")))?;
-    let limit = page.limit.unwrap_or(10_000).clamp(1, 100_000);
+    let limit = page.limit.unwrap_or(10_000);
+    if !(1..=100_000).contains(&limit) {
+        return Err(ApiError::invalid("limit must be between 1 and 100000"));
+    }
+    if page.after.is_some_and(|a| a < 0) {
+        return Err(ApiError::invalid("after must be an order id, or 0"));
+    }
     let ids = st
         .store
         .live_order_ids(id, page.after.unwrap_or(0), limit)

@@ -120,6 +120,11 @@ impl PaymentProvider for SimulatedProvider {
         self.mac(ts, body)
             .verify_slice(&sig)
             .map_err(|_| NotifyError::BadSignature)?;
+        if !crate::is_json_object(body) {
+            return Err(NotifyError::BadBody(
+                "the body must be a JSON object".into(),
+            ));
+        }
         serde_json::from_slice(body).map_err(|e| NotifyError::BadBody(e.to_string()))
     }
 }

@@ -1,5 +1,6 @@
-//! The embedded order log: an append-only file of accepted orders in a folder beside the
-//! SQLite database. A purchase is answered `ok` once its order is in the file and the
+//! The embedded order log: an append-only file of accepted orders in a folder of its own
+//! (beside a SQLite database, or `--order-log-dir` for PostgreSQL and MySQL), bound to
+//! that database. A purchase is answered `ok` once its order is in the file and the
 //! file is synced (group commit: every order waiting at that moment shares one write and
 //! one fsync); the writer then drains the log into SQLite in batches, off the buyers'
 //! path. At start-up, orders still in the file are written to SQL before the gate is
@@ -10,7 +11,7 @@
 //! record torn by a crash is recognised and dropped: it was never answered `ok`. After a
 //! failed write or sync the log refuses every further order until restart, since the fate
 //! of the failed records on disk is unknown. Without a folder (tools, tests of the parts
-//! around it, the SQL gates) orders are kept in memory only.
+//! around it, the SQL gates) orders are kept in memory only; a server that takes orders never runs without a folder.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fs::{File, OpenOptions};
@@ -83,13 +84,19 @@ pub fn channel() -> (LocalLog, LocalLogReader) {
         .unwrap_or_else(|_| unreachable!("no file is opened"))
 }
 
-/// Opens (creating it if needed) the log in `dir` and starts its appender. Orders left in
-/// it by an earlier run are delivered to the reader before anything new.
-pub fn open(dir: &Path) -> Result<(LocalLog, LocalLogReader), LogError> {
-    open_with_limit(dir, MAX_BACKLOG)
+/// Opens (creating it if needed) the log in `dir` for the database whose id is `owner`, and
+/// starts its appender. Orders left in it by an earlier run are delivered to the reader
+/// before anything new. A folder holding orders of another database is refused: replaying
+/// them here would sell units this database never had.
+pub fn open(dir: &Path, owner: &str) -> Result<(LocalLog, LocalLogReader), LogError> {
+    open_with_limit(dir, owner, MAX_BACKLOG)
 }
 
-fn open_with_limit(dir: &Path, max_backlog: usize) -> Result<(LocalLog, LocalLogReader), LogError> {
+fn open_with_limit(
+    dir: &Path,
+    owner: &str,
+    max_backlog: usize,
+) -> Result<(LocalLog, LocalLogReader), LogError> {
     let io =
         |what: &str, e: std::io::Error| LogError::File(format!("{what} {}: {e}", dir.display()));
     std::fs::create_dir_all(dir).map_err(|e| io("cannot create", e))?;
@@ -113,6 +120,7 @@ fn open_with_limit(dir: &Path, max_backlog: usize) -> Result<(LocalLog, LocalLog
         recovered.extend(orders.into_iter().map(|o| (o, number)));
         last = number;
     }
+    claim(dir, owner, !recovered.is_empty())?;
     start(
         Some(dir.to_path_buf()),
         Some(lock),
@@ -120,6 +128,39 @@ fn open_with_limit(dir: &Path, max_backlog: usize) -> Result<(LocalLog, LocalLog
         last + 1,
         max_backlog,
     )
+}
+
+/// Binds the folder to the database `owner`, or refuses it when it holds orders of
+/// another database. A folder of an older version (no owner file) is adopted as it is.
+fn claim(dir: &Path, owner: &str, holds_orders: bool) -> Result<(), LogError> {
+    let path = dir.join("database");
+    match std::fs::read_to_string(&path) {
+        Ok(found) if found.trim() == owner => return Ok(()),
+        Ok(found) if holds_orders => {
+            return Err(LogError::File(format!(
+                "{} holds accepted orders of another database (id {}; this one is {owner}): \
+                 start the server on that database to write them, or give this database its \
+                 own --order-log-dir",
+                dir.display(),
+                found.trim()
+            )))
+        }
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            return Err(LogError::File(format!(
+                "cannot read {}: {e}",
+                path.display()
+            )))
+        }
+    }
+    let write = || -> std::io::Result<()> {
+        let mut f = File::create(&path)?;
+        f.write_all(owner.as_bytes())?;
+        f.sync_all()?;
+        File::open(dir)?.sync_all()
+    };
+    write().map_err(|e| LogError::File(format!("cannot write {}: {e}", path.display())))
 }
 
 fn start(
@@ -630,7 +671,7 @@ mod tests {
     async fn what_was_answered_survives_a_stop_and_is_gone_once_settled() {
         let dir = temp_dir();
         {
-            let (log, reader) = open(&dir).unwrap();
+            let (log, reader) = open(&dir, "test-db").unwrap();
             for id in 1..=5 {
                 log.append(order(id)).await.unwrap();
             }
@@ -651,20 +692,20 @@ mod tests {
                 .unwrap();
             assert_eq!(log.backlog(7), 3);
             assert!(
-                open(&dir).is_err(),
+                open(&dir, "test-db").is_err(),
                 "a second server may not open a log in use"
             );
         }
         // Nothing is ever rewritten: the whole segment comes back, settled orders
         // included (the writer skips orders already in SQL). The lock goes with the
         // appender thread, which ends once it sees the last producer gone.
-        let mut reopened = open(&dir);
+        let mut reopened = open(&dir, "test-db");
         for _ in 0..100 {
             if reopened.is_ok() {
                 break;
             }
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-            reopened = open(&dir);
+            reopened = open(&dir, "test-db");
         }
         let (log, reader) = reopened.unwrap();
         assert!(reader.recovering());
@@ -684,11 +725,49 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// Opens `dir` for `owner`, waiting for the appender of an earlier open to let go.
+    async fn reopen(dir: &Path, owner: &str) -> Result<(LocalLog, LocalLogReader), LogError> {
+        for _ in 0..100 {
+            match open(dir, owner) {
+                Err(LogError::File(e)) if e.contains("in use") => {
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await
+                }
+                other => return other,
+            }
+        }
+        open(dir, owner)
+    }
+
+    #[tokio::test]
+    async fn orders_of_one_database_are_never_replayed_into_another() {
+        let dir = temp_dir();
+        {
+            let (log, _reader) = open(&dir, "db-a").unwrap();
+            log.append(order(1)).await.unwrap();
+        }
+        match reopen(&dir, "db-b").await {
+            Err(LogError::File(e)) => assert!(e.contains("another database"), "{e}"),
+            Ok(_) => panic!("a log holding db-a's orders was opened for db-b"),
+            Err(e) => panic!("{e}"),
+        }
+        // Its own database still gets them back; once settled, the folder may change hands.
+        {
+            let (_log, reader) = reopen(&dir, "db-a").await.unwrap();
+            let receipts = drain(&reader).await;
+            assert_eq!(ids(&receipts), [1]);
+            reader.ack(receipts).await.unwrap();
+        }
+        let (log, reader) = reopen(&dir, "db-b").await.unwrap();
+        assert!(!reader.recovering());
+        drop((log, reader));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[tokio::test]
     async fn a_torn_last_record_is_dropped_and_the_rest_kept() {
         let dir = temp_dir();
         {
-            let (log, _reader) = open(&dir).unwrap();
+            let (log, _reader) = open(&dir, "test-db").unwrap();
             for id in 1..=3 {
                 log.append(order(id)).await.unwrap();
             }
@@ -721,7 +800,7 @@ mod tests {
     #[tokio::test]
     async fn past_the_backlog_limit_new_orders_wait_for_the_writer() {
         let dir = temp_dir();
-        let (log, reader) = open_with_limit(&dir, 2).unwrap();
+        let (log, reader) = open_with_limit(&dir, "test-db", 2).unwrap();
         log.append(order(1)).await.unwrap();
         log.append(order(2)).await.unwrap();
         let third = tokio::spawn({

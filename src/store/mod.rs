@@ -97,6 +97,41 @@ pub struct SaleCounts {
     pub by_status: HashMap<String, i64>,
 }
 
+/// Puts a SQLite file in WAL mode (readers run beside the writer), once: the mode is a
+/// property of the file. Switching needs an exclusive lock that SQLite does not wait for
+/// (its busy timeout does not apply; it answers "database is locked" at once), so when
+/// several processes open a new file together all but one fail. Wait here instead, as
+/// long as any other SQLite lock waits (30 s); a file already in WAL mode takes no lock.
+async fn switch_to_wal(options: &AnyConnectOptions) -> Result<(), StoreError> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut pause = std::time::Duration::from_millis(5);
+    loop {
+        let tried = async {
+            let mut one = AnyPoolOptions::new()
+                .max_connections(1)
+                .connect_with(options.clone())
+                .await?
+                .acquire()
+                .await?;
+            sqlx::query("PRAGMA journal_mode=WAL")
+                .execute(&mut *one)
+                .await
+                .map(|_| ())
+        }
+        .await;
+        match tried {
+            Err(sqlx::Error::Database(e))
+                if e.code().as_deref() == Some("5") && std::time::Instant::now() < deadline =>
+            {
+                let jitter = std::time::Duration::from_millis(rand::random::<u64>() % 5);
+                tokio::time::sleep(pause + jitter).await;
+                pause = (pause * 2).min(std::time::Duration::from_millis(200));
+            }
+            other => return Ok(other?),
+        }
+    }
+}
+
 #[derive(Clone)]
 pub struct Store {
     pool: AnyPool,
@@ -105,6 +140,17 @@ pub struct Store {
 
 impl Store {
     pub async fn connect(url: &str, max_connections: u32) -> Result<Store, StoreError> {
+        Store::connect_waiting(url, max_connections, None).await
+    }
+
+    /// As `connect`, waiting up to `wait` for a connection instead of the product's bound
+    /// (5 s for a server database, 30 s for SQLite). For test suites that run many heavy
+    /// tests at once against one shared server: there a slow moment is not an outage.
+    pub async fn connect_waiting(
+        url: &str,
+        max_connections: u32,
+        wait: Option<std::time::Duration>,
+    ) -> Result<Store, StoreError> {
         sqlx::any::install_default_drivers();
         let (dialect, url) = if url.starts_with("sqlite:") {
             let url = if url.contains("mode=") {
@@ -124,28 +170,20 @@ impl Store {
         };
         let options = AnyConnectOptions::from_str(&url)?;
         if dialect == Dialect::Sqlite {
-            // WAL lets readers run beside the writer; it is a property of the file, set once
-            // on a lone connection because it needs an exclusive lock.
-            let mut one = AnyPoolOptions::new()
-                .max_connections(1)
-                .connect_with(options.clone())
-                .await?
-                .acquire()
-                .await?;
-            sqlx::query("PRAGMA journal_mode=WAL")
-                .execute(&mut *one)
-                .await?;
+            switch_to_wal(&options).await?;
         }
         // A server that does not answer for 5 s is down. A local file is never down, only
         // slow: while the disk is busy (say, writing back a large build) every SQLite
         // commit waits on its fsync, and 5 s of waiting for the lock or for a connection
         // failed test suites that pass in 10 s on a quiet disk. Callers are bounded by
         // their own time limits (a request's is 10 s).
-        let wait = if dialect == Dialect::Sqlite { 30 } else { 5 };
+        let wait = wait.unwrap_or(std::time::Duration::from_secs(
+            if dialect == Dialect::Sqlite { 30 } else { 5 },
+        ));
         let mut pool = AnyPoolOptions::new()
             .max_connections(max_connections.max(2))
             .min_connections(1)
-            .acquire_timeout(std::time::Duration::from_secs(wait));
+            .acquire_timeout(wait);
         if dialect == Dialect::Sqlite {
             // A commit of a writer's batch dirties thousands of index pages (buyers' ids are
             // random), past SQLite's default checkpoint of 1,000 WAL pages: each commit was
@@ -623,6 +661,25 @@ impl Store {
 
     /// A pooled connection inside a write transaction. On SQLite it takes the write lock up
     /// front, so that a read in the transaction cannot be upgraded into a busy error.
+    /// Claims this database for the one server that decides its purchases in memory (no
+    /// Redis): two such servers would each sell the whole stock. Held as long as the
+    /// returned connection lives (a session lock); `None` when another server holds it.
+    /// SQLite needs none: its order log folder, beside the file, is locked already.
+    pub async fn claim_single_server(
+        &self,
+    ) -> Result<Option<Option<sqlx::pool::PoolConnection<sqlx::Any>>>, StoreError> {
+        let claim = match self.dialect {
+            Dialect::Sqlite => return Ok(Some(None)),
+            Dialect::Postgres => {
+                "SELECT CAST(CAST(pg_try_advisory_lock(7362002) AS INTEGER) AS BIGINT)"
+            }
+            Dialect::MySql => "SELECT CAST(GET_LOCK('seckill_single_server', 0) AS SIGNED)",
+        };
+        let mut conn = self.pool.acquire().await?;
+        let got: Option<i64> = sqlx::query(claim).fetch_one(&mut *conn).await?.try_get(0)?;
+        Ok((got == Some(1)).then_some(Some(conn)))
+    }
+
     pub(crate) async fn begin_write(
         &self,
     ) -> Result<sqlx::pool::PoolConnection<sqlx::Any>, StoreError> {
