@@ -41,7 +41,7 @@ pub struct PurchaseOk {
 }
 
 fn parse_body(body: &[u8]) -> Result<PurchaseBody, ApiError> {
-    let body: PurchaseBody = if body.iter().all(u8::is_ascii_whitespace) {
+    let body: PurchaseBody = if body.iter().all(crate::is_json_space) {
         PurchaseBody::default()
     } else {
         parse_json(body)?
@@ -423,6 +423,8 @@ mod tests {
             b"{",
             b"[]",
             b"null",
+            b"\x0c",
+            b" \x0b ",
         ] {
             assert!(quantity(bad).is_err(), "{}", String::from_utf8_lossy(bad));
         }
