@@ -144,6 +144,96 @@ async fn concurrent_writers_of_the_same_entries_write_each_once() {
     }
 }
 
+/// SQL is the last line of defence: however the gate errs, no buyer ends up over the
+/// sale's limit, even when writers race on the same buyers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sql_refuses_an_order_over_the_buyers_limit() {
+    for kind in ALL_SQL {
+        let (store, _) = common::fresh_store(kind).await;
+        let sale = common::sale(common::next_id(), 10_000, 2);
+        store.create_sale(&sale).await.unwrap();
+
+        // Within one batch: 1 + 2 units for one buyer is over a limit of 2.
+        let err = store
+            .write_orders(&[order(sale.id, 7, 1), order(sale.id, 7, 2)])
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                StoreError::UserLimit {
+                    user_id: 7,
+                    held: 0,
+                    limit: 2,
+                    ..
+                }
+            ),
+            "{kind:?}: {err}"
+        );
+        assert!(!err.is_transient(), "{kind:?}");
+        assert!(store.orders_of_sale(sale.id).await.unwrap().is_empty());
+
+        // Across batches and racing writers: 200 buyers, each sent three one-unit orders by
+        // three writers at once; each buyer ends with exactly two.
+        let users: Vec<i64> = (1000..1200).collect();
+        let tasks: Vec<_> = (0..3)
+            .map(|_| {
+                let (store, users) = (store.clone(), users.clone());
+                let sale_id = sale.id;
+                tokio::spawn(async move {
+                    let (mut written, mut refused) = (0, 0);
+                    for chunk in users.chunks(25) {
+                        let batch: Vec<NewOrder> =
+                            chunk.iter().map(|u| order(sale_id, *u, 1)).collect();
+                        loop {
+                            match store.write_orders(&batch).await {
+                                Ok(o) => {
+                                    written += o.written;
+                                    break;
+                                }
+                                Err(e) if e.is_transient() => tokio::task::yield_now().await,
+                                // As the writer does: one by one, the refused one set aside.
+                                Err(StoreError::UserLimit { .. }) => {
+                                    for o in &batch {
+                                        loop {
+                                            match store.write_orders(std::slice::from_ref(o)).await
+                                            {
+                                                Ok(out) => written += out.written,
+                                                Err(e) if e.is_transient() => {
+                                                    tokio::task::yield_now().await;
+                                                    continue;
+                                                }
+                                                Err(StoreError::UserLimit { .. }) => refused += 1,
+                                                Err(e) => panic!("{e}"),
+                                            }
+                                            break;
+                                        }
+                                    }
+                                    break;
+                                }
+                                Err(e) => panic!("{e}"),
+                            }
+                        }
+                    }
+                    (written, refused)
+                })
+            })
+            .collect();
+        let (mut written, mut refused) = (0, 0);
+        for t in tasks {
+            let (w, r) = t.await.unwrap();
+            written += w;
+            refused += r;
+        }
+        assert_eq!((written, refused), (400, 200), "{kind:?}");
+        let mut buyers = store.live_buyers(sale.id).await.unwrap();
+        buyers.sort();
+        assert_eq!(buyers.len(), 200, "{kind:?}");
+        assert!(buyers.iter().all(|(_, units)| *units == 2), "{kind:?}");
+        assert_eq!(stock(&store, sale.id).await, 10_000 - 400, "{kind:?}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn live_buyers_sum_units_per_user() {
     for kind in ALL_SQL {

@@ -300,6 +300,11 @@ async fn metrics(State(st): State<Arc<AppState>>) -> Response {
             "Order log entries moved to dead letters.",
             &w.dead_letters,
         ),
+        (
+            "seckill_writer_refused_over_limit_total",
+            "Orders SQL refused as over the buyer's limit: a gate fault; alert on any.",
+            &w.over_limit,
+        ),
     ] {
         render_counter(name, help, v.load(Ordering::Relaxed), &mut out);
     }

@@ -29,6 +29,16 @@ pub enum StoreError {
     UnknownSale(i64),
     #[error("sale {sale_id} has less stock in SQL than its orders need (guard stock >= qty)")]
     StockGuard { sale_id: i64 },
+    #[error(
+        "user {user_id} already holds {held} unit(s) of sale {sale_id} in SQL; this order would \
+         take them over the limit of {limit} (the gate let it through: a gate fault)"
+    )]
+    UserLimit {
+        sale_id: i64,
+        user_id: i64,
+        held: i64,
+        limit: i64,
+    },
     #[error("another writer inserted some of these orders concurrently")]
     ConcurrentWrite,
     #[error("not found")]
@@ -719,22 +729,31 @@ impl Store {
             .collect::<HashSet<_>>()
             .into_iter()
             .collect();
+        // The sales' rows are locked first (SQLite's BEGIN IMMEDIATE has locked the whole
+        // file): every write of a sale's orders then runs one after another, and the
+        // per-user check below sees the orders of every writer that went before.
         let q = format!(
-            "SELECT id, payment_window_secs FROM sales WHERE id IN ({})",
-            Self::placeholders(sale_ids.len())
+            "SELECT id, payment_window_secs, per_user_limit FROM sales WHERE id IN ({}) ORDER BY id{}",
+            Self::placeholders(sale_ids.len()),
+            if self.dialect == Dialect::Sqlite { "" } else { " FOR UPDATE" }
         );
         let q = self.sql(&q);
         let mut query = sqlx::query(&q).persistent(false);
         for id in &sale_ids {
             query = query.bind(*id);
         }
-        let windows: HashMap<i64, i64> = query
+        let terms: HashMap<i64, (i64, i64)> = query
             .fetch_all(&mut *conn)
             .await?
             .iter()
-            .map(|r| Ok((r.try_get::<i64, _>(0)?, r.try_get::<i64, _>(1)?)))
+            .map(|r| {
+                Ok((
+                    r.try_get::<i64, _>(0)?,
+                    (r.try_get::<i64, _>(1)?, r.try_get::<i64, _>(2)?),
+                ))
+            })
             .collect::<Result<_, sqlx::Error>>()?;
-        if let Some(missing) = sale_ids.iter().find(|id| !windows.contains_key(id)) {
+        if let Some(missing) = sale_ids.iter().find(|id| !terms.contains_key(id)) {
             return Err(StoreError::UnknownSale(*missing));
         }
 
@@ -760,6 +779,7 @@ impl Store {
             .iter()
             .filter(|o| !existing.contains(&o.id) && seen.insert(o.id))
             .collect();
+        self.check_user_limits(conn, &fresh, &terms).await?;
 
         let mut inserted = 0u64;
         for chunk in fresh.chunks(500) {
@@ -777,7 +797,7 @@ impl Store {
             // prepared statements per connection.
             let mut query = sqlx::query(&q).persistent(false);
             for o in chunk {
-                let deadline = now + windows[&o.sale_id] * 1000;
+                let deadline = now + terms[&o.sale_id].0 * 1000;
                 query = query
                     .bind(o.id)
                     .bind(o.sale_id)
@@ -817,6 +837,58 @@ impl Store {
             written: fresh.len(),
             duplicates: batch.len() - fresh.len(),
         })
+    }
+
+    /// The last line of defence against a gate fault (a rebuilt or stale gate that forgot a
+    /// buyer): refuses the batch if any of its orders would take its buyer over the sale's
+    /// per-user limit, counting the live orders already in SQL and the batch's own.
+    async fn check_user_limits(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        fresh: &[&NewOrder],
+        terms: &HashMap<i64, (i64, i64)>,
+    ) -> Result<(), StoreError> {
+        let mut asked: HashMap<i64, HashMap<i64, i64>> = HashMap::new();
+        for o in fresh {
+            *asked
+                .entry(o.sale_id)
+                .or_default()
+                .entry(o.user_id)
+                .or_default() += o.quantity;
+        }
+        for (sale_id, users) in asked {
+            let limit = terms[&sale_id].1;
+            let ids: Vec<i64> = users.keys().copied().collect();
+            for chunk in ids.chunks(1000) {
+                let q = format!(
+                    "SELECT user_id, {} FROM orders WHERE sale_id = ? AND user_id IN ({}) \
+                     AND status IN ('pending_payment', 'paid') GROUP BY user_id",
+                    self.sum_int("quantity"),
+                    Self::placeholders(chunk.len())
+                );
+                let q = self.sql(&q);
+                let mut query = sqlx::query(&q).persistent(false).bind(sale_id);
+                for user in chunk {
+                    query = query.bind(*user);
+                }
+                let mut held: HashMap<i64, i64> = HashMap::new();
+                for r in query.fetch_all(&mut *conn).await? {
+                    held.insert(r.try_get::<i64, _>(0)?, r.try_get::<i64, _>(1)?);
+                }
+                for user in chunk {
+                    let held = held.get(user).copied().unwrap_or(0);
+                    if held + users[user] > limit {
+                        return Err(StoreError::UserLimit {
+                            sale_id,
+                            user_id: *user,
+                            held,
+                            limit,
+                        });
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     const ORDER_COLS: &'static str =

@@ -23,6 +23,9 @@ pub struct WriterStats {
     pub duplicates: AtomicU64,
     pub batches: AtomicU64,
     pub dead_letters: AtomicU64,
+    /// Orders SQL refused because they would take a buyer over the sale's limit: each one
+    /// is a gate fault and an acknowledged order that was not kept. Alert on any.
+    pub over_limit: AtomicU64,
     pub failed_batches: AtomicU64,
     /// Orders per committed transaction.
     pub batch_orders: Histogram,
@@ -37,6 +40,7 @@ impl Default for WriterStats {
             duplicates: AtomicU64::new(0),
             batches: AtomicU64::new(0),
             dead_letters: AtomicU64::new(0),
+            over_limit: AtomicU64::new(0),
             failed_batches: AtomicU64::new(0),
             batch_orders: Histogram::new(crate::metrics::BATCH_BUCKETS),
             lag_seconds: Histogram::new(crate::metrics::LAG_BUCKETS),
@@ -168,6 +172,9 @@ impl Writer {
                 let _ = self.log.retry_later(vec![receipt], &e.to_string()).await;
             }
             Err(e) => {
+                if matches!(e, crate::store::StoreError::UserLimit { .. }) {
+                    self.stats.over_limit.fetch_add(1, Ordering::Relaxed);
+                }
                 let reason = format!("order {} of sale {}: {e}", order.id, order.sale_id);
                 self.dead_letter(receipt, &reason).await;
             }
