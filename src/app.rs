@@ -326,6 +326,7 @@ impl App {
         Writer {
             log: self.log.clone(),
             store: self.state.store.clone(),
+            gate: self.state.gate.clone(),
             batch_max: self.state.config.writer_batch,
             stats: self.state.writer_stats.clone(),
         }

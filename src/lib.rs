@@ -21,6 +21,7 @@
 //! - [`config`]: one typed configuration: flags, then `SECKILL_*` env, then a TOML file.
 
 pub mod app;
+pub mod backoff;
 pub mod bench;
 pub mod cli;
 pub mod config;

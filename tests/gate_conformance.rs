@@ -35,6 +35,10 @@ impl Harness {
         let writer = Writer {
             log: Arc::new(reader),
             store: store.clone(),
+            // The memory gate needs no confirmation of written orders.
+            gate: Arc::new(seckill::gate::memory::MemoryGate::new(
+                seckill::orderlog::local::channel().0,
+            )),
             batch_max: 500,
             stats: Arc::new(WriterStats::default()),
         };
@@ -120,6 +124,7 @@ impl Harness {
             remaining: sale.stock,
             buyers,
             released: vec![],
+            counted: vec![],
         };
         assert_eq!(
             self.gate.load(&load).await.unwrap(),
@@ -361,6 +366,7 @@ async fn a_second_load_never_overwrites_live_stock_and_buyers_are_remembered() {
             remaining: 10,
             buyers: vec![],
             released: vec![],
+            counted: vec![],
         };
         assert!(
             !h.gate.load(&again).await.unwrap(),
@@ -417,6 +423,10 @@ async fn a_user_firing_requests_is_throttled_before_touching_the_stock() {
     let writer = Writer {
         log: Arc::new(reader),
         store: store.clone(),
+        // The memory gate needs no confirmation of written orders.
+        gate: Arc::new(seckill::gate::memory::MemoryGate::new(
+            seckill::orderlog::local::channel().0,
+        )),
         batch_max: 100,
         stats: Arc::new(WriterStats::default()),
     };
@@ -442,6 +452,7 @@ async fn a_user_firing_requests_is_throttled_before_touching_the_stock() {
             remaining: 10,
             buyers: vec![],
             released: vec![],
+            counted: vec![],
         };
         gate.load(&load).await.unwrap();
         let mut verdicts = Vec::new();

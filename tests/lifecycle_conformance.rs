@@ -267,6 +267,10 @@ async fn gates_take_each_order_back_once_and_skip_what_their_load_counted() {
     let writer = seckill::writer::Writer {
         log: Arc::new(reader),
         store: store.clone(),
+        // The memory gate needs no confirmation of written orders.
+        gate: Arc::new(seckill::gate::memory::MemoryGate::new(
+            seckill::orderlog::local::channel().0,
+        )),
         batch_max: 100,
         stats: Default::default(),
     };
@@ -290,6 +294,7 @@ async fn gates_take_each_order_back_once_and_skip_what_their_load_counted() {
             remaining: 1,
             buyers: vec![],
             released: vec![counted],
+            counted: vec![],
         };
         gate.load(&load).await.unwrap();
         let order_id = common::next_id();

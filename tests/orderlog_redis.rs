@@ -20,7 +20,7 @@ struct Setup {
     prefix: String,
     client: redis::Client,
     conn: redis::aio::ConnectionManager,
-    gate: RedisGate,
+    gate: Arc<RedisGate>,
     store: Store,
 }
 
@@ -36,7 +36,7 @@ async fn setup(kind: Sql) -> Setup {
         prefix,
         client,
         conn,
-        gate,
+        gate: Arc::new(gate),
         store,
     }
 }
@@ -55,6 +55,7 @@ impl Setup {
         Writer {
             log,
             store: self.store.clone(),
+            gate: self.gate.clone(),
             batch_max: 100,
             stats: Arc::new(WriterStats::default()),
         }
@@ -68,6 +69,7 @@ impl Setup {
             remaining: stock,
             buyers: vec![],
             released: vec![],
+            counted: vec![],
         };
         assert!(self.gate.load(&load).await.unwrap());
         sale.id

@@ -122,6 +122,33 @@ impl Gate for Breaker {
         self.call(self.inner.is_loaded(sale_id), CALL_TIMEOUT).await
     }
 
+    async fn begin_load(&self, sale_id: i64) -> Result<super::LoadStart, GateError> {
+        self.call(self.inner.begin_load(sale_id), CALL_TIMEOUT)
+            .await
+    }
+
+    async fn finish_load(
+        &self,
+        ticket: super::LoadTicket,
+        load: &SaleLoad,
+    ) -> Result<bool, GateError> {
+        self.call(self.inner.finish_load(ticket, load), LOAD_TIMEOUT)
+            .await
+    }
+
+    async fn abandon_load(&self, ticket: super::LoadTicket) {
+        let _ = tokio::time::timeout(CALL_TIMEOUT, self.inner.abandon_load(ticket)).await;
+    }
+
+    async fn confirm_written(&self, orders: &[crate::model::NewOrder]) -> Result<(), GateError> {
+        // Not through the circuit: the writer retries this itself, and its failures must
+        // not turn purchases away.
+        match tokio::time::timeout(CALL_TIMEOUT, self.inner.confirm_written(orders)).await {
+            Ok(result) => result,
+            Err(_) => Err(GateError::Timeout),
+        }
+    }
+
     async fn stock(&self, sale_id: i64) -> Result<Option<GateStock>, GateError> {
         self.call(self.inner.stock(sale_id), CALL_TIMEOUT).await
     }

@@ -1,39 +1,81 @@
--- Opens a sale in the gate, only if it is not open already: live stock is never
--- overwritten, so a late or repeated preload cannot resell units.
+-- Opens a sale in the gate from a SQL snapshot, as the holder of its load lock. Never
+-- overwrites live stock. The rebuilt gate is SQL + the order stream, exactly: the snapshot,
+-- plus stream entries SQL did not have, plus orders written to SQL after the snapshot
+-- (recorded by confirm_written.lua while the lock was held). Each order counts once.
 -- KEYS[1] sale hash  KEYS[2] buyers hash  KEYS[3] order stream  KEYS[4] accepted hash
--- KEYS[5] staging hash holding the buyers when there were too many to pass as ARGV
--- KEYS[6] released set: orders whose returned units the loaded stock already counts
--- KEYS[7] rate hash (per-user GCRA state; only its expiry is set here)
--- ARGV: stock, limit, begins, ends, paused, price, expire_at_ms, group, n_released,
---       then n_released order ids, then user_id, units pairs
+-- KEYS[5] staged buyers (hash)  KEYS[6] released set  KEYS[7] rate hash  KEYS[8] load lock
+-- KEYS[9] staged counted orders (set)  KEYS[10] counted set
+-- KEYS[11] confirms made while loading (hash order_id -> 'user_id:quantity')
+-- ARGV: owner, stock, limit, begins, ends, paused, price, expire_at_ms, group, fence,
+--       n_released, then n_released order ids
+-- Returns 1 loaded, 0 already loaded, -2 the lock was lost (nothing written).
+if redis.call('GET', KEYS[8]) ~= ARGV[1] then
+  return -2
+end
+local function give_up()
+  redis.call('DEL', KEYS[5], KEYS[9], KEYS[8])
+end
 if redis.call('EXISTS', KEYS[1]) == 1 then
-  redis.call('DEL', KEYS[5])
+  give_up()
   return 0
 end
-redis.call('DEL', KEYS[2])
+redis.call('DEL', KEYS[2], KEYS[10], KEYS[6], KEYS[4])
 if redis.call('EXISTS', KEYS[5]) == 1 then
   redis.call('RENAME', KEYS[5], KEYS[2])
 end
-local n_released = tonumber(ARGV[9])
-redis.call('DEL', KEYS[6])
-for i = 10, 9 + n_released do
+if redis.call('EXISTS', KEYS[9]) == 1 then
+  redis.call('RENAME', KEYS[9], KEYS[10])
+end
+for i = 12, 11 + tonumber(ARGV[11]) do
   redis.call('SADD', KEYS[6], ARGV[i])
 end
-for i = 10 + n_released, #ARGV, 2 do
-  redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1])
+local stock = tonumber(ARGV[2])
+
+-- An order SQL did not count: take its units and record its buyer, once.
+local function count(order_id, user, qty)
+  if redis.call('SISMEMBER', KEYS[10], order_id) == 1
+    or redis.call('SISMEMBER', KEYS[6], order_id) == 1 then
+    return
+  end
+  redis.call('SADD', KEYS[10], order_id)
+  stock = stock - qty
+  redis.call('HINCRBY', KEYS[2], user, qty)
 end
-redis.call('HSET', KEYS[1], 'stock', ARGV[1], 'limit', ARGV[2], 'begins', ARGV[3],
-  'ends', ARGV[4], 'paused', ARGV[5], 'price', ARGV[6])
+
+-- Entries still in the stream were accepted and may not be in SQL yet.
+for _, entry in ipairs(redis.call('XRANGE', KEYS[3], '-', '+')) do
+  local f = {}
+  local kv = entry[2]
+  for j = 1, #kv, 2 do
+    f[kv[j]] = kv[j + 1]
+  end
+  if f.order_id and f.user_id and tonumber(f.quantity) then
+    count(f.order_id, f.user_id, tonumber(f.quantity))
+  end
+end
+-- Orders written to SQL after the snapshot.
+local confirms = redis.call('HGETALL', KEYS[11])
+for j = 1, #confirms, 2 do
+  local user, qty = string.match(confirms[j + 1], '^(%d+):(%d+)$')
+  if user then
+    count(confirms[j], user, tonumber(qty))
+  end
+end
+redis.call('DEL', KEYS[11])
+
+redis.call('HSET', KEYS[1], 'stock', stock, 'limit', ARGV[3], 'begins', ARGV[4],
+  'ends', ARGV[5], 'paused', ARGV[6], 'price', ARGV[7], 'fence', ARGV[10])
 -- The consumer group exists before the first order is appended, reading from the start.
-local ok, err = pcall(redis.call, 'XGROUP', 'CREATE', KEYS[3], ARGV[8], '0', 'MKSTREAM')
+local ok, err = pcall(redis.call, 'XGROUP', 'CREATE', KEYS[3], ARGV[9], '0', 'MKSTREAM')
 if not ok and not string.find(tostring(err), 'BUSYGROUP') then
   return redis.error_reply(tostring(err))
 end
 redis.call('DEL', KEYS[7])
 redis.call('HSET', KEYS[7], '_', '0')
-for _, i in ipairs({1, 2, 6, 7}) do
+for _, i in ipairs({1, 2, 6, 7, 10}) do
   if redis.call('EXISTS', KEYS[i]) == 1 then
-    redis.call('PEXPIREAT', KEYS[i], ARGV[7])
+    redis.call('PEXPIREAT', KEYS[i], ARGV[8])
   end
 end
+redis.call('DEL', KEYS[8])
 return 1

@@ -158,6 +158,74 @@ pub struct SaleLoad {
     /// Cancelled or expired orders whose units `remaining` already counts: a later
     /// release of one of them must change nothing.
     pub released: Vec<i64>,
+    /// The live orders `remaining` and `buyers` count (read with them, in one snapshot): an
+    /// order written to SQL after that snapshot is added by [`Gate::confirm_written`].
+    pub counted: Vec<i64>,
+}
+
+/// How a request to rebuild a sale in the gate began.
+#[derive(Debug)]
+pub enum LoadStart {
+    /// The sale is in the gate: there is nothing to do.
+    Loaded,
+    /// Another loader (maybe in another process) holds the sale's load lock.
+    Busy,
+    /// This caller holds the lock: read SQL now, then [`Gate::finish_load`].
+    Ticket(LoadTicket),
+}
+
+/// The right to load one sale, held from before the SQL read until the gate has the sale.
+/// A Redis gate renews the lock while the ticket lives and fences every write of the load
+/// with it: a loader that lost its lock (stalled past the lease) cannot write.
+#[derive(Debug)]
+pub struct LoadTicket {
+    pub sale_id: i64,
+    /// Unique per lock taken: names the loader's staging keys and marks what it loaded.
+    pub fence: i64,
+    pub owner: String,
+    renewal: Option<tokio::task::AbortHandle>,
+}
+
+impl LoadTicket {
+    /// A ticket of a gate that has no lock to hold (one process owns it).
+    pub fn local(sale_id: i64) -> Self {
+        LoadTicket {
+            sale_id,
+            fence: 0,
+            owner: String::new(),
+            renewal: None,
+        }
+    }
+
+    /// A ticket for a lock taken in another process's sight (Redis).
+    pub fn locked(sale_id: i64, fence: i64, owner: String) -> Self {
+        LoadTicket {
+            sale_id,
+            fence,
+            owner,
+            renewal: None,
+        }
+    }
+
+    /// Stops renewing the lock (it is about to be given back).
+    pub fn renewal_stopped(&self) {
+        if let Some(r) = &self.renewal {
+            r.abort();
+        }
+    }
+
+    pub fn with_renewal(mut self, renewal: tokio::task::AbortHandle) -> Self {
+        self.renewal = Some(renewal);
+        self
+    }
+}
+
+impl Drop for LoadTicket {
+    fn drop(&mut self) {
+        if let Some(r) = &self.renewal {
+            r.abort();
+        }
+    }
 }
 
 /// Units of a cancelled or expired order going back to the gate.
@@ -215,8 +283,36 @@ pub trait Gate: Send + Sync {
     async fn purchase(&self, p: Purchase) -> Result<Verdict, GateError>;
 
     /// Opens a sale in the gate unless it is there already: live stock is never overwritten.
-    /// Returns whether this call loaded it.
+    /// Returns whether this call loaded it. (`begin_load` and `finish_load` in one, for a
+    /// load read before the lock: tests and single-process gates.)
     async fn load(&self, load: &SaleLoad) -> Result<bool, GateError>;
+
+    /// Takes the sale's load lock, before its state is read from SQL.
+    async fn begin_load(&self, sale_id: i64) -> Result<LoadStart, GateError> {
+        Ok(if self.is_loaded(sale_id).await? {
+            LoadStart::Loaded
+        } else {
+            LoadStart::Ticket(LoadTicket::local(sale_id))
+        })
+    }
+
+    /// Opens the sale from `load` (read after `begin_load`) and gives the lock back.
+    async fn finish_load(&self, ticket: LoadTicket, load: &SaleLoad) -> Result<bool, GateError> {
+        drop(ticket);
+        self.load(load).await
+    }
+
+    /// Gives the lock back without loading (the SQL read failed).
+    async fn abandon_load(&self, ticket: LoadTicket) {
+        drop(ticket);
+    }
+
+    /// These orders are in SQL now. A gate rebuilt from a SQL snapshot taken before their
+    /// commit does not count them yet: it takes their units and records their buyers now,
+    /// exactly once per order.
+    async fn confirm_written(&self, _orders: &[crate::model::NewOrder]) -> Result<(), GateError> {
+        Ok(())
+    }
 
     async fn is_loaded(&self, sale_id: i64) -> Result<bool, GateError>;
 

@@ -8,14 +8,16 @@ use redis::aio::ConnectionManager;
 use redis::{Script, Value};
 
 use super::{
-    Gate, GateError, GateStock, Purchase, RateLimit, Rejection, Release, Released, SaleLoad, Spend,
-    Verdict,
+    Gate, GateError, GateStock, LoadStart, LoadTicket, Purchase, RateLimit, Rejection, Release,
+    Released, SaleLoad, Spend, Verdict,
 };
 
 /// How long a sale's gate keys outlive its end, for late order lookups and stats.
 const KEEP_AFTER_END_MS: i64 = 7 * 86_400_000;
-/// Buyers passed inline to the load script; more go through a staging hash.
-const INLINE_BUYERS: usize = 1000;
+/// Buyers or order ids per staging call of a load.
+const STAGE_CHUNK: usize = 1000;
+/// A load lock's lease; its holder renews it every third of it while it works.
+const LOAD_LEASE_MS: u64 = 10_000;
 /// The consumer group of the order writers on every sale stream.
 pub const WRITER_GROUP: &str = "writers";
 
@@ -26,10 +28,15 @@ pub struct SaleKeys {
     pub buyers: String,
     pub stream: String,
     pub accepted: String,
-    pub staging: String,
     pub dead: String,
     pub released: String,
     pub rate: String,
+    /// The load lock, its fence counter, the orders a load counted and the orders written
+    /// to SQL while a load held the lock.
+    pub lock: String,
+    pub fence: String,
+    pub counted: String,
+    pub confirms: String,
 }
 
 impl SaleKeys {
@@ -40,11 +47,22 @@ impl SaleKeys {
             buyers: format!("{base}:buyers"),
             stream: format!("{base}:orders"),
             accepted: format!("{base}:accepted"),
-            staging: format!("{base}:buyers:loading"),
             dead: format!("{base}:dead"),
             released: format!("{base}:released"),
             rate: format!("{base}:rate"),
+            lock: format!("{base}:load:lock"),
+            fence: format!("{base}:load:fence"),
+            counted: format!("{base}:counted"),
+            confirms: format!("{base}:load:confirms"),
         }
+    }
+
+    /// A loader's own staging key: no other loader writes or deletes it.
+    pub fn staged(&self, fence: i64, what: &str) -> String {
+        format!(
+            "{}:load:{fence}:{what}",
+            self.sale.trim_end_matches(":sale")
+        )
     }
 
     /// The marker of a spent single-use nonce (purchase token or captcha) of this sale.
@@ -61,6 +79,11 @@ pub struct RedisGate {
     load: Script,
     pause: Script,
     release: Script,
+    lock_load: Script,
+    stage_load: Script,
+    renew_lock: Script,
+    unlock: Script,
+    confirm: Script,
     /// Per-user request rate, checked inside the purchase script (off by default).
     rate: RateLimit,
     /// Key names per sale, built once: formatting them on every purchase showed in profiles.
@@ -79,6 +102,11 @@ impl RedisGate {
             load: Script::new(include_str!("load_sale.lua")),
             pause: Script::new(include_str!("set_paused.lua")),
             release: Script::new(include_str!("release.lua")),
+            lock_load: Script::new(include_str!("lock_load.lua")),
+            stage_load: Script::new(include_str!("stage_load.lua")),
+            renew_lock: Script::new(include_str!("renew_lock.lua")),
+            unlock: Script::new(include_str!("unlock.lua")),
+            confirm: Script::new(include_str!("confirm_written.lua")),
             rate: RateLimit {
                 per_sec: 0.0,
                 burst: 1,
@@ -98,7 +126,17 @@ impl RedisGate {
     /// NOSCRIPT (after a Redis restart) reloads transparently.
     pub async fn prepare(&self) -> Result<(), GateError> {
         let mut conn = self.conn.clone();
-        for script in [&self.purchase, &self.load, &self.pause, &self.release] {
+        for script in [
+            &self.purchase,
+            &self.load,
+            &self.pause,
+            &self.release,
+            &self.lock_load,
+            &self.stage_load,
+            &self.renew_lock,
+            &self.unlock,
+            &self.confirm,
+        ] {
             script.prepare_invoke().load_async(&mut conn).await?;
         }
         Ok(())
@@ -119,6 +157,95 @@ impl RedisGate {
             .unwrap_or_else(|p| p.into_inner())
             .insert(sale_id, k.clone());
         k
+    }
+}
+
+impl RedisGate {
+    /// Stages the load in the loader's own keys, then makes it live in one script, all
+    /// fenced by the ticket's lock.
+    async fn install(&self, ticket: &LoadTicket, load: &SaleLoad) -> Result<bool, GateError> {
+        let k = self.keys(load.sale.id);
+        let mut conn = self.conn.clone();
+        let staged_buyers = k.staged(ticket.fence, "buyers");
+        let staged_counted = k.staged(ticket.fence, "counted");
+        for chunk in load.buyers.chunks(STAGE_CHUNK) {
+            let mut call = self.stage_load.key(&k.lock);
+            call.key(&staged_buyers).arg(&ticket.owner).arg("hash");
+            for (user, units) in chunk {
+                call.arg(*user).arg(*units);
+            }
+            let _: i64 = call.invoke_async(&mut conn).await?;
+        }
+        for chunk in load.counted.chunks(STAGE_CHUNK) {
+            let mut call = self.stage_load.key(&k.lock);
+            call.key(&staged_counted).arg(&ticket.owner).arg("set");
+            for id in chunk {
+                call.arg(*id);
+            }
+            let _: i64 = call.invoke_async(&mut conn).await?;
+        }
+        let s = &load.sale;
+        let mut call = self.load.key(&k.sale);
+        call.key(&k.buyers)
+            .key(&k.stream)
+            .key(&k.accepted)
+            .key(&staged_buyers)
+            .key(&k.released)
+            .key(&k.rate)
+            .key(&k.lock)
+            .key(&staged_counted)
+            .key(&k.counted)
+            .key(&k.confirms)
+            .arg(&ticket.owner)
+            .arg(load.remaining)
+            .arg(s.per_user_limit)
+            .arg(s.begins_at)
+            .arg(s.ends_at)
+            .arg(if s.paused { "1" } else { "0" })
+            .arg(s.price_cents)
+            .arg(s.ends_at.saturating_add(KEEP_AFTER_END_MS))
+            .arg(WRITER_GROUP)
+            .arg(ticket.fence)
+            .arg(load.released.len());
+        for order_id in &load.released {
+            call.arg(*order_id);
+        }
+        match call.invoke_async::<i64>(&mut conn).await? {
+            1 => Ok(true),
+            0 => Ok(false),
+            _ => Err(GateError::Unavailable(format!(
+                "the load lock of sale {} passed to another loader before this load finished",
+                load.sale.id
+            ))),
+        }
+    }
+}
+
+/// Renews a load lock every third of its lease until the ticket is dropped (which aborts
+/// this task) or the lock is lost.
+async fn keep_lock(
+    mut conn: ConnectionManager,
+    renew: Script,
+    lock: String,
+    owner: String,
+    sale_id: i64,
+) {
+    loop {
+        tokio::time::sleep(std::time::Duration::from_millis(LOAD_LEASE_MS / 3)).await;
+        match renew
+            .key(&lock)
+            .arg(&owner)
+            .arg(LOAD_LEASE_MS)
+            .invoke_async::<i64>(&mut conn)
+            .await
+        {
+            Ok(1) => {}
+            Ok(_) => {
+                tracing::warn!(sale = sale_id, "load lock lost while loading");
+                return;
+            }
+            Err(e) => tracing::warn!(sale = sale_id, error = %e, "could not renew a load lock"),
+        }
     }
 }
 
@@ -189,50 +316,98 @@ impl Gate for RedisGate {
     }
 
     async fn load(&self, load: &SaleLoad) -> Result<bool, GateError> {
-        let k = self.keys(load.sale.id);
+        match self.begin_load(load.sale.id).await? {
+            LoadStart::Ticket(ticket) => self.finish_load(ticket, load).await,
+            LoadStart::Loaded | LoadStart::Busy => Ok(false),
+        }
+    }
+
+    async fn begin_load(&self, sale_id: i64) -> Result<LoadStart, GateError> {
+        let k = self.keys(sale_id);
         let mut conn = self.conn.clone();
-        let staged = load.buyers.len() > INLINE_BUYERS;
-        if staged {
-            let _: () = redis::cmd("DEL")
-                .arg(&k.staging)
-                .query_async(&mut conn)
-                .await?;
-            for chunk in load.buyers.chunks(INLINE_BUYERS) {
-                let mut cmd = redis::cmd("HSET");
-                cmd.arg(&k.staging);
-                for (user, units) in chunk {
-                    cmd.arg(*user).arg(*units);
+        let owner = crate::edge::auth::hex(&rand::random::<[u8; 16]>());
+        let fence: i64 = self
+            .lock_load
+            .key(&k.sale)
+            .key(&k.lock)
+            .key(&k.fence)
+            .key(&k.confirms)
+            .arg(&owner)
+            .arg(LOAD_LEASE_MS)
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(match fence {
+            0 => LoadStart::Loaded,
+            f if f < 0 => LoadStart::Busy,
+            fence => {
+                let renewal = tokio::spawn(keep_lock(
+                    conn,
+                    self.renew_lock.clone(),
+                    k.lock.clone(),
+                    owner.clone(),
+                    sale_id,
+                ));
+                LoadStart::Ticket(
+                    LoadTicket::locked(sale_id, fence, owner).with_renewal(renewal.abort_handle()),
+                )
+            }
+        })
+    }
+
+    async fn finish_load(&self, ticket: LoadTicket, load: &SaleLoad) -> Result<bool, GateError> {
+        let result = self.install(&ticket, load).await;
+        if result.is_err() {
+            self.abandon_load(ticket).await;
+        }
+        result
+    }
+
+    async fn abandon_load(&self, ticket: LoadTicket) {
+        let k = self.keys(ticket.sale_id);
+        let mut conn = self.conn.clone();
+        ticket.renewal_stopped();
+        let freed: Result<i64, _> = self
+            .unlock
+            .key(&k.lock)
+            .arg(&ticket.owner)
+            .invoke_async(&mut conn)
+            .await;
+        if let Err(e) = freed {
+            tracing::warn!(sale = ticket.sale_id, error = %e, "could not free a load lock; it lapses by itself");
+        }
+    }
+
+    async fn confirm_written(&self, orders: &[crate::model::NewOrder]) -> Result<(), GateError> {
+        let mut by_sale: std::collections::BTreeMap<i64, Vec<&crate::model::NewOrder>> =
+            Default::default();
+        for o in orders {
+            by_sale.entry(o.sale_id).or_default().push(o);
+        }
+        let mut conn = self.conn.clone();
+        for (sale_id, orders) in by_sale {
+            let k = self.keys(sale_id);
+            for chunk in orders.chunks(STAGE_CHUNK) {
+                let mut call = self.confirm.key(&k.sale);
+                call.key(&k.buyers)
+                    .key(&k.accepted)
+                    .key(&k.counted)
+                    .key(&k.released)
+                    .key(&k.lock)
+                    .key(&k.confirms);
+                for o in chunk {
+                    call.arg(o.id).arg(o.user_id).arg(o.quantity);
                 }
-                let _: i64 = cmd.query_async(&mut conn).await?;
+                let applied: i64 = call.invoke_async(&mut conn).await?;
+                if applied > 0 {
+                    tracing::warn!(
+                        sale = sale_id,
+                        applied,
+                        "orders written after the gate's rebuild read SQL were added to it"
+                    );
+                }
             }
         }
-        let s = &load.sale;
-        let mut call = self.load.key(&k.sale);
-        call.key(&k.buyers)
-            .key(&k.stream)
-            .key(&k.accepted)
-            .key(&k.staging)
-            .key(&k.released)
-            .key(&k.rate)
-            .arg(load.remaining)
-            .arg(s.per_user_limit)
-            .arg(s.begins_at)
-            .arg(s.ends_at)
-            .arg(if s.paused { "1" } else { "0" })
-            .arg(s.price_cents)
-            .arg(s.ends_at.saturating_add(KEEP_AFTER_END_MS))
-            .arg(WRITER_GROUP)
-            .arg(load.released.len());
-        for order_id in &load.released {
-            call.arg(*order_id);
-        }
-        if !staged {
-            for (user, units) in &load.buyers {
-                call.arg(*user).arg(*units);
-            }
-        }
-        let loaded: i64 = call.invoke_async(&mut conn).await?;
-        Ok(loaded == 1)
+        Ok(())
     }
 
     async fn release(&self, r: Release) -> Result<Released, GateError> {
@@ -343,7 +518,8 @@ mod tests {
             &k.buyers,
             &k.stream,
             &k.accepted,
-            &k.staging,
+            &k.lock,
+            &k.staged(3, "buyers"),
             &k.dead,
         ] {
             assert!(key.starts_with("p:{42}:"), "{key}");

@@ -109,6 +109,30 @@ impl Gate for SoldOutShortcut {
         self.inner.is_loaded(sale_id).await
     }
 
+    async fn begin_load(&self, sale_id: i64) -> Result<super::LoadStart, GateError> {
+        self.inner.begin_load(sale_id).await
+    }
+
+    async fn finish_load(
+        &self,
+        ticket: super::LoadTicket,
+        load: &SaleLoad,
+    ) -> Result<bool, GateError> {
+        let loaded = self.inner.finish_load(ticket, load).await?;
+        if loaded {
+            self.reopen(load.sale.id);
+        }
+        Ok(loaded)
+    }
+
+    async fn abandon_load(&self, ticket: super::LoadTicket) {
+        self.inner.abandon_load(ticket).await
+    }
+
+    async fn confirm_written(&self, orders: &[crate::model::NewOrder]) -> Result<(), GateError> {
+        self.inner.confirm_written(orders).await
+    }
+
     async fn stock(&self, sale_id: i64) -> Result<Option<GateStock>, GateError> {
         self.inner.stock(sale_id).await
     }

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::gate::{Gate, GateError, SaleLoad};
+use crate::gate::{Gate, GateError, LoadStart, SaleLoad};
 use crate::model::{BySale, Sale};
 use crate::orderlog::redis_stream::StreamLog;
 use crate::store::{Store, StoreError};
@@ -148,23 +148,35 @@ async fn load_under_lock(
     gate: &dyn Gate,
     sale: &Sale,
 ) -> Result<bool, SchedulerError> {
-    if gate.is_loaded(sale.id).await? {
-        return Ok(false);
-    }
-    let (remaining, released) = store.stock_for_load(sale.id).await?;
-    let buyers = store.live_buyers(sale.id).await?;
+    // The lock comes before the SQL read: a load's snapshot is never older than its lock,
+    // so orders written after it reach the gate through `Gate::confirm_written`.
+    let ticket = match gate.begin_load(sale.id).await? {
+        LoadStart::Ticket(ticket) => ticket,
+        LoadStart::Loaded | LoadStart::Busy => return Ok(false),
+    };
+    let snapshot = match store.load_snapshot(sale.id).await {
+        Ok(snapshot) => snapshot,
+        Err(e) => {
+            gate.abandon_load(ticket).await;
+            return Err(e.into());
+        }
+    };
     let load = SaleLoad {
         sale: sale.clone(),
-        remaining,
-        buyers,
-        released,
+        remaining: snapshot.stock,
+        buyers: snapshot.buyers,
+        released: snapshot.released,
+        counted: snapshot.counted,
     };
-    let loaded = gate.load(&load).await?;
+    let started = std::time::Instant::now();
+    let loaded = gate.finish_load(ticket, &load).await?;
     if loaded {
         tracing::info!(
             sale = sale.id,
-            remaining = sale.stock,
+            remaining = load.remaining,
             buyers = load.buyers.len(),
+            orders = load.counted.len(),
+            ms = started.elapsed().as_millis() as u64,
             "sale loaded into the gate"
         );
     }

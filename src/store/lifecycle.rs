@@ -4,8 +4,21 @@
 
 use sqlx::Row;
 
+use std::collections::HashMap;
+
 use super::{Dialect, Store, StoreError};
 use crate::model::{Order, OrderStatus};
+
+/// A sale's state in SQL, as the gate is rebuilt from it (see [`Store::load_snapshot`]).
+#[derive(Debug, Clone, Default)]
+pub struct LoadSnapshot {
+    pub stock: i64,
+    pub released: Vec<i64>,
+    /// (user_id, units held in live orders).
+    pub buyers: Vec<(i64, i64)>,
+    /// Every order of the sale in SQL.
+    pub counted: Vec<i64>,
+}
 
 /// Attempts of a lifecycle transaction that keeps losing deadlocks before giving up.
 const RETRIES: u32 = 5;
@@ -315,40 +328,67 @@ impl Store {
         Ok(())
     }
 
-    /// The sale's SQL stock and its returns still owed to the gate, read so that no return
-    /// can fall between the two (the sale row is locked while they are read). A gate loaded
-    /// from these counts the returns already and must ignore them when they arrive.
-    pub async fn stock_for_load(&self, sale_id: i64) -> Result<(i64, Vec<i64>), StoreError> {
+    /// What the gate is rebuilt from, read in one snapshot while the sale's row is locked
+    /// (no order write or return of the sale can fall between its parts): the SQL stock,
+    /// the returns still owed to the gate (the stock counts them already), the units each
+    /// buyer holds in live orders, and every order of the sale (the stock counts them all).
+    pub async fn load_snapshot(&self, sale_id: i64) -> Result<LoadSnapshot, StoreError> {
         let mut conn = self.begin_write().await?;
+        let read = self.load_snapshot_in_tx(&mut conn, sale_id).await;
+        Self::finish(conn, true).await?;
+        read
+    }
+
+    async fn load_snapshot_in_tx(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        sale_id: i64,
+    ) -> Result<LoadSnapshot, StoreError> {
         let lock = match self.dialect {
             // BEGIN IMMEDIATE already holds SQLite's one write lock.
             Dialect::Sqlite => "SELECT stock FROM sales WHERE id = ?",
             _ => "SELECT stock FROM sales WHERE id = ? FOR UPDATE",
         };
-        let read = async {
-            let row = sqlx::query(&self.sql(lock))
-                .bind(sale_id)
-                .fetch_optional(&mut *conn)
-                .await?;
-            let stock: i64 = match row {
-                Some(r) => r.try_get(0)?,
-                None => return Err(StoreError::UnknownSale(sale_id)),
-            };
-            let rows = sqlx::query(&self.sql(
+        let row = sqlx::query(&self.sql(lock))
+            .bind(sale_id)
+            .fetch_optional(&mut *conn)
+            .await?;
+        let stock: i64 = match row {
+            Some(r) => r.try_get(0)?,
+            None => return Err(StoreError::UnknownSale(sale_id)),
+        };
+        let rows =
+            sqlx::query(&self.sql(
                 "SELECT order_id FROM stock_returns WHERE sale_id = ? AND gate_done_at IS NULL",
             ))
             .bind(sale_id)
             .fetch_all(&mut *conn)
             .await?;
-            let returned = rows
-                .iter()
-                .map(|r| r.try_get::<i64, _>(0))
-                .collect::<Result<Vec<_>, _>>()?;
-            Ok((stock, returned))
+        let released = rows
+            .iter()
+            .map(|r| r.try_get::<i64, _>(0))
+            .collect::<Result<Vec<_>, _>>()?;
+        let rows = sqlx::query(
+            &self.sql("SELECT id, user_id, quantity, status FROM orders WHERE sale_id = ?"),
+        )
+        .bind(sale_id)
+        .fetch_all(&mut *conn)
+        .await?;
+        let mut held: HashMap<i64, i64> = HashMap::new();
+        let mut counted = Vec::with_capacity(rows.len());
+        for r in &rows {
+            counted.push(r.try_get::<i64, _>(0)?);
+            let status: String = r.try_get(3)?;
+            if OrderStatus::LIVE.contains(&status.as_str()) {
+                *held.entry(r.try_get::<i64, _>(1)?).or_default() += r.try_get::<i64, _>(2)?;
+            }
         }
-        .await;
-        Self::finish(conn, true).await?;
-        read
+        Ok(LoadSnapshot {
+            stock,
+            released,
+            buyers: held.into_iter().collect(),
+            counted,
+        })
     }
 
     // ---- payments -----------------------------------------------------------------------

@@ -10,12 +10,15 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
+use crate::gate::Gate;
 use crate::metrics::Histogram;
 use crate::model::NewOrder;
 use crate::orderlog::{Batch, LogError, OrderLog, Receipt};
 use crate::store::Store;
 
 const RECLAIM_EVERY: Duration = Duration::from_secs(5);
+/// How long the writer keeps trying to tell the gate of orders it wrote.
+const CONFIRM_FOR: Duration = Duration::from_secs(30);
 
 /// Counters and histograms for stats and metrics.
 pub struct WriterStats {
@@ -51,6 +54,8 @@ impl Default for WriterStats {
 pub struct Writer {
     pub log: Arc<dyn OrderLog>,
     pub store: Store,
+    /// Told of every order once it is in SQL (see `Gate::confirm_written`).
+    pub gate: Arc<dyn Gate>,
     pub batch_max: usize,
     pub stats: Arc<WriterStats>,
 }
@@ -137,6 +142,7 @@ impl Writer {
                 self.stats
                     .duplicates
                     .fetch_add(outcome.duplicates as u64, Ordering::Relaxed);
+                self.confirm(&orders).await;
                 self.ack(receipts).await;
             }
             Err(e) if e.is_transient() => {
@@ -166,6 +172,7 @@ impl Writer {
                 self.stats
                     .duplicates
                     .fetch_add(outcome.duplicates as u64, Ordering::Relaxed);
+                self.confirm(std::slice::from_ref(&order)).await;
                 self.ack(vec![receipt]).await;
             }
             Err(e) if e.is_transient() => {
@@ -178,6 +185,29 @@ impl Writer {
                 let reason = format!("order {} of sale {}: {e}", order.id, order.sale_id);
                 self.dead_letter(receipt, &reason).await;
             }
+        }
+    }
+
+    /// Tells the gate these orders are in SQL (duplicates too: their first writer may have
+    /// died before telling it). Retried for a while: a gate rebuilt while this writer held
+    /// the orders would otherwise miss them. Before the entries are acknowledged, so that
+    /// if this process dies here, their redelivery tells the gate again.
+    async fn confirm(&self, orders: &[NewOrder]) {
+        let mut backoff =
+            crate::backoff::Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
+        let started = Instant::now();
+        loop {
+            match self.gate.confirm_written(orders).await {
+                Ok(()) => return,
+                Err(e) if started.elapsed() < CONFIRM_FOR => {
+                    tracing::debug!(error = %e, "could not confirm written orders to the gate; retrying");
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, orders = orders.len(), "could not confirm written orders to the gate");
+                    return;
+                }
+            }
+            tokio::time::sleep(backoff.next_wait()).await;
         }
     }
 

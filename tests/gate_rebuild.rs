@@ -1,0 +1,257 @@
+//! Rebuilding a sale in the Redis gate from SQL, as after Redis lost its data: one loader
+//! at a time across processes, a loader that lost its lock writes nothing, and the rebuilt
+//! gate is SQL + the order stream + orders written during the rebuild, each counted once.
+//! Each "process" here is a gate with its own Redis connection and its own sale cache.
+
+mod common;
+
+use std::sync::Arc;
+
+use seckill::gate::redis::{RedisGate, SaleKeys};
+use seckill::gate::{Gate, LoadStart, Purchase, Rejection, SaleLoad, Verdict};
+use seckill::model::{NewOrder, Sale};
+use seckill::scheduler::{self, SaleCache};
+use seckill::store::Store;
+
+async fn gate(prefix: &str) -> Arc<RedisGate> {
+    let (_, conn) = seckill::app::redis_manager(&common::redis_url())
+        .await
+        .unwrap();
+    let gate = RedisGate::new(conn, prefix);
+    gate.prepare().await.unwrap();
+    Arc::new(gate)
+}
+
+async fn redis() -> redis::aio::ConnectionManager {
+    seckill::app::redis_manager(&common::redis_url())
+        .await
+        .unwrap()
+        .1
+}
+
+fn order(sale_id: i64, user_id: i64) -> NewOrder {
+    NewOrder {
+        id: common::next_id(),
+        sale_id,
+        user_id,
+        quantity: 1,
+        price_cents: 100,
+        accepted_at: seckill::now_ms(),
+    }
+}
+
+/// A sale with `buyers` users holding one unit each in SQL.
+async fn sale_with_buyers(store: &Store, stock: i64, buyers: i64) -> Sale {
+    let sale = common::sale(common::next_id(), stock, 1);
+    store.create_sale(&sale).await.unwrap();
+    let orders: Vec<NewOrder> = (1..=buyers).map(|u| order(sale.id, u)).collect();
+    for chunk in orders.chunks(1000) {
+        store.write_orders(chunk).await.unwrap();
+    }
+    sale
+}
+
+fn buy(sale_id: i64, user_id: i64) -> Purchase {
+    Purchase {
+        sale_id,
+        user_id,
+        quantity: 1,
+        order_id: common::next_id(),
+        token: None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn many_processes_rebuild_a_sale_once_and_forget_no_buyer() {
+    let (store, _) = common::fresh_store(common::Sql::Postgres).await;
+    let prefix = common::unique("rebuild");
+    let sale = sale_with_buyers(&store, 5000, 2500).await;
+    for round in 0..3 {
+        // Redis lost the sale: eight processes meet the empty gate at once.
+        let _: () = redis::cmd("DEL")
+            .arg(SaleKeys::new(&prefix, sale.id).sale)
+            .query_async(&mut redis().await)
+            .await
+            .unwrap();
+        let mut tasks = Vec::new();
+        for _ in 0..8 {
+            let (store, sale, gate) = (store.clone(), sale.clone(), gate(&prefix).await);
+            tasks.push(tokio::spawn(async move {
+                let cache = SaleCache::default();
+                let mut loaded = 0;
+                // Each keeps asking until the sale is in the gate, as purchases and ticks do.
+                while !gate.is_loaded(sale.id).await.unwrap() {
+                    if scheduler::load_sale(&store, gate.as_ref(), &cache, &sale)
+                        .await
+                        .unwrap()
+                    {
+                        loaded += 1;
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                }
+                loaded
+            }));
+        }
+        let mut loads = 0;
+        for t in tasks {
+            loads += t.await.unwrap();
+        }
+        assert_eq!(loads, 1, "round {round}: exactly one rebuild");
+        let g = gate(&prefix).await;
+        let stock = g.stock(sale.id).await.unwrap().unwrap();
+        assert_eq!(
+            (stock.remaining, stock.buyers),
+            (2500, 2500),
+            "round {round}"
+        );
+        for user in [1, 1250, 2500] {
+            assert_eq!(
+                g.purchase(buy(sale.id, user)).await.unwrap(),
+                Verdict::Rejected(Rejection::AlreadyPurchased),
+                "round {round}: buyer {user} is remembered"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_loader_that_lost_its_lock_writes_nothing() {
+    let (store, _) = common::fresh_store(common::Sql::Sqlite).await;
+    let prefix = common::unique("fence");
+    let sale = sale_with_buyers(&store, 100, 10).await;
+    let keys = SaleKeys::new(&prefix, sale.id);
+    let (a, b) = (gate(&prefix).await, gate(&prefix).await);
+    let LoadStart::Ticket(stale) = a.begin_load(sale.id).await.unwrap() else {
+        panic!("the first loader gets the lock");
+    };
+    assert!(matches!(
+        b.begin_load(sale.id).await.unwrap(),
+        LoadStart::Busy
+    ));
+    // A stalls past its lease: the lock lapses and B takes it.
+    let _: () = redis::cmd("DEL")
+        .arg(&keys.lock)
+        .query_async(&mut redis().await)
+        .await
+        .unwrap();
+    let LoadStart::Ticket(fresh) = b.begin_load(sale.id).await.unwrap() else {
+        panic!("the lock was free");
+    };
+    assert!(fresh.fence > stale.fence, "fences only go up");
+    let snapshot = store.load_snapshot(sale.id).await.unwrap();
+    let load = |remaining: i64| SaleLoad {
+        sale: sale.clone(),
+        remaining,
+        buyers: snapshot.buyers.clone(),
+        released: vec![],
+        counted: snapshot.counted.clone(),
+    };
+    // A wakes up with a wrong picture of the sale: it must not write any of it.
+    assert!(a.finish_load(stale, &load(999)).await.is_err());
+    assert!(!a.is_loaded(sale.id).await.unwrap());
+    assert!(b.finish_load(fresh, &load(snapshot.stock)).await.unwrap());
+    let stock = b.stock(sale.id).await.unwrap().unwrap();
+    assert_eq!((stock.remaining, stock.buyers), (90, 10));
+    let lock: Option<String> = redis::cmd("GET")
+        .arg(&keys.lock)
+        .query_async(&mut redis().await)
+        .await
+        .unwrap();
+    assert_eq!(lock, None, "the lock is given back");
+}
+
+/// Orders a writer commits while the gate is rebuilt, and orders still in the stream, are
+/// counted exactly once whatever side of the rebuild's SQL read they fall on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rebuilt_gate_is_sql_plus_the_stream_plus_late_writes() {
+    let (store, _) = common::fresh_store(common::Sql::Postgres).await;
+    let prefix = common::unique("late");
+    let sale = sale_with_buyers(&store, 100, 10).await;
+    let g = gate(&prefix).await;
+    assert!(
+        scheduler::load_sale(&store, g.as_ref(), &SaleCache::default(), &sale)
+            .await
+            .unwrap()
+    );
+    // Buyer 11's order is accepted and still in the stream; buyer 12's was read by a
+    // writer (also still in the stream until acknowledged) that has not committed yet.
+    let in_stream = buy(sale.id, 11);
+    let in_writer = buy(sale.id, 12);
+    for p in [in_stream, in_writer] {
+        assert!(matches!(
+            g.purchase(p).await.unwrap(),
+            Verdict::Accepted { .. }
+        ));
+    }
+    // An order committed before the rebuild's read whose writer confirms it only after.
+    let early = order(sale.id, 13);
+    store
+        .write_orders(std::slice::from_ref(&early))
+        .await
+        .unwrap();
+
+    // Redis loses the sale's hash (its other keys stay: the stream has two entries).
+    let keys = SaleKeys::new(&prefix, sale.id);
+    let _: () = redis::cmd("DEL")
+        .arg(&keys.sale)
+        .query_async(&mut redis().await)
+        .await
+        .unwrap();
+    let LoadStart::Ticket(ticket) = g.begin_load(sale.id).await.unwrap() else {
+        panic!("lock");
+    };
+    let snapshot = store.load_snapshot(sale.id).await.unwrap();
+    // Now the writer commits buyer 12's order (after the snapshot) and confirms both.
+    let late = NewOrder {
+        id: in_writer.order_id,
+        sale_id: sale.id,
+        user_id: 12,
+        quantity: 1,
+        price_cents: 100,
+        accepted_at: seckill::now_ms(),
+    };
+    store
+        .write_orders(std::slice::from_ref(&late))
+        .await
+        .unwrap();
+    g.confirm_written(&[late.clone(), early.clone()])
+        .await
+        .unwrap();
+    let load = SaleLoad {
+        sale: sale.clone(),
+        remaining: snapshot.stock,
+        buyers: snapshot.buyers,
+        released: snapshot.released,
+        counted: snapshot.counted,
+    };
+    assert!(g.finish_load(ticket, &load).await.unwrap());
+
+    // SQL: 100 - 10 - early - late = 88; the stream adds buyer 11: 87. Buyer 12 counts once
+    // though both in the stream and confirmed late.
+    let stock = g.stock(sale.id).await.unwrap().unwrap();
+    assert_eq!((stock.remaining, stock.buyers), (87, 13));
+    for user in [1, 11, 12, 13] {
+        assert_eq!(
+            g.purchase(buy(sale.id, user)).await.unwrap(),
+            Verdict::Rejected(Rejection::AlreadyPurchased),
+            "buyer {user}"
+        );
+    }
+    // Confirmations after the rebuild, again and again, change nothing.
+    g.confirm_written(&[late, early]).await.unwrap();
+    assert_eq!(g.stock(sale.id).await.unwrap().unwrap().remaining, 87);
+
+    // A written order the gate has never heard of (it was rebuilt without it) is added once.
+    let stray = order(sale.id, 14);
+    store
+        .write_orders(std::slice::from_ref(&stray))
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        g.confirm_written(std::slice::from_ref(&stray))
+            .await
+            .unwrap();
+    }
+    let stock = g.stock(sale.id).await.unwrap().unwrap();
+    assert_eq!((stock.remaining, stock.buyers), (86, 14));
+}
