@@ -156,7 +156,7 @@ async fn open_order_log(
 
 async fn distributed_parts(config: &Config, store: &Store, url: &str) -> Result<Parts, AppError> {
     let (client, conn) = redis_manager(url).await?;
-    let ids = ids::lease_worker_id(conn.clone(), &config.redis_prefix).await?;
+    let ids = ids::lease_worker_id(conn.clone(), &config.redis_prefix, store.clone()).await?;
     let streams = Arc::new(StreamLog::connect(&client, conn.clone(), &config.redis_prefix).await?);
     let (gate, breaker): (Arc<dyn Gate>, _) = match config.gate {
         GateKind::SqlLock => (sql_gate(config, store, SqlDecision::Lock), None),

@@ -252,6 +252,22 @@ async fn readyz(State(st): State<Arc<AppState>>) -> Result<&'static str, ApiErro
     if st.breaker.as_ref().is_some_and(|b| b.is_open()) {
         return Err(ApiError::Unavailable("the gate's circuit is open".into()));
     }
+    if !st.ids.can_issue() {
+        return Err(ApiError::Unavailable(
+            "this instance holds no valid worker id lease: it cannot issue order ids".into(),
+        ));
+    }
+    // An open sale missing from the gate is being rebuilt (Redis lost it): purchases of it
+    // answer `not_loaded` until then.
+    let now = crate::now_ms();
+    for sale in st.sales.all() {
+        if sale.begins_at <= now && now < sale.ends_at && !st.gate.is_loaded(sale.id).await? {
+            return Err(ApiError::Unavailable(format!(
+                "sale {} is not in the gate yet (being loaded or rebuilt)",
+                sale.id
+            )));
+        }
+    }
     Ok("ready")
 }
 

@@ -1,0 +1,87 @@
+//! Worker id leases when Redis forgets them: an instance leases its own id again and goes
+//! on issuing; an instance that leases an id just after Redis started afresh waits until
+//! no earlier holder can still issue from it; a new deployment waits for nothing.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use seckill::ids::lease_worker_id;
+
+async fn redis() -> redis::aio::ConnectionManager {
+    seckill::app::redis_manager(&common::redis_url())
+        .await
+        .unwrap()
+        .1
+}
+
+/// Deletes every key of a prefix, as a Redis restarted without its data would have none.
+async fn wipe(prefix: &str) {
+    let mut conn = redis().await;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}:*"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    if !keys.is_empty() {
+        let _: () = redis::cmd("DEL")
+            .arg(&keys)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_come_back_after_redis_forgets_them_without_reusing_an_id() {
+    let (store, _) = common::fresh_store(common::Sql::Sqlite).await;
+    let prefix = common::unique("lease");
+
+    let started = Instant::now();
+    let a = lease_worker_id(redis().await, &prefix, store.clone())
+        .await
+        .unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "a new deployment waits for nobody"
+    );
+    let b = lease_worker_id(redis().await, &prefix, store.clone())
+        .await
+        .unwrap();
+    assert_ne!(a.worker(), b.worker());
+    let (wa, wb) = (a.worker(), b.worker());
+
+    // Redis loses everything. Both instances lease their own ids again and go on.
+    wipe(&prefix).await;
+    let mut issued = std::collections::HashSet::new();
+    let until = Instant::now() + Duration::from_secs(4);
+    while Instant::now() < until {
+        for ids in [&a, &b] {
+            if let Ok(id) = ids.next() {
+                assert!(issued.insert(id), "id {id} issued twice");
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert!(a.can_issue() && b.can_issue(), "both issue again");
+    assert_eq!(
+        (a.worker(), b.worker()),
+        (wa, wb),
+        "each took its own id back"
+    );
+
+    // A newcomer right after another loss must not issue until the earlier holders of any
+    // id it takes have surely stopped (5 s after Redis started afresh).
+    wipe(&prefix).await;
+    let started = Instant::now();
+    let c = lease_worker_id(redis().await, &prefix, store.clone())
+        .await
+        .unwrap();
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(3500),
+        "issued after {waited:?} into a fresh epoch"
+    );
+    assert!(c.next().is_ok());
+    assert!(waited < Duration::from_secs(8), "{waited:?}");
+}
