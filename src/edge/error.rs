@@ -57,6 +57,18 @@ pub enum ApiError {
     /// 503 `unavailable`: a dependency failed or the service is not ready; safe to retry.
     #[error("{0}")]
     Unavailable(String),
+    /// 503 `not_loaded`: the sale is not in the gate yet (being loaded, or rebuilt after
+    /// Redis lost it); nothing was bought; retry in a second.
+    #[error("the sale is being prepared; nothing was bought; retry in a second")]
+    NotLoaded,
+    /// 202 `pending` (an order lookup): the purchase with this id was answered `pending`
+    /// and may still become an order; ask again in a second.
+    #[error("this purchase may still become an order; ask again in a second")]
+    Pending,
+    /// 404 `not_placed` (an order lookup): no order was placed with this id, and none can
+    /// be any more.
+    #[error("no order was placed with this id")]
+    NotPlaced,
 }
 
 impl ApiError {
@@ -72,6 +84,9 @@ impl ApiError {
             ApiError::Conflict(_) => "conflict",
             ApiError::RateLimited { .. } => "rate_limited",
             ApiError::Unavailable(_) => "unavailable",
+            ApiError::NotLoaded => "not_loaded",
+            ApiError::Pending => "pending",
+            ApiError::NotPlaced => "not_placed",
         }
     }
 
@@ -79,13 +94,14 @@ impl ApiError {
         match self {
             ApiError::InvalidRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized(_) | ApiError::InvalidCode => StatusCode::UNAUTHORIZED,
-            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::NotFound(_) | ApiError::NotPlaced => StatusCode::NOT_FOUND,
+            ApiError::Pending => StatusCode::ACCEPTED,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Forbidden { .. } => StatusCode::FORBIDDEN,
             ApiError::Rejected { .. } | ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
-            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Unavailable(_) | ApiError::NotLoaded => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -145,9 +161,10 @@ impl ApiError {
                 format!("only {remaining} left, fewer than the quantity asked").into(),
             ),
             Rejection::SoldOut { .. } => ("sold_out", "the sale is sold out".into()),
-            Rejection::NotLoaded => {
+            Rejection::NotLoaded => return ApiError::NotLoaded,
+            Rejection::Expired => {
                 return ApiError::Unavailable(
-                    "the sale is being prepared; retry in a second".into(),
+                    "the purchase reached the gate too late and was not made; retry".into(),
                 )
             }
         };
@@ -175,7 +192,7 @@ impl IntoResponse for ApiError {
             ApiError::RateLimited {
                 retry_after_secs, ..
             } => Some(*retry_after_secs),
-            ApiError::Unavailable(_) => Some(1),
+            ApiError::Unavailable(_) | ApiError::NotLoaded | ApiError::Pending => Some(1),
             _ => None,
         };
         if let Some(secs) = retry_after {
@@ -197,9 +214,12 @@ impl ApiError {
             ApiError::Rejected { message, .. }
             | ApiError::Forbidden { message, .. }
             | ApiError::RateLimited { message, .. } => Cow::Borrowed(message),
-            ApiError::InvalidCode | ApiError::MethodNotAllowed | ApiError::PayloadTooLarge => {
-                Cow::Owned(self.to_string())
-            }
+            ApiError::InvalidCode
+            | ApiError::MethodNotAllowed
+            | ApiError::PayloadTooLarge
+            | ApiError::NotLoaded
+            | ApiError::Pending
+            | ApiError::NotPlaced => Cow::Owned(self.to_string()),
         }
     }
 }

@@ -95,8 +95,10 @@ impl Default for Metrics {
     }
 }
 
-const PURCHASE_CODES: [&str; 15] = [
+const PURCHASE_CODES: [&str; 17] = [
     "ok",
+    "pending",
+    "not_loaded",
     "sold_out",
     "already_purchased",
     "not_started",

@@ -40,6 +40,18 @@ pub struct PurchaseOk {
     order_id: String,
 }
 
+/// 202: the purchase was sent to the gate and its answer lost. `GET /api/orders/{id}`
+/// tells, within seconds, whether it became an order.
+#[derive(Serialize)]
+struct PendingView {
+    code: &'static str,
+    order_id: String,
+    message: &'static str,
+}
+
+const PENDING_MESSAGE: &str = "the outcome is not known yet; GET /api/orders/{order_id} \
+     shortly tells whether this became an order (do not buy again before)";
+
 fn parse_body(body: &[u8]) -> Result<PurchaseBody, ApiError> {
     let body: PurchaseBody = if body.iter().all(crate::is_json_space) {
         PurchaseBody::default()
@@ -141,6 +153,16 @@ fn answer(st: &AppState, started: Instant, result: Result<PurchaseOk, ApiError>)
         Err(e) => e.code(),
     });
     match result {
+        Ok(ok) if ok.code == "pending" => {
+            let mut response = Json(PendingView {
+                code: ok.code,
+                order_id: ok.order_id,
+                message: PENDING_MESSAGE,
+            })
+            .into_response();
+            *response.status_mut() = axum::http::StatusCode::ACCEPTED;
+            response
+        }
         Ok(ok) => Json(ok).into_response(),
         Err(e) => e.into_response(),
     }
@@ -214,7 +236,19 @@ async fn ask_gate(
         .gate_seconds
         .observe(asked.elapsed().as_secs_f64());
     let limit = admitted.limit;
-    match verdict? {
+    let verdict = match verdict {
+        Ok(verdict) => verdict,
+        // Sent and unanswered: it may have bought. Never "no" for what may be an order.
+        Err(e) if e.may_have_taken_effect() => {
+            tracing::debug!(error = %e, order_id, "purchase outcome unknown; answered pending");
+            return Ok(PurchaseOk {
+                code: "pending",
+                order_id: order_id.to_string(),
+            });
+        }
+        Err(e) => return Err(e.into()),
+    };
+    match verdict {
         Verdict::Accepted { .. } => Ok(PurchaseOk {
             code: "ok",
             order_id: order_id.to_string(),
@@ -315,9 +349,28 @@ pub async fn get_order(
     Path(id): Path<String>,
 ) -> Result<Json<OrderView>, ApiError> {
     let order_id = parse_id(&id, "order id")?;
-    let not_found = || ApiError::NotFound(format!("order {order_id} does not exist"));
+    let accepted_at = crate::ids::IdGenerator::time_of(order_id);
+    let current: Vec<Arc<Sale>> = st
+        .sales
+        .all()
+        .into_iter()
+        .filter(|sale| {
+            accepted_at >= sale.begins_at - WINDOW_SLACK_MS
+                && accepted_at <= sale.ends_at + WINDOW_SLACK_MS
+        })
+        .collect();
+    // Someone else's order is indistinguishable from no order at all.
+    let not_found = || {
+        if current.is_empty() {
+            ApiError::NotFound(format!("order {order_id} does not exist"))
+        } else if crate::now_ms() <= crate::gate::attempt_deadline(order_id) + CLOCK_SLACK_MS {
+            // An id answered `pending`, not settled until no gate can take it any more.
+            ApiError::Pending
+        } else {
+            ApiError::NotPlaced
+        }
+    };
     if let Some(order) = st.store.order(order_id).await? {
-        // Someone else's order is indistinguishable from no order at all.
         return if order.user_id == user_id {
             let mut view = OrderView::from(&order);
             view.history = vec![
@@ -342,18 +395,12 @@ pub async fn get_order(
         };
     }
     // Accepted by the gate but not written yet: look in the gates of current sales.
-    let accepted_at = crate::ids::IdGenerator::time_of(order_id);
-    for sale in st.sales.all() {
-        if accepted_at < sale.begins_at - WINDOW_SLACK_MS
-            || accepted_at > sale.ends_at + WINDOW_SLACK_MS
-        {
-            continue;
-        }
+    for sale in &current {
         let Some((owner, quantity)) = st.gate.queued_order(sale.id, order_id).await? else {
             continue;
         };
         if owner == user_id {
-            let mut view = queued_view(order_id, &sale, quantity);
+            let mut view = queued_view(order_id, sale, quantity);
             view.history = vec![Step {
                 status: "queued".into(),
                 at: rfc3339(accepted_at),
@@ -363,6 +410,9 @@ pub async fn get_order(
     }
     Err(not_found())
 }
+
+/// Clock difference tolerated between this instance and the gate's Redis.
+const CLOCK_SLACK_MS: i64 = 1000;
 
 /// An order accepted and not yet in SQL.
 fn queued_view(order_id: i64, sale: &Sale, quantity: i64) -> OrderView {

@@ -137,7 +137,8 @@ impl Caller {
             call.arg(p.user_id)
                 .arg(p.quantity)
                 .arg(p.order_id)
-                .arg(p.token.map_or(0, |t| t.keep_ms(now)));
+                .arg(p.token.map_or(0, |t| t.keep_ms(now)))
+                .arg(super::attempt_deadline(p.order_id));
         }
         let mut conn = self.conn.clone();
         let reply: Result<Value, _> = call.invoke_async(&mut conn).await;

@@ -73,6 +73,18 @@ pub enum Rejection {
     },
     /// The purchase token was spent by an earlier attempt.
     TokenUsed,
+    /// The attempt reached the gate after its deadline: nothing was done.
+    Expired,
+}
+
+/// How long after its order id was minted an attempt may still take effect in a gate in
+/// another process. Its caller stops waiting at the same moment (the breaker's time limit)
+/// and answers `pending`; the order's fate is settled once this has passed.
+pub const ATTEMPT_MS: i64 = 1000;
+
+/// The instant (Unix ms, by the gate's clock) after which an attempt is refused.
+pub fn attempt_deadline(order_id: i64) -> i64 {
+    crate::ids::IdGenerator::time_of(order_id) + ATTEMPT_MS
 }
 
 /// A per-user, per-sale request rate (GCRA): `per_sec` on average, `burst` at once.
@@ -263,6 +275,21 @@ pub enum GateError {
 }
 
 impl GateError {
+    /// Whether the purchase may have taken effect though no verdict came back: the call
+    /// was sent and its answer lost (a timeout, a connection dropped mid-call, a garbled
+    /// reply). Such a buyer is told `pending`, never "no". Refusals before sending (the
+    /// circuit is open) and errors Redis answered with did nothing.
+    pub fn may_have_taken_effect(&self) -> bool {
+        match self {
+            GateError::Timeout | GateError::BadReply(_) => true,
+            GateError::Redis(e) => {
+                !e.is_connection_refusal()
+                    && (e.is_io_error() || e.is_connection_dropped() || e.is_timeout())
+            }
+            _ => false,
+        }
+    }
+
     /// The same failure for each of several waiters on one call (a batch of purchases):
     /// Redis errors keep their kind, which the circuit breaker reads.
     pub fn for_another_waiter(&self) -> GateError {

@@ -8,12 +8,12 @@
 -- KEYS[5] rate hash    user_id -> theoretical arrival time (GCRA), per sale
 -- KEYS[5+i] attempt i's purchase-token marker (any key of the sale when it has no token)
 -- ARGV[1] sale_id  ARGV[2] emission interval ms (0: no rate limit)  ARGV[3] burst tolerance ms
--- then four values per attempt i, from ARGV[4*i]: user_id, quantity, order_id, and how long
--- to remember its spent purchase token in ms (0: no token).
+-- then five values per attempt i, from ARGV[5*i-1]: user_id, quantity, order_id, how long
+-- to remember its spent purchase token in ms (0: no token), and its deadline (Unix ms).
 -- Returns {code, number, code, number, ...}, one pair per attempt: code is ok | not_loaded |
--- rate_limited (ms to wait) | not_started | ended | paused | token_used | already_purchased |
--- over_limit | sold_out.
-local attempts = (#ARGV - 3) / 4
+-- expired | rate_limited (ms to wait) | not_started | ended | paused | token_used |
+-- already_purchased | over_limit | sold_out.
+local attempts = (#ARGV - 3) / 5
 local out = {}
 local sale = redis.call('HMGET', KEYS[1], 'stock', 'limit', 'begins', 'ends', 'paused', 'price')
 if not sale[1] then
@@ -33,8 +33,13 @@ local interval = tonumber(ARGV[2])
 local tolerance = tonumber(ARGV[3])
 
 local function decide(i)
-  local base = 4 * i
+  local base = 5 * i - 1
   local user = ARGV[base]
+  -- Its caller has stopped waiting (Redis was stalled, or the call was stuck): the buyer
+  -- may have been told it failed, so it must never take effect now.
+  if now > tonumber(ARGV[base + 4]) then
+    return 'expired', 0
+  end
   -- Per user and sale, across every instance: a script firing hundreds of requests a
   -- second is throttled here, before it can touch the stock.
   if interval > 0 then

@@ -278,6 +278,7 @@ fn verdict(code: &[u8], n: i64) -> Option<Verdict> {
         b"sold_out" => Verdict::Rejected(Rejection::SoldOut { remaining: n }),
         b"rate_limited" => Verdict::Rejected(Rejection::RateLimited { retry_after_ms: n }),
         b"token_used" => Verdict::Rejected(Rejection::TokenUsed),
+        b"expired" => Verdict::Rejected(Rejection::Expired),
         _ => return None,
     })
 }
