@@ -249,7 +249,10 @@ impl Drop for Server {
 }
 
 pub fn spawn(env: &[(String, String)], args: &[String]) -> Child {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_seckill"));
+    // SECKILL_TEST_BIN runs the tests against another build (an older commit's, to show
+    // that a test fails without its fix).
+    let bin = std::env::var("SECKILL_TEST_BIN").unwrap_or(env!("CARGO_BIN_EXE_seckill").into());
+    let mut cmd = Command::new(bin);
     cmd.args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -413,7 +416,20 @@ impl PrivateRedis {
     }
 
     pub fn restart(&mut self) {
-        *self = PrivateRedis::start(self.port, &self.dir.clone());
+        self.kill();
+        let fresh = PrivateRedis::start(self.port, &self.dir.clone());
+        // The old one's process is gone and its folder is the new one's: dropping it would
+        // delete that folder under the running Redis.
+        std::mem::forget(std::mem::replace(self, fresh));
+    }
+
+    /// Its data folder (AOF files).
+    pub fn dir(&self) -> &std::path::Path {
+        &self.dir
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 }
 

@@ -1,0 +1,432 @@
+//! The distributed deployment when Redis comes back different: two instances
+//! (`serve --no-writer`) and two `worker`s on PostgreSQL, sharing a Redis of the test's own.
+//!
+//! - Redis restarted with its data lost while buyers hold orders, everyone retrying at once:
+//!   nobody gets a second order, every `ok` is in SQL, and purchases work again within
+//!   seconds without restarting anything.
+//! - Redis frozen (SIGSTOP) for 10 s mid-storm: no buyer told 503 gets an order from that
+//!   attempt, purchases work again within 2 s of Redis answering, and there is no second
+//!   outage afterwards.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{PrivateRedis, Server, Sql};
+use seckill::store::Store;
+
+struct Deployment {
+    redis: PrivateRedis,
+    instances: Vec<Server>,
+    _workers: Vec<Worker>,
+    store: Store,
+    secret: String,
+}
+
+struct Worker(std::process::Child);
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Deployment {
+    async fn start(tag: &str) -> Deployment {
+        let port = common::free_port();
+        let dir = std::env::temp_dir().join(common::unique(tag));
+        std::fs::create_dir_all(&dir).unwrap();
+        let redis = PrivateRedis::start(port, &dir);
+        let db = common::fresh_database(Sql::Postgres).await;
+        let secret = common::unique("secret");
+        let env = vec![
+            ("SECKILL_DATABASE_URL".to_string(), db.clone()),
+            ("SECKILL_REDIS_URL".to_string(), redis.url()),
+            ("SECKILL_TOKEN_SECRET".to_string(), secret.clone()),
+            ("SECKILL_DEV".to_string(), "1".to_string()),
+        ];
+        let mut instances = Vec::new();
+        for _ in 0..2 {
+            instances
+                .push(Server::start(env.clone(), vec!["serve".into(), "--no-writer".into()]).await);
+        }
+        let mut worker_env = env;
+        worker_env.push(("SECKILL_LOG".into(), "warn".into()));
+        let workers = (0..2)
+            .map(|_| Worker(common::spawn(&worker_env, &["worker".to_string()])))
+            .collect();
+        Deployment {
+            redis,
+            instances,
+            _workers: workers,
+            store: Store::connect(&db, 4).await.unwrap(),
+            secret,
+        }
+    }
+
+    fn tokens(&self, users: std::ops::Range<i64>) -> Vec<(i64, String)> {
+        let signer = seckill::edge::auth::TokenSigner::new(&self.secret);
+        let exp = seckill::now_ms() / 1000 + 3600;
+        users.map(|u| (u, signer.sign(u, exp))).collect()
+    }
+
+    fn base(&self, i: usize) -> &str {
+        &self.instances[i % self.instances.len()].base
+    }
+
+    /// Orders per user in SQL for a sale (live ones).
+    async fn live_orders(&self, sale_id: i64) -> HashMap<i64, Vec<i64>> {
+        let mut by_user: HashMap<i64, Vec<i64>> = HashMap::new();
+        for o in self.store.orders_of_sale(sale_id).await.unwrap() {
+            by_user.entry(o.user_id).or_default().push(o.id);
+        }
+        by_user
+    }
+}
+
+/// What one buyer was told, attempt after attempt, until a final answer.
+#[derive(Debug, Default, Clone)]
+struct Told {
+    /// Order ids answered `ok`.
+    ok: Vec<i64>,
+    /// Order ids answered `pending` (the attempt may have bought).
+    pending: Vec<i64>,
+    /// 503s (`unavailable`, `not_loaded`) and requests that got no answer.
+    unavailable: usize,
+    /// The final answer's code.
+    last: String,
+    /// When each answer came: (instant, code), for the timeline checks.
+    times: Vec<(Instant, String)>,
+}
+
+/// Buys until a final answer (ok, already_purchased, sold_out), retrying 503s and pendings.
+async fn buy_until_final(
+    c: &reqwest::Client,
+    base: &str,
+    sale: &str,
+    token: &str,
+    give_up: Instant,
+) -> Told {
+    let mut told = Told::default();
+    while Instant::now() < give_up {
+        let r = c
+            .post(format!("{base}/api/sales/{sale}/purchase"))
+            .bearer_auth(token)
+            .send()
+            .await;
+        let Ok(r) = r else {
+            told.unavailable += 1;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        let status = r.status().as_u16();
+        let body: serde_json::Value = r.json().await.unwrap_or_default();
+        assert_ne!(status, 500, "never a 500: {body}");
+        let code = body["code"].as_str().unwrap_or("").to_string();
+        told.times.push((Instant::now(), code.clone()));
+        let id = || body["order_id"].as_str().unwrap().parse::<i64>().unwrap();
+        match code.as_str() {
+            "ok" => {
+                told.ok.push(id());
+                told.last = code;
+                return told;
+            }
+            "already_purchased" | "sold_out" => {
+                told.last = code;
+                return told;
+            }
+            "pending" => {
+                assert_eq!(status, 202, "{body}");
+                told.pending.push(id());
+            }
+            "unavailable" | "not_loaded" => {
+                assert_eq!(status, 503, "{body}");
+                told.unavailable += 1;
+            }
+            other => panic!("unexpected answer {status} {other}: {body}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!(
+        "no final answer before the time limit: ok {:?}, pending {:?}, {} unavailable, last answers {:?}",
+        told.ok,
+        told.pending,
+        told.unavailable,
+        told.times.iter().rev().take(3).map(|(_, c)| c).collect::<Vec<_>>()
+    );
+}
+
+/// Every buyer in `tokens` buys until a final answer, all at once (bounded concurrency).
+async fn storm(
+    d: &Deployment,
+    sale: &str,
+    tokens: Vec<(i64, String)>,
+    concurrency: usize,
+) -> HashMap<i64, Told> {
+    let c = common::client();
+    let sem = Arc::new(tokio::sync::Semaphore::new(concurrency));
+    let give_up = Instant::now() + Duration::from_secs(90);
+    let mut tasks = Vec::new();
+    for (i, (user, token)) in tokens.into_iter().enumerate() {
+        let (c, base, sale, sem) = (
+            c.clone(),
+            d.base(i).to_string(),
+            sale.to_string(),
+            sem.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let _permit = sem.acquire().await.unwrap();
+            (
+                user,
+                buy_until_final(&c, &base, &sale, &token, give_up).await,
+            )
+        }));
+    }
+    let mut told = HashMap::new();
+    for t in tasks {
+        let (user, answers) = t.await.unwrap();
+        told.insert(user, answers);
+    }
+    told
+}
+
+/// The invariants after the storms: each buyer holds at most one order, every `ok` is in
+/// SQL, every order in SQL was answered `ok` or `pending` to its buyer, stock adds up.
+async fn check_sql(d: &Deployment, sale_id: i64, stock: i64, told: &HashMap<i64, Told>) {
+    let expected_ok: usize = told.values().map(|t| t.ok.len()).sum();
+    let store = d.store.clone();
+    common::eventually(60, "every ok reaches SQL", || {
+        let store = store.clone();
+        async move { store.orders_of_sale(sale_id).await.unwrap().len() >= expected_ok }
+    })
+    .await;
+    // Pending attempts settle within seconds; let the writers finish them.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let orders = d.live_orders(sale_id).await;
+    let twice: Vec<_> = orders.iter().filter(|(_, ids)| ids.len() > 1).collect();
+    assert!(twice.is_empty(), "buyers with two orders: {twice:?}");
+    for (user, t) in told {
+        for id in &t.ok {
+            assert!(
+                orders.get(user).is_some_and(|ids| ids.contains(id)),
+                "buyer {user} was told ok for {id}, not in SQL"
+            );
+        }
+    }
+    for (user, ids) in &orders {
+        let t = told.get(user);
+        for id in ids {
+            assert!(
+                t.is_some_and(|t| t.ok.contains(id) || t.pending.contains(id)),
+                "order {id} of buyer {user} was never answered ok or pending: {t:?}"
+            );
+        }
+    }
+    let sold: i64 = orders.values().map(|ids| ids.len() as i64).sum();
+    let sale = d.store.sale(sale_id).await.unwrap().unwrap();
+    assert_eq!(
+        sale.stock,
+        stock - sold,
+        "SQL stock + orders = initial stock"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_losing_its_data_mid_sale_sells_nobody_twice() {
+    let mut d = Deployment::start("wipe").await;
+    let c = common::client();
+    const STOCK: i64 = 4000;
+    let sale = common::open_sale(&c, &d.instances[0], STOCK, 1).await;
+    let sale_id: i64 = sale.parse().unwrap();
+    let rounds: i64 = std::env::var("SECKILL_TEST_WIPE_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2);
+
+    // 1,800 buyers hold orders, written to SQL.
+    let holders = d.tokens(1..1801);
+    let mut told = storm(&d, &sale, holders.clone(), 256).await;
+    assert!(told.values().all(|t| t.last == "ok"), "everyone bought");
+    check_sql(&d, sale_id, STOCK, &told).await;
+
+    let mut newcomers = 10_000;
+    let mut last_wipe = Instant::now();
+    for round in 0..rounds {
+        // Redis restarts with nothing: its AOF is gone.
+        d.redis.kill();
+        for entry in std::fs::read_dir(d.redis.dir()).unwrap() {
+            let path = entry.unwrap().path();
+            let _ = std::fs::remove_dir_all(&path);
+            let _ = std::fs::remove_file(&path);
+        }
+        d.redis.restart();
+        let back = Instant::now();
+
+        // Every holder retries at once, with 100 newcomers among them.
+        let mut crowd = holders.clone();
+        crowd.extend(d.tokens(newcomers..newcomers + 100));
+        newcomers += 100;
+        let again = storm(&d, &sale, crowd, 1900).await;
+        for (user, t) in &again {
+            if *user < 10_000 {
+                assert_eq!(
+                    t.last, "already_purchased",
+                    "round {round}: holder {user} was answered {t:?}"
+                );
+            }
+        }
+        let first_ok = again
+            .values()
+            .flat_map(|t| t.times.iter())
+            .filter(|(_, code)| code == "ok")
+            .map(|(at, _)| *at)
+            .min()
+            .expect("newcomers bought");
+        assert!(
+            first_ok - back < Duration::from_secs(10),
+            "round {round}: purchases again {:?} after Redis came back",
+            first_ok - back
+        );
+        for (user, t) in again {
+            let entry = told.entry(user).or_default();
+            entry.ok.extend(t.ok);
+            entry.pending.extend(t.pending);
+        }
+        check_sql(&d, sale_id, STOCK, &told).await;
+        last_wipe = back;
+    }
+
+    // Long after the last loss (past any lease renewal), purchases still work.
+    tokio::time::sleep_until((last_wipe + Duration::from_secs(16)).into()).await;
+    let late = storm(&d, &sale, d.tokens(90_000..90_050), 50).await;
+    assert!(
+        late.values().all(|t| t.last == "ok"),
+        "purchases 16 s after Redis came back: {:?}",
+        late.values().map(|t| &t.last).collect::<Vec<_>>()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_frozen_redis_never_turns_a_503_into_an_order() {
+    let d = Deployment::start("freeze").await;
+    let c = common::client();
+    const BUYERS: i64 = 3000;
+    let sale = common::open_sale(&c, &d.instances[0], BUYERS, 1).await;
+    let sale_id: i64 = sale.parse().unwrap();
+
+    let started = Arc::new(AtomicUsize::new(0));
+    let storm_task = {
+        let tokens = d.tokens(1..BUYERS + 1);
+        let bases: Vec<String> = d.instances.iter().map(|s| s.base.clone()).collect();
+        let started = started.clone();
+        let sale = sale.clone();
+        let c = c.clone();
+        tokio::spawn(async move {
+            // A steady crowd: 256 buyers at a time, each until a final answer.
+            let sem = Arc::new(tokio::sync::Semaphore::new(256));
+            let told = Arc::new(Mutex::new(HashMap::new()));
+            let give_up = Instant::now() + Duration::from_secs(120);
+            let mut tasks = Vec::new();
+            for (i, (user, token)) in tokens.into_iter().enumerate() {
+                let (c, base, sale, sem, told, started) = (
+                    c.clone(),
+                    bases[i % bases.len()].clone(),
+                    sale.clone(),
+                    sem.clone(),
+                    told.clone(),
+                    started.clone(),
+                );
+                tasks.push(tokio::spawn(async move {
+                    let _permit = sem.acquire().await.unwrap();
+                    started.fetch_add(1, Ordering::Relaxed);
+                    let t = buy_until_final(&c, &base, &sale, &token, give_up).await;
+                    told.lock().unwrap().insert(user, t);
+                }));
+            }
+            for t in tasks {
+                t.await.unwrap();
+            }
+            Arc::try_unwrap(told).unwrap().into_inner().unwrap()
+        })
+    };
+    while started.load(Ordering::Relaxed) < 400 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let pid = d.redis.pid().to_string();
+    let signal = |sig: &str| {
+        let ok = std::process::Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {sig} {pid}");
+    };
+    signal("-STOP");
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    signal("-CONT");
+    let resumed = Instant::now();
+    let told: HashMap<i64, Told> = storm_task.await.unwrap();
+
+    let answers: Vec<(Instant, &str)> = told
+        .values()
+        .flat_map(|t| t.times.iter().map(|(at, code)| (*at, code.as_str())))
+        .collect();
+    assert!(
+        answers
+            .iter()
+            .any(|(at, code)| *code == "unavailable" && *at < resumed),
+        "the freeze was seen"
+    );
+    let first_ok = answers
+        .iter()
+        .filter(|(at, code)| *code == "ok" && *at >= resumed)
+        .map(|(at, _)| *at)
+        .min()
+        .expect("purchases after the freeze");
+    assert!(
+        first_ok - resumed < Duration::from_secs(2),
+        "purchases again {:?} after Redis answered",
+        first_ok - resumed
+    );
+    let second_outage: Vec<_> = answers
+        .iter()
+        .filter(|(at, code)| {
+            *at > first_ok + Duration::from_millis(500)
+                && matches!(*code, "unavailable" | "not_loaded" | "pending")
+        })
+        .collect();
+    assert!(
+        second_outage.is_empty(),
+        "{} answers unavailable after purchases had resumed",
+        second_outage.len()
+    );
+    check_sql(&d, sale_id, BUYERS, &told).await;
+    // Pending ids settle: each is an order of its buyer or `not_placed`.
+    for (user, t) in told.iter().filter(|(_, t)| !t.pending.is_empty()) {
+        let token = d.tokens(*user..*user + 1).remove(0).1;
+        for id in &t.pending {
+            let r = c
+                .get(format!("{}/api/orders/{id}", d.base(0)))
+                .bearer_auth(&token)
+                .send()
+                .await
+                .unwrap();
+            let status = r.status().as_u16();
+            let body: serde_json::Value = r.json().await.unwrap();
+            let in_sql = d
+                .live_orders(sale_id)
+                .await
+                .get(user)
+                .is_some_and(|ids| ids.contains(id));
+            match (status, body["code"].as_str()) {
+                (200, _) => assert!(in_sql, "{id}: {body}"),
+                (404, Some("not_placed")) => assert!(!in_sql, "{id}: {body}"),
+                _ => panic!("pending {id} did not settle: {status} {body}"),
+            }
+        }
+    }
+}
