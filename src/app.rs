@@ -44,6 +44,89 @@ pub enum AppError {
     Other(String),
 }
 
+impl AppError {
+    /// Whether trying again later may succeed: a server not up yet, a connection refused
+    /// or dropped. A bad URL or a refused password is not.
+    pub fn is_transient(&self) -> bool {
+        use crate::gate::GateError;
+        use crate::orderlog::LogError;
+        use crate::scheduler::SchedulerError;
+        let gate = |e: &GateError| match e {
+            GateError::Redis(e) => redis_unreachable(e),
+            GateError::Timeout | GateError::Unavailable(_) => true,
+            _ => false,
+        };
+        let log = |e: &LogError| matches!(e, LogError::Redis(e) if redis_unreachable(e));
+        match self {
+            AppError::Store(e) => e.is_transient(),
+            AppError::Redis(e) => redis_unreachable(e),
+            AppError::Gate(e) => gate(e),
+            AppError::Log(e) => log(e),
+            AppError::Ids(crate::ids::IdError::Redis(e)) => redis_unreachable(e),
+            AppError::Scheduler(e) => match e {
+                SchedulerError::Store(e) => e.is_transient(),
+                SchedulerError::Gate(e) => gate(e),
+                SchedulerError::Log(e) => log(e),
+                SchedulerError::Lifecycle(_) => true,
+            },
+            _ => false,
+        }
+    }
+}
+
+/// Redis cannot be reached, or is not ready to serve yet (loading its data, a failover).
+pub fn redis_unreachable(e: &redis::RedisError) -> bool {
+    e.is_io_error()
+        || e.is_connection_refusal()
+        || e.is_connection_dropped()
+        || e.is_timeout()
+        || matches!(
+            e.kind(),
+            redis::ErrorKind::Server(
+                redis::ServerErrorKind::BusyLoading
+                    | redis::ServerErrorKind::TryAgain
+                    | redis::ServerErrorKind::MasterDown
+                    | redis::ServerErrorKind::ReadOnly
+            )
+        )
+}
+
+/// Tries `attempt` until it succeeds or fails in a way retrying cannot fix, waiting with
+/// backoff and jitter between tries: a process started before its database or Redis (or
+/// while they restart) comes up by itself once they do. One log line when the wait
+/// starts, then one every 30 s, and one when it is over.
+pub async fn until_up<T, F, Fut>(what: &str, mut attempt: F) -> Result<T, AppError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, AppError>>,
+{
+    let mut backoff =
+        crate::backoff::Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
+    let started = std::time::Instant::now();
+    let mut logged_at: Option<std::time::Instant> = None;
+    loop {
+        match attempt().await {
+            Ok(v) => {
+                if logged_at.is_some() {
+                    tracing::info!(
+                        waited_ms = started.elapsed().as_millis() as u64,
+                        "{what}: up"
+                    );
+                }
+                return Ok(v);
+            }
+            Err(e) if e.is_transient() => {
+                if logged_at.is_none_or(|at| at.elapsed() >= Duration::from_secs(30)) {
+                    tracing::warn!(error = %e, "{what}: not reachable yet; retrying");
+                    logged_at = Some(std::time::Instant::now());
+                }
+                tokio::time::sleep(backoff.next_wait()).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// Which process is being assembled: ids are only minted where orders or users are made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
@@ -250,12 +333,12 @@ pub async fn assemble(config: Config, role: Role) -> Result<App, AppError> {
             idle_timeout: config.idle_timeout,
         });
     let config = Arc::new(config);
-    let store = connect_store(&config).await?;
+    let store = until_up("database", || connect_store(&config)).await?;
     let tokens = token_signer(&config, &store).await?;
     let payments = payment_provider(&config, &store).await?;
     let parts = match &config.redis_url {
         None => embedded_parts(&config, &store, role).await?,
-        Some(url) => distributed_parts(&config, &store, url).await?,
+        Some(url) => until_up("redis", || distributed_parts(&config, &store, url)).await?,
     };
     let Parts {
         gate,
@@ -345,7 +428,10 @@ impl App {
         // The first pass runs before serving, so that a restarted embedded server has
         // rebuilt its gate from SQL before it answers a single purchase.
         let scheduler = self.scheduler();
-        scheduler.tick().await?;
+        until_up("first scheduler pass", || async {
+            scheduler.tick().await.map_err(AppError::from)
+        })
+        .await?;
         let (stop_tx, stop_rx) = watch::channel(false);
         let mut handles = vec![tokio::spawn(scheduler.run(stop_rx.clone()))];
         if run_writer {

@@ -29,6 +29,7 @@ pub mod edge;
 pub mod gate;
 pub mod ids;
 pub mod lifecycle;
+pub mod logline;
 pub mod metrics;
 pub mod model;
 pub mod orderlog;

@@ -430,3 +430,46 @@ async fn a_frozen_redis_never_turns_a_503_into_an_order() {
         }
     }
 }
+
+/// An instance and a worker started before their Redis wait for it, and serve once it is up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn processes_started_before_redis_come_up_by_themselves() {
+    let port = common::free_port();
+    let env = vec![
+        (
+            "SECKILL_DATABASE_URL".to_string(),
+            common::fresh_database(Sql::Postgres).await,
+        ),
+        (
+            "SECKILL_REDIS_URL".to_string(),
+            format!("redis://127.0.0.1:{port}/"),
+        ),
+        ("SECKILL_DEV".to_string(), "1".to_string()),
+    ];
+    let mut instance = Server::spawn(env.clone(), vec!["serve".into(), "--no-writer".into()]);
+    let mut worker_env = env;
+    worker_env.push(("SECKILL_LOG".into(), "warn".into()));
+    let _worker = Worker(common::spawn(&worker_env, &["worker".to_string()]));
+    // Longer than the Redis client's own connection retries (about 6 s).
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(
+        instance.child.try_wait().unwrap().is_none(),
+        "the instance waits for Redis rather than exit"
+    );
+    let dir = std::env::temp_dir().join(common::unique("late"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let _redis = PrivateRedis::start(port, &dir);
+    instance.wait_ready().await;
+    let c = common::client();
+    let sale = common::open_sale(&c, &instance, 5, 1).await;
+    let token = common::login_users(&c, &instance.base, 1).await.remove(0);
+    let (status, body) = common::buy(&c, &instance.base, &sale, &token).await;
+    assert_eq!(status, 200, "{body}");
+    let store = Store::connect(&instance.env[0].1, 2).await.unwrap();
+    let sale_id: i64 = sale.parse().unwrap();
+    common::eventually(20, "the worker writes the order", || {
+        let store = store.clone();
+        async move { store.orders_of_sale(sale_id).await.unwrap().len() == 1 }
+    })
+    .await;
+}

@@ -243,12 +243,19 @@ impl From<StoreError> for ApiError {
             StoreError::UnknownSale(id) => ApiError::NotFound(format!("sale {id} does not exist")),
             StoreError::NotFound => ApiError::NotFound("not found".into()),
             other => {
-                tracing::error!(error = %other, "database error");
+                if let Some(left_out) = DB_ERRORS_LOGGED.ready() {
+                    tracing::error!(error = %other, left_out, "database error");
+                }
                 ApiError::Unavailable("the database is unavailable; retry shortly".into())
             }
         }
     }
 }
+
+/// During an outage every request fails the same way: one line per 10 s each.
+static DB_ERRORS_LOGGED: crate::logline::Every = crate::logline::Every::new(10_000);
+static GATE_ERRORS_LOGGED: crate::logline::Every = crate::logline::Every::new(10_000);
+static LOAD_ERRORS_LOGGED: crate::logline::Every = crate::logline::Every::new(10_000);
 
 impl From<GateError> for ApiError {
     fn from(e: GateError) -> Self {
@@ -257,7 +264,11 @@ impl From<GateError> for ApiError {
             GateError::Unavailable(_) | GateError::Timeout => {
                 tracing::debug!(error = %e, "gate unavailable")
             }
-            _ => tracing::error!(error = %e, "gate error"),
+            _ => {
+                if let Some(left_out) = GATE_ERRORS_LOGGED.ready() {
+                    tracing::error!(error = %e, left_out, "gate error");
+                }
+            }
         }
         ApiError::Unavailable("purchases are unavailable right now; retry shortly".into())
     }
@@ -265,14 +276,17 @@ impl From<GateError> for ApiError {
 
 impl From<IdError> for ApiError {
     fn from(e: IdError) -> Self {
-        tracing::error!(error = %e, "id generator error");
+        // The lease's loss and return are logged where they happen.
+        tracing::debug!(error = %e, "id generator error");
         ApiError::Unavailable("this instance cannot issue order ids right now".into())
     }
 }
 
 impl From<crate::scheduler::SchedulerError> for ApiError {
     fn from(e: crate::scheduler::SchedulerError) -> Self {
-        tracing::error!(error = %e, "could not load a sale");
+        if let Some(left_out) = LOAD_ERRORS_LOGGED.ready() {
+            tracing::error!(error = %e, left_out, "could not load a sale");
+        }
         ApiError::Unavailable("the sale could not be prepared; retry shortly".into())
     }
 }

@@ -3,7 +3,7 @@
 //! request wait out a dead Redis; after a cooldown it lets calls through again, and closes
 //! on the first success. Never decides a purchase itself, so it cannot oversell.
 
-use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,6 +21,8 @@ pub struct Breaker {
     pub opened: AtomicU64,
     /// Calls refused while open.
     pub refused: AtomicU64,
+    /// Whether the last state logged is "open": one line per change, not per reopening.
+    logged_open: AtomicBool,
 }
 
 impl Breaker {
@@ -33,6 +35,7 @@ impl Breaker {
             open_until: AtomicI64::new(0),
             opened: AtomicU64::new(0),
             refused: AtomicU64::new(0),
+            logged_open: AtomicBool::new(false),
         }
     }
 
@@ -52,7 +55,14 @@ impl Breaker {
 
     fn record<T>(&self, result: Result<T, GateError>) -> Result<T, GateError> {
         match &result {
-            Ok(_) => self.failures.store(0, Ordering::Release),
+            Ok(_) => {
+                self.failures.store(0, Ordering::Release);
+                if self.logged_open.load(Ordering::Relaxed)
+                    && self.logged_open.swap(false, Ordering::AcqRel)
+                {
+                    tracing::info!("gate circuit closed: the gate's Redis answers again");
+                }
+            }
             Err(GateError::Redis(e)) if is_outage(e) => self.failed(),
             Err(GateError::Timeout) => self.failed(),
             Err(_) => {}
@@ -67,11 +77,13 @@ impl Breaker {
             self.open_until
                 .store(crate::now_ms() + self.cooldown_ms, Ordering::Release);
             self.opened.fetch_add(1, Ordering::Relaxed);
-            tracing::error!(
-                failures,
-                cooldown_ms = self.cooldown_ms,
-                "gate circuit opened"
-            );
+            if !self.logged_open.swap(true, Ordering::AcqRel) {
+                tracing::error!(
+                    failures,
+                    cooldown_ms = self.cooldown_ms,
+                    "gate circuit opened: the gate's Redis is failing; purchases answer 503 until it answers"
+                );
+            }
         }
     }
 

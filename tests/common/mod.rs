@@ -195,24 +195,30 @@ impl Server {
 
     /// Starts `seckill <args>` with these settings and waits until it answers /healthz.
     pub async fn start(env: Vec<(String, String)>, args: Vec<String>) -> Server {
+        let mut server = Server::spawn(env, args);
+        server.wait_ready().await;
+        server
+    }
+
+    /// Starts `seckill <args>` without waiting for it.
+    pub fn spawn(env: Vec<(String, String)>, args: Vec<String>) -> Server {
         let port = free_port();
         let admin = "test-admin-token".to_string();
         let mut all_env = env.clone();
         all_env.push(("SECKILL_LISTEN".into(), format!("127.0.0.1:{port}")));
         all_env.push(("SECKILL_ADMIN_TOKEN".into(), admin.clone()));
         all_env.push(("SECKILL_LOG".into(), "warn".into()));
-        let mut server = Server {
+        Server {
             child: spawn(&all_env, &args),
             base: format!("http://127.0.0.1:{port}"),
             admin,
             env: all_env,
             args,
-        };
-        server.wait_ready().await;
-        server
+        }
     }
 
-    async fn wait_ready(&mut self) {
+    /// Waits up to 30 s until it answers /healthz.
+    pub async fn wait_ready(&mut self) {
         let client = reqwest::Client::new();
         for _ in 0..300 {
             if let Ok(r) = client.get(format!("{}/healthz", self.base)).send().await {
