@@ -246,7 +246,9 @@ async fn distributed_parts(config: &Config, store: &Store, url: &str) -> Result<
         GateKind::SqlConditional => (sql_gate(config, store, SqlDecision::Conditional), None),
         _ => {
             let gate = RedisGate::new(conn.clone(), &config.redis_prefix)
-                .with_rate_limit(config.rate_user);
+                .with_rate_limit(config.rate_user)
+                .with_durability(&client, config.redis_durability)
+                .await?;
             gate.prepare().await?;
             let breaker = Arc::new(Breaker::new(
                 Arc::new(gate),
@@ -316,11 +318,18 @@ pub async fn redis_manager(
     url: &str,
 ) -> Result<(redis::Client, redis::aio::ConnectionManager), AppError> {
     let client = redis::Client::open(url)?;
+    let conn = connection_manager(&client).await?;
+    Ok((client, conn))
+}
+
+/// A self-reconnecting connection whose calls give up after 2 s.
+pub async fn connection_manager(
+    client: &redis::Client,
+) -> Result<redis::aio::ConnectionManager, redis::RedisError> {
     let config = redis::aio::ConnectionManagerConfig::new()
         .set_response_timeout(Some(Duration::from_secs(2)))
         .set_connection_timeout(Some(Duration::from_secs(2)));
-    let conn = client.get_connection_manager_with_config(config).await?;
-    Ok((client, conn))
+    client.get_connection_manager_with_config(config).await
 }
 
 pub async fn assemble(config: Config, role: Role) -> Result<App, AppError> {

@@ -50,6 +50,12 @@ pub struct ConfigArgs {
     /// Prefix of every Redis key [default: seckill].
     #[arg(long, env = "SECKILL_REDIS_PREFIX", global = true)]
     pub redis_prefix: Option<String>,
+    /// What an `ok` waits for after the gate's script: none (Redis' memory; its own
+    /// appendfsync decides), aof (WAITAOF: fsynced to the master's AOF) or replica (WAIT:
+    /// received by a replica, so a failover keeps it) [default: none]. When the wait
+    /// fails the buyer is answered 202 pending, never ok.
+    #[arg(long, env = "SECKILL_REDIS_DURABILITY", global = true)]
+    pub redis_durability: Option<Durability>,
     /// Bearer token of the admin API; the admin API is closed when unset.
     #[arg(
         long,
@@ -188,6 +194,30 @@ impl GateKind {
     }
 }
 
+/// What an accepted purchase waits for in Redis before its buyer hears `ok`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Durability {
+    /// Nothing more: in Redis' memory (and its AOF as its appendfsync policy says).
+    #[default]
+    None,
+    /// Fsynced to the master's AOF (`WAITAOF 1 0`): survives a SIGKILL of Redis.
+    Aof,
+    /// Received by at least one replica (`WAIT 1`): survives the master's loss and a
+    /// failover to that replica.
+    Replica,
+}
+
+impl Durability {
+    pub fn name(self) -> &'static str {
+        match self {
+            Durability::None => "none",
+            Durability::Aof => "aof",
+            Durability::Replica => "replica",
+        }
+    }
+}
+
 /// The resolved configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -198,6 +228,7 @@ pub struct Config {
     pub order_log_dir: Option<PathBuf>,
     pub redis_url: Option<String>,
     pub redis_prefix: String,
+    pub redis_durability: Durability,
     pub admin_token: Option<String>,
     pub token_secret: Option<String>,
     pub payment_secret: Option<String>,
@@ -258,6 +289,10 @@ impl Config {
                 .redis_prefix
                 .or(f.redis_prefix)
                 .unwrap_or_else(|| "seckill".to_string()),
+            redis_durability: a
+                .redis_durability
+                .or(f.redis_durability)
+                .unwrap_or_default(),
             admin_token: a.admin_token.or(f.admin_token).filter(|s| !s.is_empty()),
             token_secret: a.token_secret.or(f.token_secret).filter(|s| !s.is_empty()),
             payment_secret: a
@@ -437,6 +472,14 @@ impl Config {
                 message: "must be between 1 and 5000".into(),
             });
         }
+        if self.redis_durability != Durability::None && self.redis_url.is_none() {
+            return Err(ConfigError::Invalid {
+                name: "redis_durability",
+                message: "applies to the Redis gate: set --redis too (without Redis, every ok \
+                          is already fsynced to the order log)"
+                    .into(),
+            });
+        }
         if self.redis_prefix.is_empty() || self.redis_prefix.contains(['{', '}']) {
             return Err(ConfigError::Invalid {
                 name: "redis_prefix",
@@ -478,6 +521,7 @@ impl Config {
                     .unwrap_or_else(|| "(unset)".into())
             ),
             format!("redis_prefix       = {}", self.redis_prefix),
+            format!("redis_durability   = {}", self.redis_durability.name()),
             format!("admin_token        = {}", mask(&self.admin_token)),
             format!("token_secret       = {}", mask(&self.token_secret)),
             format!("payment_secret     = {}", mask(&self.payment_secret)),

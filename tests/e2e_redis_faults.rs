@@ -473,3 +473,125 @@ async fn processes_started_before_redis_come_up_by_themselves() {
     })
     .await;
 }
+
+/// With `--redis-durability replica`, `ok` is said only once a replica holds the order:
+/// with the replica frozen, buyers hear 202 pending (and their orders settle once it is
+/// back); an `aof` level the Redis cannot give refuses to start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replica_durability_says_ok_only_for_what_a_replica_holds() {
+    let (mport, rport) = (common::free_port(), common::free_port());
+    let base_dir = std::env::temp_dir().join(common::unique("repl"));
+    let master = PrivateRedis::start_with(mport, &base_dir.join("m"), &["--appendfsync", "no"]);
+    let replica = PrivateRedis::start_with(
+        rport,
+        &base_dir.join("r"),
+        &["--replicaof", "127.0.0.1", &mport.to_string()],
+    );
+    let master_url = master.url();
+    common::eventually(20, "the replica is in sync", move || {
+        let url = master_url.clone();
+        async move {
+            let (_, mut conn) = seckill::app::redis_manager(&url).await.unwrap();
+            let acked: i64 = redis::cmd("WAIT")
+                .arg(1)
+                .arg(100)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            acked >= 1
+        }
+    })
+    .await;
+    let db = common::fresh_database(Sql::Postgres).await;
+    let env = |durability: &str| {
+        vec![
+            ("SECKILL_DATABASE_URL".to_string(), db.clone()),
+            ("SECKILL_REDIS_URL".to_string(), master.url()),
+            (
+                "SECKILL_REDIS_DURABILITY".to_string(),
+                durability.to_string(),
+            ),
+            ("SECKILL_DEV".to_string(), "1".to_string()),
+        ]
+    };
+    // `aof` on a Redis that fsyncs once a second: with WAITAOF (7.2+) each ok waits for
+    // the fsync; before 7.2 nothing can wait, and the server refuses to start.
+    let mut aof = Server::spawn(env("aof"), vec!["serve".into()]);
+    let mut exited = None;
+    for _ in 0..100 {
+        exited = aof.child.try_wait().unwrap();
+        if exited.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let version = std::process::Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .unwrap();
+    let version = String::from_utf8_lossy(&version.stdout).to_string();
+    if version.contains("v=7.0") || version.contains("v=6.") || version.contains("v=7.1") {
+        assert!(
+            exited.is_some_and(|s| !s.success()),
+            "aof durability without WAITAOF or appendfsync always must refuse to start"
+        );
+    }
+    drop(aof);
+
+    let server = Server::start(env("replica"), vec!["serve".into()]).await;
+    let c = common::client();
+    let sale = common::open_sale(&c, &server, 100, 1).await;
+    let sale_id: i64 = sale.parse().unwrap();
+    let tokens = common::login_users(&c, &server.base, 40).await;
+    for t in &tokens[..10] {
+        let (status, body) = common::buy(&c, &server.base, &sale, t).await;
+        assert_eq!((status, body["code"].as_str()), (200, Some("ok")), "{body}");
+    }
+
+    let signal = |sig: &str, pid: u32| {
+        assert!(std::process::Command::new("kill")
+            .args([sig, &pid.to_string()])
+            .status()
+            .unwrap()
+            .success());
+    };
+    signal("-STOP", replica.pid());
+    let mut pending = Vec::new();
+    for t in &tokens[10..20] {
+        let (status, body) = common::buy(&c, &server.base, &sale, t).await;
+        assert_eq!(
+            (status, body["code"].as_str()),
+            (202, Some("pending")),
+            "no replica holds it: never ok: {body}"
+        );
+        pending.push((t.clone(), body["order_id"].as_str().unwrap().to_string()));
+    }
+    signal("-CONT", replica.pid());
+    let metrics = common::metrics(&c, &server).await;
+    assert!(common::metric(&metrics, "seckill_gate_durability_misses_total") >= 10);
+    for t in &tokens[20..30] {
+        let (status, body) = common::buy(&c, &server.base, &sale, t).await;
+        assert_eq!((status, body["code"].as_str()), (200, Some("ok")), "{body}");
+    }
+    // The pending ones were accepted by the master: they settle into orders.
+    for (token, id) in &pending {
+        let url = format!("{}/api/orders/{id}", server.base);
+        let (c, token, url) = (c.clone(), token.clone(), url.clone());
+        common::eventually(20, "a pending purchase settles into its order", move || {
+            let (c, token, url) = (c.clone(), token.clone(), url.clone());
+            async move {
+                let r = c.get(url).bearer_auth(token).send().await.unwrap();
+                r.status().as_u16() == 200
+            }
+        })
+        .await;
+    }
+    let store = Store::connect(&db, 2).await.unwrap();
+    let store2 = store.clone();
+    common::eventually(20, "30 orders in SQL", move || {
+        let store = store2.clone();
+        async move { store.orders_of_sale(sale_id).await.unwrap().len() == 30 }
+    })
+    .await;
+    drop(master);
+}

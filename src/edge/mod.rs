@@ -424,6 +424,18 @@ async fn metrics(State(st): State<Arc<AppState>>) -> Response {
         &mut out,
     );
     render_counter(
+        "seckill_gate_durability_waits_total",
+        "Accepted batches that waited for --redis-durability (WAITAOF or WAIT).",
+        crate::gate::batch::DURABILITY_WAITS.load(Ordering::Relaxed),
+        &mut out,
+    );
+    render_counter(
+        "seckill_gate_durability_misses_total",
+        "Durability waits not confirmed in time: their buyers were answered pending.",
+        crate::gate::batch::DURABILITY_MISSES.load(Ordering::Relaxed),
+        &mut out,
+    );
+    render_counter(
         "seckill_database_errors_total",
         "Database errors seen by this process.",
         crate::store::DB_ERRORS.load(Ordering::Relaxed),

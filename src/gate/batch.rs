@@ -14,6 +14,7 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use super::redis::{verdicts_from_reply, SaleKeys};
 use super::{GateError, Purchase, RateLimit, Verdict};
+use crate::config::Durability;
 
 /// Most attempts decided by one script call (Redis runs nothing else meanwhile).
 const MAX_BATCH: usize = 128;
@@ -24,6 +25,20 @@ const MAX_CALLS_IN_FLIGHT: usize = 8;
 /// is the mean batch size.
 pub static CALLS: AtomicU64 = AtomicU64::new(0);
 pub static ATTEMPTS: AtomicU64 = AtomicU64::new(0);
+/// Durability waits made, and those that failed (their buyers were answered `pending`).
+pub static DURABILITY_WAITS: AtomicU64 = AtomicU64::new(0);
+pub static DURABILITY_MISSES: AtomicU64 = AtomicU64::new(0);
+
+/// How long a batch waits for the AOF fsync or a replica before its buyers hear `pending`.
+const DURABILITY_WAIT_MS: u64 = 500;
+
+/// The durability wait of accepted batches: on connections of their own, since WAIT and
+/// WAITAOF block the connection that sends them (and cover that connection's writes).
+pub struct Durable {
+    pub level: Durability,
+    /// One connection per call in flight.
+    pub pool: std::sync::Mutex<Vec<ConnectionManager>>,
+}
 
 struct Attempt {
     purchase: Purchase,
@@ -48,9 +63,20 @@ impl Batches {
 }
 
 /// Starts the batcher task; it ends when the returned handle is dropped.
-pub fn start(conn: ConnectionManager, script: Script, prefix: String, rate: RateLimit) -> Batches {
+pub fn start(
+    conn: ConnectionManager,
+    script: Script,
+    prefix: String,
+    rate: RateLimit,
+    durable: Option<Arc<Durable>>,
+) -> Batches {
     let (queue, attempts) = mpsc::unbounded_channel();
-    let caller = Arc::new(Caller { conn, script, rate });
+    let caller = Arc::new(Caller {
+        conn,
+        script,
+        rate,
+        durable,
+    });
     tokio::spawn(run(caller, prefix, attempts));
     Batches { queue }
 }
@@ -59,7 +85,11 @@ struct Caller {
     conn: ConnectionManager,
     script: Script,
     rate: RateLimit,
+    durable: Option<Arc<Durable>>,
 }
+
+/// How many connections a durable gate needs: one per call in flight.
+pub const DURABLE_CONNECTIONS: usize = MAX_CALLS_IN_FLIGHT;
 
 async fn run(caller: Arc<Caller>, prefix: String, mut attempts: mpsc::UnboundedReceiver<Attempt>) {
     let slots = Arc::new(Semaphore::new(MAX_CALLS_IN_FLIGHT));
@@ -104,17 +134,65 @@ async fn run(caller: Arc<Caller>, prefix: String, mut attempts: mpsc::UnboundedR
         let caller = caller.clone();
         tokio::spawn(async move {
             let _slot = slot;
+            // With a durability level, this slot's own connection (there is one per slot).
+            let own = caller
+                .durable
+                .as_ref()
+                .and_then(|d| d.pool.lock().unwrap_or_else(|p| p.into_inner()).pop());
+            let conn = own.clone().unwrap_or_else(|| caller.conn.clone());
             let calls = by_sale
                 .into_iter()
-                .map(|(k, sale_id, group)| caller.call(k, sale_id, group));
+                .map(|(k, sale_id, group)| caller.call(k, sale_id, group, conn.clone()));
             futures_util::future::join_all(calls).await;
+            if let (Some(d), Some(own)) = (&caller.durable, own) {
+                d.pool.lock().unwrap_or_else(|p| p.into_inner()).push(own);
+            }
         });
     }
 }
 
 impl Caller {
+    /// Waits until this connection's writes so far hold at the chosen level; false when
+    /// they do not within `DURABILITY_WAIT_MS` (or the wait failed).
+    async fn wait_durable(&self, conn: &mut ConnectionManager) -> bool {
+        let Some(d) = &self.durable else {
+            return true;
+        };
+        DURABILITY_WAITS.fetch_add(1, Ordering::Relaxed);
+        let held = match d.level {
+            Durability::None => return true,
+            Durability::Aof => redis::cmd("WAITAOF")
+                .arg(1)
+                .arg(0)
+                .arg(DURABILITY_WAIT_MS)
+                .query_async::<(i64, i64)>(conn)
+                .await
+                .map(|(local, _)| local >= 1),
+            Durability::Replica => redis::cmd("WAIT")
+                .arg(1)
+                .arg(DURABILITY_WAIT_MS)
+                .query_async::<i64>(conn)
+                .await
+                .map(|replicas| replicas >= 1),
+        };
+        let held = held.unwrap_or_else(|e| {
+            tracing::debug!(error = %e, "durability wait failed");
+            false
+        });
+        if !held {
+            DURABILITY_MISSES.fetch_add(1, Ordering::Relaxed);
+        }
+        held
+    }
+
     /// One script call for attempts on one sale; every attempt gets its verdict or the error.
-    async fn call(&self, k: Arc<SaleKeys>, sale_id: i64, group: Vec<Attempt>) {
+    async fn call(
+        &self,
+        k: Arc<SaleKeys>,
+        sale_id: i64,
+        group: Vec<Attempt>,
+        mut conn: ConnectionManager,
+    ) {
         CALLS.fetch_add(1, Ordering::Relaxed);
         ATTEMPTS.fetch_add(group.len() as u64, Ordering::Relaxed);
         let now = crate::now_ms();
@@ -140,16 +218,27 @@ impl Caller {
                 .arg(p.token.map_or(0, |t| t.keep_ms(now)))
                 .arg(super::attempt_deadline(p.order_id));
         }
-        let mut conn = self.conn.clone();
         let reply: Result<Value, _> = call.invoke_async(&mut conn).await;
         match reply
             .map_err(GateError::from)
             .and_then(|v| verdicts_from_reply(&v, group.len()))
         {
             Ok(verdicts) => {
+                let durable = if verdicts
+                    .iter()
+                    .any(|v| matches!(v, Verdict::Accepted { .. }))
+                {
+                    self.wait_durable(&mut conn).await
+                } else {
+                    true
+                };
                 for (a, v) in group.into_iter().zip(verdicts) {
+                    let answer = match v {
+                        Verdict::Accepted { .. } if !durable => Err(GateError::NotDurable),
+                        v => Ok(v),
+                    };
                     // The caller may have given up (a timeout); its verdict stands regardless.
-                    let _ = a.answer.send(Ok(v));
+                    let _ = a.answer.send(answer);
                 }
             }
             Err(e) => {

@@ -272,6 +272,12 @@ pub enum GateError {
     Timeout,
     #[error("the order log refused the order: {0}")]
     Log(#[from] crate::orderlog::LogError),
+    /// The Redis cannot give what the configuration asks (a durability level).
+    #[error("{0}")]
+    Misconfigured(String),
+    /// Accepted, but the chosen durability was not confirmed in time: it may be lost.
+    #[error("accepted, but not confirmed durable in time")]
+    NotDurable,
 }
 
 impl GateError {
@@ -281,7 +287,7 @@ impl GateError {
     /// circuit is open) and errors Redis answered with did nothing.
     pub fn may_have_taken_effect(&self) -> bool {
         match self {
-            GateError::Timeout | GateError::BadReply(_) => true,
+            GateError::Timeout | GateError::BadReply(_) | GateError::NotDurable => true,
             GateError::Redis(e) => {
                 !e.is_connection_refusal()
                     && (e.is_io_error() || e.is_connection_dropped() || e.is_timeout())
@@ -300,6 +306,8 @@ impl GateError {
             GateError::Unavailable(s) => GateError::Unavailable(s.clone()),
             GateError::Timeout => GateError::Timeout,
             GateError::Log(e) => GateError::Unavailable(e.to_string()),
+            GateError::NotDurable => GateError::NotDurable,
+            GateError::Misconfigured(s) => GateError::Misconfigured(s.clone()),
         }
     }
 }

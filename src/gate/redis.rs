@@ -88,6 +88,8 @@ pub struct RedisGate {
     rate: RateLimit,
     /// Key names per sale, built once: formatting them on every purchase showed in profiles.
     keys: std::sync::RwLock<std::collections::HashMap<i64, std::sync::Arc<SaleKeys>>>,
+    /// What an accepted batch waits for before its buyers hear `ok`.
+    durable: Option<std::sync::Arc<super::batch::Durable>>,
     /// Purchases go through one batcher, started with the first purchase (after the rate
     /// limit is set).
     batches: std::sync::OnceLock<super::batch::Batches>,
@@ -113,7 +115,76 @@ impl RedisGate {
             },
             keys: Default::default(),
             batches: std::sync::OnceLock::new(),
+            durable: None,
         }
+    }
+
+    /// Makes every `ok` wait for `level` (see `Durability`), on connections of its own.
+    /// Refuses a Redis that cannot give it: WAITAOF without an AOF. Warns when there is
+    /// no replica yet (every purchase is answered `pending` until one is connected).
+    pub async fn with_durability(
+        mut self,
+        client: &redis::Client,
+        level: crate::config::Durability,
+    ) -> Result<Self, GateError> {
+        use crate::config::Durability;
+        if level == Durability::None {
+            return Ok(self);
+        }
+        let mut pool = Vec::new();
+        for _ in 0..super::batch::DURABLE_CONNECTIONS {
+            pool.push(crate::app::connection_manager(client).await?);
+        }
+        let mut conn = pool[0].clone();
+        match level {
+            Durability::Aof => {
+                let probe: Result<(i64, i64), redis::RedisError> = redis::cmd("WAITAOF")
+                    .arg(1)
+                    .arg(0)
+                    .arg(100)
+                    .query_async(&mut conn)
+                    .await;
+                match probe {
+                    Ok(_) => {}
+                    // Before Redis 7.2 there is no WAITAOF; `appendfsync always` gives the
+                    // same (Redis fsyncs before it replies), so nothing is left to wait for.
+                    Err(e) if e.to_string().to_lowercase().contains("unknown command") => {
+                        if fsyncs_every_write(&mut conn).await? {
+                            tracing::info!("--redis-durability aof: Redis has no WAITAOF (before 7.2) and fsyncs every write (appendfsync always); no wait needed");
+                            return Ok(self);
+                        }
+                        return Err(GateError::Misconfigured(
+                            "--redis-durability aof needs Redis 7.2 or later with appendonly yes, \
+                             or an older Redis with appendonly yes and appendfsync always"
+                                .into(),
+                        ));
+                    }
+                    Err(e) => {
+                        return Err(GateError::Misconfigured(format!(
+                            "--redis-durability aof needs appendonly yes in Redis: {e}"
+                        )))
+                    }
+                }
+            }
+            Durability::Replica => {
+                let replicas: i64 = redis::cmd("WAIT")
+                    .arg(1)
+                    .arg(100)
+                    .query_async(&mut conn)
+                    .await?;
+                if replicas < 1 {
+                    tracing::error!(
+                        "--redis-durability replica, but no replica acknowledges writes: every purchase is answered pending until one does"
+                    );
+                }
+            }
+            Durability::None => {}
+        }
+        self.durable = Some(std::sync::Arc::new(super::batch::Durable {
+            level,
+            pool: std::sync::Mutex::new(pool),
+        }));
+        Ok(self)
     }
 
     /// Throttles each user's purchases of a sale, across every instance.
@@ -221,6 +292,22 @@ impl RedisGate {
     }
 }
 
+/// Whether Redis fsyncs its AOF before replying to every write.
+async fn fsyncs_every_write(conn: &mut ConnectionManager) -> Result<bool, GateError> {
+    let get = |name: &'static str| {
+        let mut conn = conn.clone();
+        async move {
+            let pair: Vec<String> = redis::cmd("CONFIG")
+                .arg("GET")
+                .arg(name)
+                .query_async(&mut conn)
+                .await?;
+            Ok::<_, GateError>(pair.get(1).cloned().unwrap_or_default())
+        }
+    };
+    Ok(get("appendonly").await? == "yes" && get("appendfsync").await? == "always")
+}
+
 /// Renews a load lock every third of its lease until the ticket is dropped (which aborts
 /// this task) or the lock is lost.
 async fn keep_lock(
@@ -311,6 +398,7 @@ impl Gate for RedisGate {
                 self.purchase.clone(),
                 self.prefix.clone(),
                 self.rate,
+                self.durable.clone(),
             )
         });
         batches.decide(p).await

@@ -392,6 +392,12 @@ pub struct PrivateRedis {
 
 impl PrivateRedis {
     pub fn start(port: u16, dir: &std::path::Path) -> PrivateRedis {
+        PrivateRedis::start_with(port, dir, &["--appendfsync", "always"])
+    }
+
+    /// With these settings besides (e.g. `--replicaof 127.0.0.1 PORT`).
+    pub fn start_with(port: u16, dir: &std::path::Path, extra: &[&str]) -> PrivateRedis {
+        std::fs::create_dir_all(dir).unwrap();
         let child = Command::new("redis-server")
             .args([
                 "--port",
@@ -403,7 +409,8 @@ impl PrivateRedis {
                 "--appendonly",
                 "yes",
             ])
-            .args(["--appendfsync", "always", "--dir"])
+            .args(extra)
+            .arg("--dir")
             .arg(dir)
             .stdout(Stdio::null())
             .spawn()
