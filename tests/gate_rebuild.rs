@@ -255,3 +255,46 @@ async fn the_rebuilt_gate_is_sql_plus_the_stream_plus_late_writes() {
     let stock = g.stock(sale.id).await.unwrap().unwrap();
     assert_eq!((stock.remaining, stock.buyers), (86, 14));
 }
+
+/// A gate loaded into another Redis server (a replica promoted since, or a restart with
+/// older data) is forgotten once, then rebuilt from SQL; the rebuilt one is kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gate_from_another_redis_server_is_rebuilt_once() {
+    let (store, _) = common::fresh_store(common::Sql::Sqlite).await;
+    let prefix = common::unique("stale");
+    let sale = sale_with_buyers(&store, 100, 10).await;
+    let g = gate(&prefix).await;
+    let cache = SaleCache::default();
+    assert!(scheduler::load_sale(&store, g.as_ref(), &cache, &sale)
+        .await
+        .unwrap());
+    assert!(!g.forget_if_stale(sale.id).await.unwrap(), "loaded here");
+    // As a promoted replica holds it: stale numbers, loaded on the old master.
+    let keys = SaleKeys::new(&prefix, sale.id);
+    let _: () = redis::cmd("HSET")
+        .arg(&keys.sale)
+        .arg("server")
+        .arg("0123456789abcdef")
+        .arg("stock")
+        .arg(95)
+        .query_async(&mut redis().await)
+        .await
+        .unwrap();
+    assert!(g.forget_if_stale(sale.id).await.unwrap());
+    assert!(
+        !g.is_loaded(sale.id).await.unwrap(),
+        "answers not_loaded until rebuilt"
+    );
+    assert!(scheduler::load_sale(&store, g.as_ref(), &cache, &sale)
+        .await
+        .unwrap());
+    assert_eq!(
+        g.stock(sale.id).await.unwrap().unwrap().remaining,
+        90,
+        "from SQL"
+    );
+    assert!(
+        !g.forget_if_stale(sale.id).await.unwrap(),
+        "kept from now on"
+    );
+}

@@ -148,6 +148,11 @@ impl Gate for Breaker {
             .await
     }
 
+    async fn forget_if_stale(&self, sale_id: i64) -> Result<bool, GateError> {
+        self.call(self.inner.forget_if_stale(sale_id), CALL_TIMEOUT)
+            .await
+    }
+
     async fn abandon_load(&self, ticket: super::LoadTicket) {
         let _ = tokio::time::timeout(CALL_TIMEOUT, self.inner.abandon_load(ticket)).await;
     }

@@ -63,8 +63,10 @@ for j = 1, #confirms, 2 do
 end
 redis.call('DEL', KEYS[11])
 
+-- The server this gate lives on: forget_stale.lua compares it after a failover or restart.
+local server = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
 redis.call('HSET', KEYS[1], 'stock', stock, 'limit', ARGV[3], 'begins', ARGV[4],
-  'ends', ARGV[5], 'paused', ARGV[6], 'price', ARGV[7], 'fence', ARGV[10])
+  'ends', ARGV[5], 'paused', ARGV[6], 'price', ARGV[7], 'fence', ARGV[10], 'server', server)
 -- The consumer group exists before the first order is appended, reading from the start.
 local ok, err = pcall(redis.call, 'XGROUP', 'CREATE', KEYS[3], ARGV[9], '0', 'MKSTREAM')
 if not ok and not string.find(tostring(err), 'BUSYGROUP') then

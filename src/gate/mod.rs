@@ -342,6 +342,13 @@ pub trait Gate: Send + Sync {
         drop(ticket);
     }
 
+    /// Forgets the sale if the gate's state may be stale: it was loaded into another Redis
+    /// server than the one answering now (a failover, a restart with older data). It is
+    /// then rebuilt like a sale Redis lost. True when forgotten.
+    async fn forget_if_stale(&self, _sale_id: i64) -> Result<bool, GateError> {
+        Ok(false)
+    }
+
     /// These orders are in SQL now. A gate rebuilt from a SQL snapshot taken before their
     /// commit does not count them yet: it takes their units and records their buyers now,
     /// exactly once per order.

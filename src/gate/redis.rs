@@ -84,6 +84,7 @@ pub struct RedisGate {
     renew_lock: Script,
     unlock: Script,
     confirm: Script,
+    forget_stale: Script,
     /// Per-user request rate, checked inside the purchase script (off by default).
     rate: RateLimit,
     /// Key names per sale, built once: formatting them on every purchase showed in profiles.
@@ -109,6 +110,7 @@ impl RedisGate {
             renew_lock: Script::new(include_str!("renew_lock.lua")),
             unlock: Script::new(include_str!("unlock.lua")),
             confirm: Script::new(include_str!("confirm_written.lua")),
+            forget_stale: Script::new(include_str!("forget_stale.lua")),
             rate: RateLimit {
                 per_sec: 0.0,
                 burst: 1,
@@ -207,6 +209,7 @@ impl RedisGate {
             &self.renew_lock,
             &self.unlock,
             &self.confirm,
+            &self.forget_stale,
         ] {
             script.prepare_invoke().load_async(&mut conn).await?;
         }
@@ -464,6 +467,16 @@ impl Gate for RedisGate {
         if let Err(e) = freed {
             tracing::warn!(sale = ticket.sale_id, error = %e, "could not free a load lock; it lapses by itself");
         }
+    }
+
+    async fn forget_if_stale(&self, sale_id: i64) -> Result<bool, GateError> {
+        let mut conn = self.conn.clone();
+        let forgotten: i64 = self
+            .forget_stale
+            .key(&self.keys(sale_id).sale)
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(forgotten == 1)
     }
 
     async fn confirm_written(&self, orders: &[crate::model::NewOrder]) -> Result<(), GateError> {

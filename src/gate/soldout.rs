@@ -125,6 +125,10 @@ impl Gate for SoldOutShortcut {
         Ok(loaded)
     }
 
+    async fn forget_if_stale(&self, sale_id: i64) -> Result<bool, GateError> {
+        self.inner.forget_if_stale(sale_id).await
+    }
+
     async fn abandon_load(&self, ticket: super::LoadTicket) {
         self.inner.abandon_load(ticket).await
     }

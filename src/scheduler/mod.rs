@@ -193,6 +193,12 @@ pub async fn preload(
     let now = crate::now_ms();
     let mut loaded = 0;
     for sale in cache.all() {
+        if sale.ends_at > now && gate.forget_if_stale(sale.id).await? {
+            tracing::warn!(
+                sale = sale.id,
+                "the sale's gate was loaded into another Redis server (a failover, or a restart with older data): rebuilding it from SQL and its stream"
+            );
+        }
         if sale.ends_at > now
             && sale.begins_at <= now + ahead_ms
             && load_sale(store, gate, cache, &sale).await?
