@@ -345,7 +345,20 @@ pub async fn assemble(config: Config, role: Role) -> Result<App, AppError> {
     let store = until_up("database", || connect_store(&config)).await?;
     let tokens = token_signer(&config, &store).await?;
     let payments = payment_provider(&config, &store).await?;
-    let parts = match &config.redis_url {
+    // With Sentinel, every Redis client of this process goes through its master follower.
+    let redis_url = match &config.redis_url {
+        Some(url) if crate::sentinel::is_sentinel_url(url) => {
+            let sentinel = crate::sentinel::parse(url).map_err(AppError::Other)?;
+            let follow = || async {
+                crate::sentinel::follow(&sentinel, &config.redis_prefix)
+                    .await
+                    .map_err(AppError::from)
+            };
+            Some(until_up("redis sentinel", follow).await?)
+        }
+        other => other.clone(),
+    };
+    let parts = match &redis_url {
         None => embedded_parts(&config, &store, role).await?,
         Some(url) => until_up("redis", || distributed_parts(&config, &store, url)).await?,
     };
@@ -360,7 +373,7 @@ pub async fn assemble(config: Config, role: Role) -> Result<App, AppError> {
         claim,
     } = parts;
     let shortcut = Arc::new(SoldOutShortcut::new(gate));
-    if let Some(url) = &config.redis_url {
+    if let Some(url) = &redis_url {
         let client = redis::Client::open(url.as_str())?;
         tokio::spawn(follow_stock_returns(
             client,

@@ -44,7 +44,9 @@ pub struct ConfigArgs {
     /// (seckill.db -> seckill.db.orders), else ./seckill.orders].
     #[arg(long, env = "SECKILL_ORDER_LOG_DIR", global = true)]
     pub order_log_dir: Option<PathBuf>,
-    /// Redis URL; when set, seckill runs distributed (gate and order log in Redis).
+    /// Redis URL; when set, seckill runs distributed (gate and order log in Redis):
+    /// redis://HOST:PORT/, or redis+sentinel://HOST:PORT[,HOST:PORT...]/MASTER_NAME to
+    /// follow a Sentinel-managed master through failovers.
     #[arg(long = "redis", env = "SECKILL_REDIS_URL", global = true)]
     pub redis_url: Option<String>,
     /// Prefix of every Redis key [default: seckill].
@@ -471,6 +473,24 @@ impl Config {
                 name: "writer_batch",
                 message: "must be between 1 and 5000".into(),
             });
+        }
+        if let Some(url) = &self.redis_url {
+            let valid = if crate::sentinel::is_sentinel_url(url) {
+                crate::sentinel::parse(url).map(|_| ())
+            } else {
+                redis::Client::open(url.as_str())
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            };
+            if let Err(message) = valid {
+                return Err(ConfigError::Invalid {
+                    name: "redis_url",
+                    message: format!(
+                        "{message} (redis://HOST:PORT/, rediss://..., or \
+                         redis+sentinel://HOST:PORT[,HOST:PORT...]/MASTER_NAME)"
+                    ),
+                });
+            }
         }
         if self.redis_durability != Durability::None && self.redis_url.is_none() {
             return Err(ConfigError::Invalid {

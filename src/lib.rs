@@ -34,6 +34,7 @@ pub mod metrics;
 pub mod model;
 pub mod orderlog;
 pub mod scheduler;
+pub mod sentinel;
 pub mod store;
 pub mod writer;
 

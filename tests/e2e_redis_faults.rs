@@ -41,14 +41,21 @@ impl Deployment {
         let dir = std::env::temp_dir().join(common::unique(tag));
         std::fs::create_dir_all(&dir).unwrap();
         let redis = PrivateRedis::start(port, &dir);
+        let url = redis.url();
+        Deployment::start_on(redis, &url, &[]).await
+    }
+
+    /// Two instances and two workers on `redis_url` (whose master is `redis`).
+    async fn start_on(redis: PrivateRedis, redis_url: &str, extra: &[(&str, &str)]) -> Deployment {
         let db = common::fresh_database(Sql::Postgres).await;
         let secret = common::unique("secret");
-        let env = vec![
+        let mut env = vec![
             ("SECKILL_DATABASE_URL".to_string(), db.clone()),
-            ("SECKILL_REDIS_URL".to_string(), redis.url()),
+            ("SECKILL_REDIS_URL".to_string(), redis_url.to_string()),
             ("SECKILL_TOKEN_SECRET".to_string(), secret.clone()),
             ("SECKILL_DEV".to_string(), "1".to_string()),
         ];
+        env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
         let mut instances = Vec::new();
         for _ in 0..2 {
             instances
@@ -594,4 +601,192 @@ async fn replica_durability_says_ok_only_for_what_a_replica_holds() {
     })
     .await;
     drop(master);
+}
+
+/// A Sentinel of the test's own, watching `master` as `mymaster` (quorum 1).
+struct PrivateSentinel {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl PrivateSentinel {
+    fn start(master_port: u16, dir: &std::path::Path) -> PrivateSentinel {
+        let port = common::free_port();
+        std::fs::create_dir_all(dir).unwrap();
+        let conf = dir.join("sentinel.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "port {port}\nbind 127.0.0.1\ndir {}\n\
+                 sentinel monitor mymaster 127.0.0.1 {master_port} 1\n\
+                 sentinel down-after-milliseconds mymaster 1000\n\
+                 sentinel failover-timeout mymaster 4000\n\
+                 sentinel parallel-syncs mymaster 1\n",
+                dir.display()
+            ),
+        )
+        .unwrap();
+        let child = std::process::Command::new("redis-server")
+            .arg(&conf)
+            .arg("--sentinel")
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server --sentinel");
+        std::thread::sleep(Duration::from_millis(500));
+        PrivateSentinel { child, port }
+    }
+}
+
+impl Drop for PrivateSentinel {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn signal(sig: &str, pid: u32) {
+    assert!(std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .unwrap()
+        .success());
+}
+
+/// Sentinel promotes a replica that lagged (frozen while buyers bought) after the master
+/// is SIGKILLed mid-storm. With `replica` durability no order answered `ok` is lost, nobody
+/// holds two orders, and purchases resume on the new master once it has a replica again
+/// (the old master, restarted, which Sentinel turns into one), without restarting seckill.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sentinel_failover_to_a_lagging_replica_loses_no_ok() {
+    let (mport, rport) = (common::free_port(), common::free_port());
+    let dir = std::env::temp_dir().join(common::unique("sentinel"));
+    let master = PrivateRedis::start_with(mport, &dir.join("m"), &["--appendfsync", "no"]);
+    let replica = PrivateRedis::start_with(
+        rport,
+        &dir.join("r"),
+        &["--replicaof", "127.0.0.1", &mport.to_string()],
+    );
+    let master_url = master.url();
+    common::eventually(20, "the replica is in sync", move || {
+        let url = master_url.clone();
+        async move {
+            let (_, mut conn) = seckill::app::redis_manager(&url).await.unwrap();
+            let acked: i64 = redis::cmd("WAIT")
+                .arg(1)
+                .arg(100)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            acked >= 1
+        }
+    })
+    .await;
+    let sentinel = PrivateSentinel::start(mport, &dir.join("s"));
+    let url = format!("redis+sentinel://127.0.0.1:{}/mymaster", sentinel.port);
+    let master_pid = master.pid();
+    let mut d =
+        Deployment::start_on(master, &url, &[("SECKILL_REDIS_DURABILITY", "replica")]).await;
+    let c = common::client();
+    const BUYERS: i64 = 3000;
+    let sale = common::open_sale(&c, &d.instances[0], BUYERS, 1).await;
+    let sale_id: i64 = sale.parse().unwrap();
+
+    let tokens = d.tokens(1..BUYERS + 1);
+    let started = Arc::new(AtomicUsize::new(0));
+    let storm_task = {
+        let bases: Vec<String> = d.instances.iter().map(|s| s.base.clone()).collect();
+        let (started, sale, c) = (started.clone(), sale.clone(), c.clone());
+        tokio::spawn(async move {
+            // Buyers arrive at 200 a second, so that the storm outlasts the failover.
+            let told = Arc::new(Mutex::new(HashMap::new()));
+            let begin = Instant::now();
+            let give_up = begin + Duration::from_secs(120);
+            let mut tasks = Vec::new();
+            for (i, (user, token)) in tokens.into_iter().enumerate() {
+                let (c, base, sale, told, started) = (
+                    c.clone(),
+                    bases[i % bases.len()].clone(),
+                    sale.clone(),
+                    told.clone(),
+                    started.clone(),
+                );
+                tasks.push(tokio::spawn(async move {
+                    tokio::time::sleep_until((begin + Duration::from_millis(5 * i as u64)).into())
+                        .await;
+                    started.fetch_add(1, Ordering::Relaxed);
+                    let t = buy_until_final(&c, &base, &sale, &token, give_up).await;
+                    told.lock().unwrap().insert(user, t);
+                }));
+            }
+            for t in tasks {
+                t.await.unwrap();
+            }
+            Arc::try_unwrap(told).unwrap().into_inner().unwrap()
+        })
+    };
+    while started.load(Ordering::Relaxed) < 600 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The replica falls behind (buyers hear pending meanwhile), then the master dies.
+    signal("-STOP", replica.pid());
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    signal("-KILL", master_pid);
+    signal("-CONT", replica.pid());
+    let killed = Instant::now();
+    // Sentinel promotes the replica. Until the new master has a replica of its own (the
+    // old master, started again as one), nothing can confirm an order: buyers hear
+    // pending, not ok.
+    let sentinel_url = format!("redis://127.0.0.1:{}/", sentinel.port);
+    common::eventually(30, "Sentinel promotes the replica", move || {
+        let url = sentinel_url.clone();
+        async move {
+            let (_, mut conn) = seckill::app::redis_manager(&url).await.unwrap();
+            let master: Option<(String, u16)> = redis::cmd("SENTINEL")
+                .arg("get-master-addr-by-name")
+                .arg("mymaster")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            master.is_some_and(|(_, port)| port == rport)
+        }
+    })
+    .await;
+    d.redis
+        .restart_with(&["--replicaof", "127.0.0.1", &rport.to_string()]);
+    let told: HashMap<i64, Told> = storm_task.await.unwrap();
+
+    let mut finals: HashMap<&str, usize> = HashMap::new();
+    for t in told.values() {
+        *finals.entry(t.last.as_str()).or_default() += 1;
+    }
+    eprintln!("final answers: {finals:?}");
+    for user in [700, 1500, 2900] {
+        let t = &told[&user];
+        eprintln!(
+            "buyer {user}: {:?}",
+            t.times
+                .iter()
+                .map(|(at, code)| (at.saturating_duration_since(killed).as_millis(), code))
+                .collect::<Vec<_>>()
+        );
+    }
+    let first_ok_after = told
+        .values()
+        .flat_map(|t| t.times.iter())
+        .filter(|(at, code)| code == "ok" && *at > killed)
+        .map(|(at, _)| *at)
+        .min()
+        .expect("purchases on the new master");
+    assert!(
+        first_ok_after - killed < Duration::from_secs(20),
+        "purchases again {:?} after the master died",
+        first_ok_after - killed
+    );
+    let pending: usize = told.values().map(|t| t.pending.len()).sum();
+    assert!(
+        pending > 0,
+        "the lagging replica was seen (buyers heard pending)"
+    );
+    check_sql(&d, sale_id, BUYERS, &told).await;
+    drop(replica);
 }

@@ -259,9 +259,18 @@ pub fn spawn(env: &[(String, String)], args: &[String]) -> Child {
     // that a test fails without its fix).
     let bin = std::env::var("SECKILL_TEST_BIN").unwrap_or(env!("CARGO_BIN_EXE_seckill").into());
     let mut cmd = Command::new(bin);
+    // SECKILL_TEST_LOGS=DIR keeps each process's log (its stdout) in DIR.
+    let stdout = match std::env::var("SECKILL_TEST_LOGS") {
+        Ok(dir) => std::fs::File::create(
+            std::path::Path::new(&dir).join(format!("{}.log", unique("seckill"))),
+        )
+        .map(Stdio::from)
+        .unwrap_or(Stdio::null()),
+        Err(_) => Stdio::null(),
+    };
     cmd.args(args)
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
+        .stdout(stdout)
         .stderr(Stdio::inherit());
     for key in [
         "SECKILL_REDIS_URL",
@@ -429,8 +438,13 @@ impl PrivateRedis {
     }
 
     pub fn restart(&mut self) {
+        self.restart_with(&["--appendfsync", "always"]);
+    }
+
+    /// Starts it again on its port and folder, with these settings.
+    pub fn restart_with(&mut self, extra: &[&str]) {
         self.kill();
-        let fresh = PrivateRedis::start(self.port, &self.dir.clone());
+        let fresh = PrivateRedis::start_with(self.port, &self.dir.clone(), extra);
         // The old one's process is gone and its folder is the new one's: dropping it would
         // delete that folder under the running Redis.
         std::mem::forget(std::mem::replace(self, fresh));
