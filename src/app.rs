@@ -434,6 +434,7 @@ impl App {
             gate: self.state.gate.clone(),
             batch_max: self.state.config.writer_batch,
             stats: self.state.writer_stats.clone(),
+            fenced: self.streams.is_some(),
         }
     }
 

@@ -21,7 +21,7 @@ use seckill::store::Store;
 struct Deployment {
     redis: PrivateRedis,
     instances: Vec<Server>,
-    _workers: Vec<Worker>,
+    workers: Vec<Worker>,
     store: Store,
     secret: String,
 }
@@ -69,7 +69,7 @@ impl Deployment {
         Deployment {
             redis,
             instances,
-            _workers: workers,
+            workers,
             store: Store::connect(&db, 4).await.unwrap(),
             secret,
         }
@@ -86,6 +86,17 @@ impl Deployment {
     }
 
     /// Orders per user in SQL for a sale (live ones).
+    /// Redis starts again with nothing: its AOF is gone.
+    fn wipe_redis(&mut self) {
+        self.redis.kill();
+        for entry in std::fs::read_dir(self.redis.dir()).unwrap() {
+            let path = entry.unwrap().path();
+            let _ = std::fs::remove_dir_all(&path);
+            let _ = std::fs::remove_file(&path);
+        }
+        self.redis.restart();
+    }
+
     async fn live_orders(&self, sale_id: i64) -> HashMap<i64, Vec<i64>> {
         let mut by_user: HashMap<i64, Vec<i64>> = HashMap::new();
         for o in self.store.orders_of_sale(sale_id).await.unwrap() {
@@ -263,14 +274,7 @@ async fn redis_losing_its_data_mid_sale_sells_nobody_twice() {
     let mut newcomers = 10_000;
     let mut last_wipe = Instant::now();
     for round in 0..rounds {
-        // Redis restarts with nothing: its AOF is gone.
-        d.redis.kill();
-        for entry in std::fs::read_dir(d.redis.dir()).unwrap() {
-            let path = entry.unwrap().path();
-            let _ = std::fs::remove_dir_all(&path);
-            let _ = std::fs::remove_file(&path);
-        }
-        d.redis.restart();
+        d.wipe_redis();
         let back = Instant::now();
 
         // Every holder retries at once, with 100 newcomers among them.
@@ -789,4 +793,98 @@ async fn a_sentinel_failover_to_a_lagging_replica_loses_no_ok() {
     );
     check_sql(&d, sale_id, BUYERS, &told).await;
     drop(replica);
+}
+
+/// Workers hold orders they read before Redis lost its data (stuck on a slow database,
+/// then frozen) and write them after the wipe: the rebuilt gate counts each of them once,
+/// nobody buys twice, no `ok` is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn workers_frozen_across_a_wipe_lose_nothing_and_sell_nobody_twice() {
+    let mut d = Deployment::start("frozen").await;
+    let c = common::client();
+    const STOCK: i64 = 4000;
+    let sale = common::open_sale(&c, &d.instances[0], STOCK, 1).await;
+    let sale_id: i64 = sale.parse().unwrap();
+    let mut told = storm(&d, &sale, d.tokens(1..1001), 256).await;
+    check_sql(&d, sale_id, STOCK, &told).await;
+
+    // 500 more buy while the workers are frozen (their orders wait in the stream); then
+    // the database stalls (the sale's row is locked) and the workers, thawed, read all 500
+    // in one batch and wait inside it; they are frozen again holding it.
+    for w in &d.workers {
+        signal("-STOP", w.0.id());
+    }
+    let held = storm(&d, &sale, d.tokens(2001..2501), 256).await;
+    assert!(held.values().all(|t| t.last == "ok"));
+    let mut lock = d.store.pool().acquire().await.unwrap();
+    sqlx::query("BEGIN").execute(&mut *lock).await.unwrap();
+    sqlx::query(&format!(
+        "SELECT id FROM sales WHERE id = {sale_id} FOR UPDATE"
+    ))
+    .execute(&mut *lock)
+    .await
+    .unwrap();
+    for w in &d.workers {
+        signal("-CONT", w.0.id());
+    }
+    let stream = seckill::gate::redis::SaleKeys::new("seckill", sale_id).stream;
+    let redis_url = d.redis.url();
+    common::eventually(10, "the writers hold all 500 orders", move || {
+        let (url, stream) = (redis_url.clone(), stream.clone());
+        async move {
+            let (_, mut conn) = seckill::app::redis_manager(&url).await.unwrap();
+            let pending: redis::Value = redis::cmd("XPENDING")
+                .arg(&stream)
+                .arg("writers")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            matches!(pending, redis::Value::Array(ref p) if p.first() == Some(&redis::Value::Int(500)))
+        }
+    })
+    .await;
+    for w in &d.workers {
+        signal("-STOP", w.0.id());
+    }
+    sqlx::query("ROLLBACK").execute(&mut *lock).await.unwrap();
+    drop(lock);
+    told.extend(held);
+
+    d.wipe_redis();
+    let back = Instant::now();
+    let workers: Vec<u32> = d.workers.iter().map(|w| w.0.id()).collect();
+    let thaw = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        for pid in workers {
+            signal("-CONT", pid);
+        }
+    });
+    let mut crowd = d.tokens(1..1001);
+    crowd.extend(d.tokens(2001..2501));
+    crowd.extend(d.tokens(10_000..10_100));
+    let again = storm(&d, &sale, crowd, 1600).await;
+    thaw.await.unwrap();
+    for (user, t) in &again {
+        if *user < 10_000 {
+            assert_eq!(t.last, "already_purchased", "holder {user}: {t:?}");
+        }
+    }
+    let first_ok = again
+        .values()
+        .flat_map(|t| t.times.iter())
+        .filter(|(_, code)| code == "ok")
+        .map(|(at, _)| *at)
+        .min()
+        .expect("newcomers bought");
+    assert!(
+        first_ok - back < Duration::from_secs(10),
+        "purchases again {:?} after Redis came back",
+        first_ok - back
+    );
+    for (user, t) in again {
+        let entry = told.entry(user).or_default();
+        entry.ok.extend(t.ok);
+        entry.pending.extend(t.pending);
+    }
+    check_sql(&d, sale_id, STOCK, &told).await;
 }

@@ -41,6 +41,7 @@ impl Harness {
             )),
             batch_max: 500,
             stats: Arc::new(WriterStats::default()),
+            fenced: false,
         };
         tokio::spawn(writer.run(stop_rx));
         Harness {
@@ -429,6 +430,7 @@ async fn a_user_firing_requests_is_throttled_before_touching_the_stock() {
         )),
         batch_max: 100,
         stats: Arc::new(WriterStats::default()),
+        fenced: false,
     };
     tokio::spawn(writer.run(stop_rx));
     let (_, conn) = seckill::app::redis_manager(&common::redis_url())

@@ -138,7 +138,10 @@ async fn a_loader_that_lost_its_lock_writes_nothing() {
         panic!("the lock was free");
     };
     assert!(fresh.fence > stale.fence, "fences only go up");
-    let snapshot = store.load_snapshot(sale.id).await.unwrap();
+    let snapshot = store
+        .load_snapshot(sale.id, std::time::Duration::ZERO)
+        .await
+        .unwrap();
     let load = |remaining: i64| SaleLoad {
         sale: sale.clone(),
         remaining,
@@ -200,7 +203,10 @@ async fn the_rebuilt_gate_is_sql_plus_the_stream_plus_late_writes() {
     let LoadStart::Ticket(ticket) = g.begin_load(sale.id).await.unwrap() else {
         panic!("lock");
     };
-    let snapshot = store.load_snapshot(sale.id).await.unwrap();
+    let snapshot = store
+        .load_snapshot(sale.id, std::time::Duration::ZERO)
+        .await
+        .unwrap();
     // Now the writer commits buyer 12's order (after the snapshot) and confirms both.
     let late = NewOrder {
         id: in_writer.order_id,

@@ -273,6 +273,7 @@ async fn gates_take_each_order_back_once_and_skip_what_their_load_counted() {
         )),
         batch_max: 100,
         stats: Default::default(),
+        fenced: false,
     };
     let (_stop, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(writer.run(stop_rx));

@@ -58,6 +58,7 @@ impl Setup {
             gate: self.gate.clone(),
             batch_max: 100,
             stats: Arc::new(WriterStats::default()),
+            fenced: false,
         }
     }
 

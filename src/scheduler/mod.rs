@@ -154,7 +154,7 @@ async fn load_under_lock(
         LoadStart::Ticket(ticket) => ticket,
         LoadStart::Loaded | LoadStart::Busy => return Ok(false),
     };
-    let snapshot = match store.load_snapshot(sale.id).await {
+    let snapshot = match store.load_snapshot(sale.id, WAIT_FOR_WRITERS).await {
         Ok(snapshot) => snapshot,
         Err(e) => {
             gate.abandon_load(ticket).await;
@@ -182,6 +182,9 @@ async fn load_under_lock(
     }
     Ok(loaded)
 }
+
+/// How long a rebuild waits for order writers holding batches read from Redis.
+const WAIT_FOR_WRITERS: Duration = Duration::from_secs(15);
 
 /// Loads every approved sale that opens within `ahead_ms` and has not ended.
 pub async fn preload(

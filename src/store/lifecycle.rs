@@ -9,6 +9,17 @@ use std::collections::HashMap;
 use super::{Dialect, Store, StoreError};
 use crate::model::{Order, OrderStatus};
 
+/// Whether the database gave up waiting for a lock (PostgreSQL's lock_timeout, MySQL's
+/// innodb_lock_wait_timeout).
+fn is_lock_timeout(e: &StoreError) -> bool {
+    match e {
+        StoreError::Db(sqlx::Error::Database(db)) => {
+            db.code().as_deref() == Some("55P03") || db.message().contains("Lock wait timeout")
+        }
+        _ => false,
+    }
+}
+
 /// A sale's state in SQL, as the gate is rebuilt from it (see [`Store::load_snapshot`]).
 #[derive(Debug, Clone, Default)]
 pub struct LoadSnapshot {
@@ -332,11 +343,98 @@ impl Store {
     /// (no order write or return of the sale can fall between its parts): the SQL stock,
     /// the returns still owed to the gate (the stock counts them already), the units each
     /// buyer holds in live orders, and every order of the sale (the stock counts them all).
-    pub async fn load_snapshot(&self, sale_id: i64) -> Result<LoadSnapshot, StoreError> {
+    ///
+    /// On PostgreSQL and MySQL it first waits (up to `wait_for_writers`) until no order
+    /// writer holds a batch read from Redis (the writer fence): a batch read before Redis
+    /// lost its data is then in SQL, and in the snapshot. A writer stalled longer than that
+    /// is not waited for; its orders reach the gate through `Gate::confirm_written`.
+    pub async fn load_snapshot(
+        &self,
+        sale_id: i64,
+        wait_for_writers: std::time::Duration,
+    ) -> Result<LoadSnapshot, StoreError> {
+        if self.dialect != Dialect::Sqlite && !wait_for_writers.is_zero() {
+            match self.load_snapshot_fenced(sale_id, wait_for_writers).await {
+                Err(e) if is_lock_timeout(&e) => {
+                    tracing::warn!(
+                        sale = sale_id,
+                        waited_ms = wait_for_writers.as_millis() as u64,
+                        "an order writer has held a batch this long (stalled?): rebuilding without it; its orders join the gate when it writes them"
+                    );
+                }
+                other => return other,
+            }
+        }
         let mut conn = self.begin_write().await?;
         let read = self.load_snapshot_in_tx(&mut conn, sale_id).await;
         Self::finish(conn, true).await?;
         read
+    }
+
+    async fn load_snapshot_fenced(
+        &self,
+        sale_id: i64,
+        wait: std::time::Duration,
+    ) -> Result<LoadSnapshot, StoreError> {
+        let mut conn = self.begin_write().await?;
+        let read = async {
+            let secs = wait.as_secs().max(1);
+            let timeout = match self.dialect {
+                Dialect::Postgres => format!("SET LOCAL lock_timeout = '{secs}s'"),
+                _ => format!("SET SESSION innodb_lock_wait_timeout = {secs}"),
+            };
+            sqlx::query(&timeout).execute(&mut *conn).await?;
+            // PostgreSQL queues table locks first come, first served: writers arriving
+            // after this request wait behind it (row locks would let sharers starve it).
+            let exclusive = match self.dialect {
+                Dialect::Postgres => "LOCK TABLE writer_fence IN EXCLUSIVE MODE",
+                _ => "SELECT id FROM writer_fence WHERE id = 1 FOR UPDATE",
+            };
+            sqlx::query(exclusive).execute(&mut *conn).await?;
+            self.load_snapshot_in_tx(&mut conn, sale_id).await
+        }
+        .await;
+        match read {
+            Ok(snapshot) => {
+                Self::finish(conn, true).await?;
+                Ok(snapshot)
+            }
+            Err(e) => {
+                // The error that matters is the read's, not the rollback's.
+                let _ = Self::finish(conn, false).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Share-locks the writer fence for as long as the returned connection's transaction
+    /// is open: an order writer holds it from before it reads a batch from Redis until
+    /// the batch is in SQL. `None` on SQLite (no distributed deployment runs on it).
+    pub async fn hold_writer_fence(
+        &self,
+    ) -> Result<Option<sqlx::pool::PoolConnection<sqlx::Any>>, StoreError> {
+        let share = match self.dialect {
+            Dialect::Sqlite => return Ok(None),
+            Dialect::Postgres => "LOCK TABLE writer_fence IN ROW SHARE MODE",
+            Dialect::MySql => "SELECT id FROM writer_fence WHERE id = 1 LOCK IN SHARE MODE",
+        };
+        let mut conn = self.pool.acquire().await?;
+        sqlx::query("BEGIN").execute(&mut *conn).await?;
+        if let Err(e) = sqlx::query(share).execute(&mut *conn).await {
+            let _ = Self::finish(conn, false).await;
+            return Err(e.into());
+        }
+        Ok(Some(conn))
+    }
+
+    /// Ends a hold of [`Store::hold_writer_fence`].
+    pub async fn release_writer_fence(
+        conn: Option<sqlx::pool::PoolConnection<sqlx::Any>>,
+    ) -> Result<(), StoreError> {
+        match conn {
+            Some(conn) => Self::finish(conn, true).await,
+            None => Ok(()),
+        }
     }
 
     async fn load_snapshot_in_tx(

@@ -124,5 +124,12 @@ pub fn migrations(d: Dialect) -> Vec<(i64, Vec<String>)> {
             ){tail}"
         ),
     ];
-    vec![(1, v1), (2, v2), (3, v3)]
+    let v4 = vec![
+        // One row that order writers share-lock while they hold a batch read from Redis,
+        // and that a gate rebuild locks exclusively before its snapshot: the rebuild waits
+        // for batches read before Redis lost its data (see `Store::hold_writer_fence`).
+        format!("CREATE TABLE IF NOT EXISTS writer_fence (id {int} PRIMARY KEY){tail}"),
+        "INSERT INTO writer_fence (id) VALUES (1)".to_string(),
+    ];
+    vec![(1, v1), (2, v2), (3, v3), (4, v4)]
 }

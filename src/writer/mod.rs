@@ -58,6 +58,9 @@ pub struct Writer {
     pub gate: Arc<dyn Gate>,
     pub batch_max: usize,
     pub stats: Arc<WriterStats>,
+    /// Hold the writer fence while a batch is in hand (the log is in Redis, which a
+    /// rebuild must not outrun; see `Store::hold_writer_fence`).
+    pub fenced: bool,
 }
 
 impl Writer {
@@ -68,8 +71,35 @@ impl Writer {
             if *stop.borrow_and_update() || self.log.finished() {
                 break;
             }
+            // From before the read until the batch is in SQL (or given up).
+            let fence = if self.fenced {
+                match self.store.hold_writer_fence().await {
+                    Ok(fence) => fence,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the database is unavailable; the order writer waits");
+                        tokio::select! {
+                            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                            _ = stop.changed() => {}
+                        }
+                        continue;
+                    }
+                }
+            } else {
+                None
+            };
+            self.step(&mut last_reclaim, &mut stop).await;
+            if let Err(e) = Store::release_writer_fence(fence).await {
+                tracing::debug!(error = %e, "releasing the writer fence failed; its connection is dropped");
+            }
+        }
+        tracing::info!("order writer stopped");
+    }
+
+    /// One read of the log (and a reclaim every few seconds), written and settled.
+    async fn step(&self, last_reclaim: &mut Instant, stop: &mut watch::Receiver<bool>) {
+        {
             if last_reclaim.elapsed() >= RECLAIM_EVERY {
-                last_reclaim = Instant::now();
+                *last_reclaim = Instant::now();
                 match self.log.reclaim(self.batch_max).await {
                     Ok(batch) if !batch.is_empty() => {
                         tracing::info!(
@@ -94,7 +124,6 @@ impl Writer {
                 }
             }
         }
-        tracing::info!("order writer stopped");
     }
 
     /// Writes the orders the log kept from an earlier run, before anything else reads SQL
