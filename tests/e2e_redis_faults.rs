@@ -888,3 +888,52 @@ async fn workers_frozen_across_a_wipe_lose_nothing_and_sell_nobody_twice() {
     }
     check_sql(&d, sale_id, STOCK, &told).await;
 }
+
+/// While Redis is away, paying or cancelling an order still waiting to be written answers
+/// 503 (it cannot be told), never 404 (it exists).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unwritten_order_is_not_denied_while_redis_is_away() {
+    let port = common::free_port();
+    let dir = std::env::temp_dir().join(common::unique("away"));
+    let mut redis = PrivateRedis::start(port, &dir);
+    let env = vec![
+        (
+            "SECKILL_DATABASE_URL".to_string(),
+            common::fresh_database(Sql::Postgres).await,
+        ),
+        ("SECKILL_REDIS_URL".to_string(), redis.url()),
+        ("SECKILL_DEV".to_string(), "1".to_string()),
+    ];
+    // No writer anywhere: the order stays in the stream.
+    let server = Server::start(env, vec!["serve".into(), "--no-writer".into()]).await;
+    let c = common::client();
+    let sale = common::open_sale(&c, &server, 5, 1).await;
+    let token = common::login_users(&c, &server.base, 1).await.remove(0);
+    let (status, body) = common::buy(&c, &server.base, &sale, &token).await;
+    assert_eq!(status, 200, "{body}");
+    let order = body["order_id"].as_str().unwrap().to_string();
+    let call = |what: &'static str| {
+        let (c, url, token) = (
+            c.clone(),
+            format!("{}/api/orders/{order}/{what}", server.base),
+            token.clone(),
+        );
+        async move {
+            let r = c.post(url).bearer_auth(token).send().await.unwrap();
+            let status = r.status().as_u16();
+            let body: serde_json::Value = r.json().await.unwrap();
+            (status, body["code"].as_str().unwrap_or("").to_string())
+        }
+    };
+    redis.kill();
+    for what in ["cancel", "pay"] {
+        let (status, code) = call(what).await;
+        assert_eq!((status, code.as_str()), (503, "unavailable"), "{what}");
+    }
+    redis.restart();
+    common::eventually(20, "Redis answers again", || {
+        let call = call("cancel");
+        async move { call.await == (409, "order_queued".to_string()) }
+    })
+    .await;
+}

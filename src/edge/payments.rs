@@ -52,13 +52,17 @@ async fn not_in_sql(st: &AppState, order_id: i64, user_id: i64) -> ApiError {
         if accepted_at < sale.begins_at - 1000 || accepted_at > sale.ends_at + 1000 {
             continue;
         }
-        if let Ok(Some((owner, _))) = st.gate.queued_order(sale.id, order_id).await {
-            if owner == user_id {
+        match st.gate.queued_order(sale.id, order_id).await {
+            Ok(Some((owner, _))) if owner == user_id => {
                 return ApiError::Rejected {
                     code: "order_queued",
                     message: "the order is still being written; retry in a moment".into(),
-                };
+                }
             }
+            Ok(_) => {}
+            // Redis is away: the order may well be there, waiting to be written. "No such
+            // order" would be a lie; say it cannot be told now.
+            Err(e) => return e.into(),
         }
     }
     ApiError::NotFound(format!("order {order_id} does not exist"))

@@ -51,6 +51,8 @@ for _, entry in ipairs(redis.call('XRANGE', KEYS[3], '-', '+')) do
   end
   if f.order_id and f.user_id and tonumber(f.quantity) then
     count(f.order_id, f.user_id, tonumber(f.quantity))
+    -- Still queued: lookups (GET /api/orders/{id}, pay, cancel) keep finding it.
+    redis.call('HSET', KEYS[4], f.order_id, f.user_id .. ':' .. f.quantity)
   end
 end
 -- Orders written to SQL after the snapshot.
@@ -74,7 +76,7 @@ if not ok and not string.find(tostring(err), 'BUSYGROUP') then
 end
 redis.call('DEL', KEYS[7])
 redis.call('HSET', KEYS[7], '_', '0')
-for _, i in ipairs({1, 2, 6, 7, 10}) do
+for _, i in ipairs({1, 2, 4, 6, 7, 10}) do
   if redis.call('EXISTS', KEYS[i]) == 1 then
     redis.call('PEXPIREAT', KEYS[i], ARGV[8])
   end
