@@ -154,6 +154,11 @@ async fn load_under_lock(
         LoadStart::Ticket(ticket) => ticket,
         LoadStart::Loaded | LoadStart::Busy => return Ok(false),
     };
+    tracing::info!(
+        sale = sale.id,
+        fence = ticket.fence,
+        "loading the sale into the gate"
+    );
     let snapshot = match store.load_snapshot(sale.id, WAIT_FOR_WRITERS).await {
         Ok(snapshot) => snapshot,
         Err(e) => {
