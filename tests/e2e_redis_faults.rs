@@ -18,6 +18,10 @@ use std::time::{Duration, Instant};
 use common::{PrivateRedis, Server, Sql};
 use seckill::store::Store;
 
+/// Each test here runs a deployment of several processes and judges timings (purchases
+/// again within 2 s, no 503 afterwards): on two cores they take turns.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 struct Deployment {
     redis: PrivateRedis,
     instances: Vec<Server>,
@@ -255,6 +259,7 @@ async fn check_sql(d: &Deployment, sale_id: i64, stock: i64, told: &HashMap<i64,
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn redis_losing_its_data_mid_sale_sells_nobody_twice() {
+    let _turn = ONE_AT_A_TIME.lock().await;
     let mut d = Deployment::start("wipe").await;
     let c = common::client();
     const STOCK: i64 = 4000;
@@ -323,6 +328,7 @@ async fn redis_losing_its_data_mid_sale_sells_nobody_twice() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_frozen_redis_never_turns_a_503_into_an_order() {
+    let _turn = ONE_AT_A_TIME.lock().await;
     let d = Deployment::start("freeze").await;
     let c = common::client();
     const BUYERS: i64 = 3000;
@@ -445,6 +451,7 @@ async fn a_frozen_redis_never_turns_a_503_into_an_order() {
 /// An instance and a worker started before their Redis wait for it, and serve once it is up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn processes_started_before_redis_come_up_by_themselves() {
+    let _turn = ONE_AT_A_TIME.lock().await;
     let port = common::free_port();
     let env = vec![
         (
@@ -490,6 +497,7 @@ async fn processes_started_before_redis_come_up_by_themselves() {
 /// back); an `aof` level the Redis cannot give refuses to start.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replica_durability_says_ok_only_for_what_a_replica_holds() {
+    let _turn = ONE_AT_A_TIME.lock().await;
     let (mport, rport) = (common::free_port(), common::free_port());
     let base_dir = std::env::temp_dir().join(common::unique("repl"));
     let master = PrivateRedis::start_with(mport, &base_dir.join("m"), &["--appendfsync", "no"]);
@@ -662,6 +670,7 @@ fn signal(sig: &str, pid: u32) {
 /// (the old master, restarted, which Sentinel turns into one), without restarting seckill.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_sentinel_failover_to_a_lagging_replica_loses_no_ok() {
+    let _turn = ONE_AT_A_TIME.lock().await;
     let (mport, rport) = (common::free_port(), common::free_port());
     let dir = std::env::temp_dir().join(common::unique("sentinel"));
     let master = PrivateRedis::start_with(mport, &dir.join("m"), &["--appendfsync", "no"]);
@@ -800,6 +809,7 @@ async fn a_sentinel_failover_to_a_lagging_replica_loses_no_ok() {
 /// nobody buys twice, no `ok` is lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn workers_frozen_across_a_wipe_lose_nothing_and_sell_nobody_twice() {
+    let _turn = ONE_AT_A_TIME.lock().await;
     let mut d = Deployment::start("frozen").await;
     let c = common::client();
     const STOCK: i64 = 4000;
@@ -893,6 +903,7 @@ async fn workers_frozen_across_a_wipe_lose_nothing_and_sell_nobody_twice() {
 /// 503 (it cannot be told), never 404 (it exists).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unwritten_order_is_not_denied_while_redis_is_away() {
+    let _turn = ONE_AT_A_TIME.lock().await;
     let port = common::free_port();
     let dir = std::env::temp_dir().join(common::unique("away"));
     let mut redis = PrivateRedis::start(port, &dir);
