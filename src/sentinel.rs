@@ -85,17 +85,21 @@ pub async fn follow(url: &SentinelUrl, prefix: &str) -> Result<String, redis::Re
     let local = listener.local_addr()?;
     let (current, watching) = watch::channel(master);
     tokio::spawn(forward(listener, watching));
-    let local_url = format!(
-        "redis://{}127.0.0.1:{}/{}",
+    let local_url = server_url(url, "127.0.0.1", local.port());
+    tokio::spawn(watch_master(url.clone(), prefix.to_string(), current));
+    Ok(local_url)
+}
+
+/// The URL of one Redis server of the deployment, with its credentials and database.
+fn server_url(url: &SentinelUrl, host: &str, port: u16) -> String {
+    format!(
+        "redis://{}{host}:{port}/{}",
         url.credentials
             .as_deref()
             .map(|c| format!("{c}@"))
             .unwrap_or_default(),
-        local.port(),
         url.db.as_deref().unwrap_or("")
-    );
-    tokio::spawn(watch_master(url.clone(), prefix.to_string(), current));
-    Ok(local_url)
+    )
 }
 
 /// The master Sentinel names, if it answers as a master.
@@ -124,14 +128,7 @@ async fn resolve(url: &SentinelUrl) -> Option<(String, u16)> {
 
 /// Whether the server says it is a master (Sentinel may name one mid-failover).
 async fn is_master(url: &SentinelUrl, (host, port): &(String, u16)) -> bool {
-    let target = format!(
-        "redis://{}{host}:{port}/",
-        url.credentials
-            .as_deref()
-            .map(|c| format!("{c}@"))
-            .unwrap_or_default()
-    );
-    let Ok(client) = redis::Client::open(target) else {
+    let Ok(client) = redis::Client::open(server_url(url, host, *port)) else {
         return false;
     };
     let asked = async {
@@ -183,15 +180,7 @@ async fn forget_stale_sales(
     (host, port): &(String, u16),
     prefix: &str,
 ) -> Result<usize, redis::RedisError> {
-    let target = format!(
-        "redis://{}{host}:{port}/{}",
-        url.credentials
-            .as_deref()
-            .map(|c| format!("{c}@"))
-            .unwrap_or_default(),
-        url.db.as_deref().unwrap_or("")
-    );
-    let client = redis::Client::open(target)?;
+    let client = redis::Client::open(server_url(url, host, *port))?;
     let mut conn = client.get_multiplexed_async_connection().await?;
     let script = redis::Script::new(include_str!("gate/forget_stale.lua"));
     let mut cursor: u64 = 0;
