@@ -275,6 +275,24 @@ async fn wait_in_sync(master_url: String) {
     .await;
 }
 
+/// When the first `ok` after `since` came, if any.
+fn first_ok_after(told: &HashMap<i64, Told>, since: Instant) -> Option<Instant> {
+    told.values()
+        .flat_map(|t| t.times.iter())
+        .filter(|(at, code)| code == "ok" && *at >= since)
+        .map(|(at, _)| *at)
+        .min()
+}
+
+/// Adds a later storm's order ids to what each buyer was told so far.
+fn merge(told: &mut HashMap<i64, Told>, later: HashMap<i64, Told>) {
+    for (user, t) in later {
+        let entry = told.entry(user).or_default();
+        entry.ok.extend(t.ok);
+        entry.pending.extend(t.pending);
+    }
+}
+
 /// The invariants after the storms: each buyer holds at most one order, every `ok` is in
 /// SQL, every order in SQL was answered `ok` or `pending` to its buyer, stock adds up.
 async fn check_sql(d: &Deployment, sale_id: i64, stock: i64, told: &HashMap<i64, Told>) {
@@ -354,23 +372,13 @@ async fn redis_losing_its_data_mid_sale_sells_nobody_twice() {
                 );
             }
         }
-        let first_ok = again
-            .values()
-            .flat_map(|t| t.times.iter())
-            .filter(|(_, code)| code == "ok")
-            .map(|(at, _)| *at)
-            .min()
-            .expect("newcomers bought");
+        let first_ok = first_ok_after(&again, back).expect("newcomers bought");
         assert!(
             first_ok - back < Duration::from_secs(10),
             "round {round}: purchases again {:?} after Redis came back",
             first_ok - back
         );
-        for (user, t) in again {
-            let entry = told.entry(user).or_default();
-            entry.ok.extend(t.ok);
-            entry.pending.extend(t.pending);
-        }
+        merge(&mut told, again);
         check_sql(&d, sale_id, STOCK, &told).await;
         last_wipe = back;
     }
@@ -422,12 +430,7 @@ async fn a_frozen_redis_never_turns_a_503_into_an_order() {
             .any(|(at, code)| *code == "unavailable" && *at < resumed),
         "the freeze was seen"
     );
-    let first_ok = answers
-        .iter()
-        .filter(|(at, code)| *code == "ok" && *at >= resumed)
-        .map(|(at, _)| *at)
-        .min()
-        .expect("purchases after the freeze");
+    let first_ok = first_ok_after(&told, resumed).expect("purchases after the freeze");
     assert!(
         first_ok - resumed < Duration::from_secs(2),
         "purchases again {:?} after Redis answered",
@@ -763,17 +766,11 @@ async fn a_sentinel_failover_to_a_lagging_replica_loses_no_ok() {
                 .collect::<Vec<_>>()
         );
     }
-    let first_ok_after = told
-        .values()
-        .flat_map(|t| t.times.iter())
-        .filter(|(at, code)| code == "ok" && *at > killed)
-        .map(|(at, _)| *at)
-        .min()
-        .expect("purchases on the new master");
+    let first_ok = first_ok_after(&told, killed).expect("purchases on the new master");
     assert!(
-        first_ok_after - killed < Duration::from_secs(20),
+        first_ok - killed < Duration::from_secs(20),
         "purchases again {:?} after the master died",
-        first_ok_after - killed
+        first_ok - killed
     );
     let pending: usize = told.values().map(|t| t.pending.len()).sum();
     assert!(
@@ -859,23 +856,13 @@ async fn workers_frozen_across_a_wipe_lose_nothing_and_sell_nobody_twice() {
             assert_eq!(t.last, "already_purchased", "holder {user}: {t:?}");
         }
     }
-    let first_ok = again
-        .values()
-        .flat_map(|t| t.times.iter())
-        .filter(|(_, code)| code == "ok")
-        .map(|(at, _)| *at)
-        .min()
-        .expect("newcomers bought");
+    let first_ok = first_ok_after(&again, back).expect("newcomers bought");
     assert!(
         first_ok - back < Duration::from_secs(10),
         "purchases again {:?} after Redis came back",
         first_ok - back
     );
-    for (user, t) in again {
-        let entry = told.entry(user).or_default();
-        entry.ok.extend(t.ok);
-        entry.pending.extend(t.pending);
-    }
+    merge(&mut told, again);
     check_sql(&d, sale_id, STOCK, &told).await;
 }
 
