@@ -295,7 +295,9 @@ async fn window_pause_and_unknown_sales_are_refused_without_taking_stock() {
         let _turn = h.turn().await;
         let now = seckill::now_ms();
         let mut upcoming = common::sale(common::next_id(), 5, 1);
-        upcoming.begins_at = now + 60_000;
+        // An hour ahead: on a loaded box a minute ran out before the attempt (CI).
+        upcoming.begins_at = now + 3_600_000;
+        upcoming.ends_at = now + 7_200_000;
         h.open(&upcoming, vec![]).await;
         assert_eq!(
             h.buy(upcoming.id, 1, 1).await,
