@@ -21,6 +21,7 @@ use crate::ids::{self, IdGenerator};
 use crate::lifecycle::payment::SimulatedProvider;
 use crate::orderlog::redis_stream::StreamLog;
 use crate::orderlog::{local, OrderLog};
+use crate::redis_client::{RedisClient, RedisConn};
 use crate::scheduler::{SaleCache, Scheduler};
 use crate::store::lifecycle::SqlDecision;
 use crate::store::Store;
@@ -142,7 +143,7 @@ struct Parts {
     /// The embedded order log's producer side (memory gate only), for queued counts.
     local_log: Option<local::LocalLog>,
     ids: Arc<IdGenerator>,
-    redis: Option<redis::aio::ConnectionManager>,
+    redis: Option<RedisConn>,
     streams: Option<Arc<StreamLog>>,
     breaker: Option<Arc<Breaker>>,
     /// The embedded server's claim on a PostgreSQL or MySQL database.
@@ -250,11 +251,12 @@ async fn distributed_parts(config: &Config, store: &Store, url: &str) -> Result<
                 .with_durability(&client, config.redis_durability)
                 .await?;
             gate.prepare().await?;
-            let breaker = Arc::new(Breaker::new(
-                Arc::new(gate),
-                BREAKER_THRESHOLD,
-                BREAKER_COOLDOWN_MS,
-            ));
+            let breaker = Breaker::new(Arc::new(gate), BREAKER_THRESHOLD, BREAKER_COOLDOWN_MS);
+            let breaker = Arc::new(if client.is_cluster() {
+                breaker.per_sale()
+            } else {
+                breaker
+            });
             (breaker.clone() as Arc<dyn Gate>, Some(breaker))
         }
     };
@@ -314,22 +316,11 @@ pub async fn payment_provider(
     Ok(SimulatedProvider::new(&secret))
 }
 
-pub async fn redis_manager(
-    url: &str,
-) -> Result<(redis::Client, redis::aio::ConnectionManager), AppError> {
-    let client = redis::Client::open(url)?;
-    let conn = connection_manager(&client).await?;
+/// A client for `url` (a server, or a cluster's seed nodes) and its shared connection.
+pub async fn redis_manager(url: &str) -> Result<(RedisClient, RedisConn), AppError> {
+    let client = RedisClient::open(url)?;
+    let conn = client.connect().await?;
     Ok((client, conn))
-}
-
-/// A self-reconnecting connection whose calls give up after 2 s.
-pub async fn connection_manager(
-    client: &redis::Client,
-) -> Result<redis::aio::ConnectionManager, redis::RedisError> {
-    let config = redis::aio::ConnectionManagerConfig::new()
-        .set_response_timeout(Some(Duration::from_secs(2)))
-        .set_connection_timeout(Some(Duration::from_secs(2)));
-    client.get_connection_manager_with_config(config).await
 }
 
 pub async fn assemble(config: Config, role: Role) -> Result<App, AppError> {
@@ -373,10 +364,10 @@ pub async fn assemble(config: Config, role: Role) -> Result<App, AppError> {
         claim,
     } = parts;
     let shortcut = Arc::new(SoldOutShortcut::new(gate));
-    if let Some(url) = &redis_url {
-        let client = redis::Client::open(url.as_str())?;
+    if let (Some(url), Some(conn)) = (&redis_url, &redis) {
         tokio::spawn(follow_stock_returns(
-            client,
+            RedisClient::open(url)?,
+            conn.clone(),
             config.redis_prefix.clone(),
             shortcut.clone(),
         ));

@@ -45,8 +45,9 @@ pub struct ConfigArgs {
     #[arg(long, env = "SECKILL_ORDER_LOG_DIR", global = true)]
     pub order_log_dir: Option<PathBuf>,
     /// Redis URL; when set, seckill runs distributed (gate and order log in Redis):
-    /// redis://HOST:PORT/, or redis+sentinel://HOST:PORT[,HOST:PORT...]/MASTER_NAME to
-    /// follow a Sentinel-managed master through failovers.
+    /// redis://HOST:PORT/, redis+sentinel://HOST:PORT[,HOST:PORT...]/MASTER_NAME to
+    /// follow a Sentinel-managed master through failovers, or
+    /// redis+cluster://HOST:PORT[,HOST:PORT...] (seed nodes) for a Redis Cluster.
     #[arg(long = "redis", env = "SECKILL_REDIS_URL", global = true)]
     pub redis_url: Option<String>,
     /// Prefix of every Redis key [default: seckill].
@@ -54,8 +55,8 @@ pub struct ConfigArgs {
     pub redis_prefix: Option<String>,
     /// What an `ok` waits for after the gate's script: none (Redis' memory; its own
     /// appendfsync decides), aof (WAITAOF: fsynced to the master's AOF) or replica (WAIT:
-    /// received by a replica, so a failover keeps it) [default: none]. When the wait
-    /// fails the buyer is answered 202 pending, never ok.
+    /// received by a replica, so a failover keeps it) [default: replica on a cluster,
+    /// else none]. When the wait fails the buyer is answered 202 pending, never ok.
     #[arg(long, env = "SECKILL_REDIS_DURABILITY", global = true)]
     pub redis_durability: Option<Durability>,
     /// Bearer token of the admin API; the admin API is closed when unset.
@@ -271,6 +272,9 @@ impl Config {
     fn merge(a: ConfigArgs, f: ConfigArgs) -> Result<Config, ConfigError> {
         let redis_url = a.redis_url.or(f.redis_url).filter(|s| !s.is_empty());
         let embedded = redis_url.is_none();
+        let cluster = redis_url
+            .as_deref()
+            .is_some_and(crate::redis_client::is_cluster_url);
         let database_url = a
             .database_url
             .or(f.database_url)
@@ -291,10 +295,14 @@ impl Config {
                 .redis_prefix
                 .or(f.redis_prefix)
                 .unwrap_or_else(|| "seckill".to_string()),
-            redis_durability: a
-                .redis_durability
-                .or(f.redis_durability)
-                .unwrap_or_default(),
+            redis_durability: a.redis_durability.or(f.redis_durability).unwrap_or(
+                // A cluster fails over by itself: only what a replica holds survives it.
+                if cluster {
+                    Durability::Replica
+                } else {
+                    Durability::None
+                },
+            ),
             admin_token: a.admin_token.or(f.admin_token).filter(|s| !s.is_empty()),
             token_secret: a.token_secret.or(f.token_secret).filter(|s| !s.is_empty()),
             payment_secret: a
@@ -477,6 +485,8 @@ impl Config {
         if let Some(url) = &self.redis_url {
             let valid = if crate::sentinel::is_sentinel_url(url) {
                 crate::sentinel::parse(url).map(|_| ())
+            } else if crate::redis_client::is_cluster_url(url) {
+                crate::redis_client::parse_cluster_url(url).map(|_| ())
             } else {
                 redis::Client::open(url.as_str())
                     .map(|_| ())
@@ -486,8 +496,9 @@ impl Config {
                 return Err(ConfigError::Invalid {
                     name: "redis_url",
                     message: format!(
-                        "{message} (redis://HOST:PORT/, rediss://..., or \
-                         redis+sentinel://HOST:PORT[,HOST:PORT...]/MASTER_NAME)"
+                        "{message} (redis://HOST:PORT/, rediss://..., \
+                         redis+sentinel://HOST:PORT[,HOST:PORT...]/MASTER_NAME or \
+                         redis+cluster://HOST:PORT[,HOST:PORT...])"
                     ),
                 });
             }

@@ -22,7 +22,7 @@ async fn gate(prefix: &str) -> Arc<RedisGate> {
     Arc::new(gate)
 }
 
-async fn redis() -> redis::aio::ConnectionManager {
+async fn redis() -> seckill::redis_client::RedisConn {
     seckill::app::redis_manager(&common::redis_url())
         .await
         .unwrap()

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use seckill::ids::lease_worker_id;
 
-async fn redis() -> redis::aio::ConnectionManager {
+async fn redis() -> seckill::redis_client::RedisConn {
     seckill::app::redis_manager(&common::redis_url())
         .await
         .unwrap()

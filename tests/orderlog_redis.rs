@@ -18,8 +18,8 @@ use seckill::writer::{Writer, WriterStats};
 
 struct Setup {
     prefix: String,
-    client: redis::Client,
-    conn: redis::aio::ConnectionManager,
+    client: seckill::redis_client::RedisClient,
+    conn: seckill::redis_client::RedisConn,
     gate: Arc<RedisGate>,
     store: Store,
 }

@@ -53,7 +53,7 @@ pub struct AppState {
     /// The built-in simulated provider, which admins can tell to call back.
     pub simulator: crate::lifecycle::payment::SimulatedProvider,
     pub sales: Arc<SaleCache>,
-    pub redis: Option<redis::aio::ConnectionManager>,
+    pub redis: Option<crate::redis_client::RedisConn>,
     /// The embedded order log (memory gate only), for its backlog.
     pub local_log: Option<crate::orderlog::local::LocalLog>,
     pub writer_stats: Arc<WriterStats>,
@@ -245,9 +245,8 @@ async fn readyz(State(st): State<Arc<AppState>>) -> Result<&'static str, ApiErro
         .await
         .map_err(|e| ApiError::Unavailable(format!("database: {e}")))?;
     if let Some(conn) = &st.redis {
-        let mut conn = conn.clone();
-        let _: String = redis::cmd("PING")
-            .query_async(&mut conn)
+        conn.clone()
+            .check_health()
             .await
             .map_err(|e| ApiError::Unavailable(format!("redis: {e}")))?;
     }

@@ -8,13 +8,13 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use redis::aio::ConnectionManager;
 use redis::{Script, Value};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use super::redis::{verdicts_from_reply, SaleKeys};
 use super::{GateError, Purchase, RateLimit, Verdict};
 use crate::config::Durability;
+use crate::redis_client::RedisConn;
 
 /// Most attempts decided by one script call (Redis runs nothing else meanwhile).
 const MAX_BATCH: usize = 128;
@@ -37,7 +37,7 @@ const DURABILITY_WAIT_MS: u64 = 500;
 pub struct Durable {
     pub level: Durability,
     /// One connection per call in flight.
-    pub pool: std::sync::Mutex<Vec<ConnectionManager>>,
+    pub pool: std::sync::Mutex<Vec<RedisConn>>,
 }
 
 struct Attempt {
@@ -64,7 +64,7 @@ impl Batches {
 
 /// Starts the batcher task; it ends when the returned handle is dropped.
 pub fn start(
-    conn: ConnectionManager,
+    conn: RedisConn,
     script: Script,
     prefix: String,
     rate: RateLimit,
@@ -82,7 +82,7 @@ pub fn start(
 }
 
 struct Caller {
-    conn: ConnectionManager,
+    conn: RedisConn,
     script: Script,
     rate: RateLimit,
     durable: Option<Arc<Durable>>,
@@ -152,28 +152,29 @@ async fn run(caller: Arc<Caller>, prefix: String, mut attempts: mpsc::UnboundedR
 }
 
 impl Caller {
-    /// Waits until this connection's writes so far hold at the chosen level; false when
-    /// they do not within `DURABILITY_WAIT_MS` (or the wait failed).
-    async fn wait_durable(&self, conn: &mut ConnectionManager) -> bool {
+    /// Waits until this connection's writes so far to the master of `key` hold at the
+    /// chosen level; false when they do not within `DURABILITY_WAIT_MS` (or the wait failed).
+    async fn wait_durable(&self, conn: &mut RedisConn, key: &str) -> bool {
         let Some(d) = &self.durable else {
             return true;
         };
         DURABILITY_WAITS.fetch_add(1, Ordering::Relaxed);
         let held = match d.level {
             Durability::None => return true,
-            Durability::Aof => redis::cmd("WAITAOF")
-                .arg(1)
-                .arg(0)
-                .arg(DURABILITY_WAIT_MS)
-                .query_async::<(i64, i64)>(conn)
-                .await
-                .map(|(local, _)| local >= 1),
-            Durability::Replica => redis::cmd("WAIT")
-                .arg(1)
-                .arg(DURABILITY_WAIT_MS)
-                .query_async::<i64>(conn)
-                .await
-                .map(|replicas| replicas >= 1),
+            Durability::Aof => {
+                let mut cmd = redis::cmd("WAITAOF");
+                cmd.arg(1).arg(0).arg(DURABILITY_WAIT_MS);
+                conn.query_at_master_of::<(i64, i64)>(key, cmd)
+                    .await
+                    .map(|(local, _)| local >= 1)
+            }
+            Durability::Replica => {
+                let mut cmd = redis::cmd("WAIT");
+                cmd.arg(1).arg(DURABILITY_WAIT_MS);
+                conn.query_at_master_of::<i64>(key, cmd)
+                    .await
+                    .map(|replicas| replicas >= 1)
+            }
         };
         let held = held.unwrap_or_else(|e| {
             tracing::debug!(error = %e, "durability wait failed");
@@ -186,13 +187,7 @@ impl Caller {
     }
 
     /// One script call for attempts on one sale; every attempt gets its verdict or the error.
-    async fn call(
-        &self,
-        k: Arc<SaleKeys>,
-        sale_id: i64,
-        group: Vec<Attempt>,
-        mut conn: ConnectionManager,
-    ) {
+    async fn call(&self, k: Arc<SaleKeys>, sale_id: i64, group: Vec<Attempt>, mut conn: RedisConn) {
         CALLS.fetch_add(1, Ordering::Relaxed);
         ATTEMPTS.fetch_add(group.len() as u64, Ordering::Relaxed);
         let now = crate::now_ms();
@@ -228,7 +223,7 @@ impl Caller {
                     .iter()
                     .any(|v| matches!(v, Verdict::Accepted { .. }))
                 {
-                    self.wait_durable(&mut conn).await
+                    self.wait_durable(&mut conn, &k.sale).await
                 } else {
                     true
                 };

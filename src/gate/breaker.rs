@@ -3,8 +3,9 @@
 //! request wait out a dead Redis; after a cooldown it lets calls through again, and closes
 //! on the first success. Never decides a purchase itself, so it cannot oversell.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -15,14 +16,32 @@ pub struct Breaker {
     inner: Arc<dyn Gate>,
     threshold: u32,
     cooldown_ms: i64,
-    failures: AtomicU32,
-    open_until: AtomicI64,
-    /// Times the breaker opened, for `/metrics`.
+    circuits: Circuits,
+    /// Times a circuit opened, for `/metrics`.
     pub opened: AtomicU64,
     /// Calls refused while open.
     pub refused: AtomicU64,
+}
+
+/// One circuit for a standalone Redis; one per sale in a cluster, where a sale lives on one
+/// master and a dead master must not turn away the buyers of sales on the others.
+enum Circuits {
+    One(Circuit),
+    PerSale(RwLock<HashMap<i64, Arc<Circuit>>>),
+}
+
+#[derive(Default)]
+struct Circuit {
+    failures: AtomicU32,
+    open_until: AtomicI64,
     /// Whether the last state logged is "open": one line per change, not per reopening.
     logged_open: AtomicBool,
+}
+
+impl Circuit {
+    fn is_open(&self) -> bool {
+        crate::now_ms() < self.open_until.load(Ordering::Acquire)
+    }
 }
 
 impl Breaker {
@@ -31,20 +50,56 @@ impl Breaker {
             inner,
             threshold: threshold.max(1),
             cooldown_ms,
-            failures: AtomicU32::new(0),
-            open_until: AtomicI64::new(0),
+            circuits: Circuits::One(Circuit::default()),
             opened: AtomicU64::new(0),
             refused: AtomicU64::new(0),
-            logged_open: AtomicBool::new(false),
         }
     }
 
-    pub fn is_open(&self) -> bool {
-        crate::now_ms() < self.open_until.load(Ordering::Acquire)
+    /// A circuit per sale (for a Redis Cluster).
+    pub fn per_sale(mut self) -> Self {
+        self.circuits = Circuits::PerSale(RwLock::new(HashMap::new()));
+        self
     }
 
-    fn guard(&self) -> Result<(), GateError> {
-        if self.is_open() {
+    /// Whether a circuit is open (in a cluster: any sale's).
+    pub fn is_open(&self) -> bool {
+        match &self.circuits {
+            Circuits::One(c) => c.is_open(),
+            Circuits::PerSale(map) => map
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .values()
+                .any(|c| c.is_open()),
+        }
+    }
+
+    /// Runs `f` on the circuit of `sale_id`.
+    fn with_circuit<R>(&self, sale_id: i64, f: impl FnOnce(&Circuit) -> R) -> R {
+        match &self.circuits {
+            Circuits::One(c) => f(c),
+            Circuits::PerSale(map) => {
+                let found = map
+                    .read()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get(&sale_id)
+                    .cloned();
+                let circuit = match found {
+                    Some(c) => c,
+                    None => map
+                        .write()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .entry(sale_id)
+                        .or_default()
+                        .clone(),
+                };
+                f(&circuit)
+            }
+        }
+    }
+
+    fn guard(&self, circuit: &Circuit) -> Result<(), GateError> {
+        if circuit.is_open() {
             self.refused.fetch_add(1, Ordering::Relaxed);
             return Err(GateError::Unavailable(
                 "the gate's Redis is failing; the circuit is open".into(),
@@ -53,32 +108,47 @@ impl Breaker {
         Ok(())
     }
 
-    fn record<T>(&self, result: Result<T, GateError>) -> Result<T, GateError> {
+    fn record<T>(
+        &self,
+        circuit: &Circuit,
+        sale_id: i64,
+        result: Result<T, GateError>,
+    ) -> Result<T, GateError> {
         match &result {
             Ok(_) => {
-                self.failures.store(0, Ordering::Release);
-                if self.logged_open.load(Ordering::Relaxed)
-                    && self.logged_open.swap(false, Ordering::AcqRel)
+                circuit.failures.store(0, Ordering::Release);
+                if circuit.logged_open.load(Ordering::Relaxed)
+                    && circuit.logged_open.swap(false, Ordering::AcqRel)
                 {
-                    tracing::info!("gate circuit closed: the gate's Redis answers again");
+                    tracing::info!(
+                        sale = self.sale_label(sale_id),
+                        "gate circuit closed: the gate's Redis answers again"
+                    );
                 }
             }
-            Err(GateError::Redis(e)) if is_outage(e) => self.failed(),
-            Err(GateError::Timeout) => self.failed(),
+            Err(GateError::Redis(e)) if is_outage(e) => self.failed(circuit, sale_id),
+            Err(GateError::Timeout) => self.failed(circuit, sale_id),
             Err(_) => {}
         }
         result
     }
 
-    fn failed(&self) {
-        let failures = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
+    /// The sale a circuit belongs to, for logs: `None` when one circuit serves all.
+    fn sale_label(&self, sale_id: i64) -> Option<i64> {
+        matches!(self.circuits, Circuits::PerSale(_)).then_some(sale_id)
+    }
+
+    fn failed(&self, circuit: &Circuit, sale_id: i64) {
+        let failures = circuit.failures.fetch_add(1, Ordering::AcqRel) + 1;
         if failures >= self.threshold {
-            self.failures.store(0, Ordering::Release);
-            self.open_until
+            circuit.failures.store(0, Ordering::Release);
+            circuit
+                .open_until
                 .store(crate::now_ms() + self.cooldown_ms, Ordering::Release);
             self.opened.fetch_add(1, Ordering::Relaxed);
-            if !self.logged_open.swap(true, Ordering::AcqRel) {
+            if !circuit.logged_open.swap(true, Ordering::AcqRel) {
                 tracing::error!(
+                    sale = self.sale_label(sale_id),
                     failures,
                     cooldown_ms = self.cooldown_ms,
                     "gate circuit opened: the gate's Redis is failing; purchases answer 503 until it answers"
@@ -87,20 +157,21 @@ impl Breaker {
         }
     }
 
-    /// One gate call, refused at once while the circuit is open, and bounded in time: a
-    /// connection that is reconnecting holds calls back rather than failing them, so a
-    /// dead Redis would otherwise hang every purchase instead of opening the circuit.
+    /// One gate call for a sale, refused at once while its circuit is open, and bounded in
+    /// time: a connection that is reconnecting holds calls back rather than failing them,
+    /// so a dead Redis would otherwise hang every purchase instead of opening the circuit.
     async fn call<T>(
         &self,
+        sale_id: i64,
         call: impl std::future::Future<Output = Result<T, GateError>>,
         limit: Duration,
     ) -> Result<T, GateError> {
-        self.guard()?;
+        self.with_circuit(sale_id, |c| self.guard(c))?;
         let result = match tokio::time::timeout(limit, call).await {
             Ok(result) => result,
             Err(_) => Err(GateError::Timeout),
         };
-        self.record(result)
+        self.with_circuit(sale_id, |c| self.record(c, sale_id, result))
     }
 }
 
@@ -123,19 +194,22 @@ fn is_outage(e: &redis::RedisError) -> bool {
 #[async_trait]
 impl Gate for Breaker {
     async fn purchase(&self, p: Purchase) -> Result<Verdict, GateError> {
-        self.call(self.inner.purchase(p), CALL_TIMEOUT).await
+        self.call(p.sale_id, self.inner.purchase(p), CALL_TIMEOUT)
+            .await
     }
 
     async fn load(&self, load: &SaleLoad) -> Result<bool, GateError> {
-        self.call(self.inner.load(load), LOAD_TIMEOUT).await
+        self.call(load.sale.id, self.inner.load(load), LOAD_TIMEOUT)
+            .await
     }
 
     async fn is_loaded(&self, sale_id: i64) -> Result<bool, GateError> {
-        self.call(self.inner.is_loaded(sale_id), CALL_TIMEOUT).await
+        self.call(sale_id, self.inner.is_loaded(sale_id), CALL_TIMEOUT)
+            .await
     }
 
     async fn begin_load(&self, sale_id: i64) -> Result<super::LoadStart, GateError> {
-        self.call(self.inner.begin_load(sale_id), CALL_TIMEOUT)
+        self.call(sale_id, self.inner.begin_load(sale_id), CALL_TIMEOUT)
             .await
     }
 
@@ -144,12 +218,16 @@ impl Gate for Breaker {
         ticket: super::LoadTicket,
         load: &SaleLoad,
     ) -> Result<bool, GateError> {
-        self.call(self.inner.finish_load(ticket, load), LOAD_TIMEOUT)
-            .await
+        self.call(
+            load.sale.id,
+            self.inner.finish_load(ticket, load),
+            LOAD_TIMEOUT,
+        )
+        .await
     }
 
     async fn forget_if_stale(&self, sale_id: i64) -> Result<bool, GateError> {
-        self.call(self.inner.forget_if_stale(sale_id), CALL_TIMEOUT)
+        self.call(sale_id, self.inner.forget_if_stale(sale_id), CALL_TIMEOUT)
             .await
     }
 
@@ -167,20 +245,26 @@ impl Gate for Breaker {
     }
 
     async fn stock(&self, sale_id: i64) -> Result<Option<GateStock>, GateError> {
-        self.call(self.inner.stock(sale_id), CALL_TIMEOUT).await
-    }
-
-    async fn release(&self, r: Release) -> Result<Released, GateError> {
-        self.call(self.inner.release(r), CALL_TIMEOUT).await
-    }
-
-    async fn set_paused(&self, sale_id: i64, paused: bool) -> Result<(), GateError> {
-        self.call(self.inner.set_paused(sale_id, paused), CALL_TIMEOUT)
+        self.call(sale_id, self.inner.stock(sale_id), CALL_TIMEOUT)
             .await
     }
 
+    async fn release(&self, r: Release) -> Result<Released, GateError> {
+        self.call(r.sale_id, self.inner.release(r), CALL_TIMEOUT)
+            .await
+    }
+
+    async fn set_paused(&self, sale_id: i64, paused: bool) -> Result<(), GateError> {
+        self.call(
+            sale_id,
+            self.inner.set_paused(sale_id, paused),
+            CALL_TIMEOUT,
+        )
+        .await
+    }
+
     async fn spend(&self, sale_id: i64, spend: super::Spend) -> Result<bool, GateError> {
-        self.call(self.inner.spend(sale_id, spend), CALL_TIMEOUT)
+        self.call(sale_id, self.inner.spend(sale_id, spend), CALL_TIMEOUT)
             .await
     }
 
@@ -189,7 +273,11 @@ impl Gate for Breaker {
         sale_id: i64,
         order_id: i64,
     ) -> Result<Option<(i64, i64)>, GateError> {
-        self.call(self.inner.queued_order(sale_id, order_id), CALL_TIMEOUT)
-            .await
+        self.call(
+            sale_id,
+            self.inner.queued_order(sale_id, order_id),
+            CALL_TIMEOUT,
+        )
+        .await
     }
 }

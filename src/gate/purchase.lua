@@ -35,6 +35,11 @@ local tolerance = tonumber(ARGV[3])
 local function decide(i)
   local base = 5 * i - 1
   local user = ARGV[base]
+  -- The same attempt again: a cluster client resends a command whose connection broke
+  -- after Redis ran it. Its order stands; it must not take a second unit.
+  if redis.call('HEXISTS', KEYS[4], ARGV[base + 2]) == 1 then
+    return 'ok', stock
+  end
   -- Its caller has stopped waiting (Redis was stalled, or the call was stuck): the buyer
   -- may have been told it failed, so it must never take effect now.
   if now > tonumber(ARGV[base + 4]) then

@@ -4,8 +4,9 @@
 //! Concurrent purchases are batched into one script call per sale (see `batch`).
 
 use async_trait::async_trait;
-use redis::aio::ConnectionManager;
 use redis::{Script, Value};
+
+use crate::redis_client::{RedisClient, RedisConn};
 
 use super::{
     Gate, GateError, GateStock, LoadStart, LoadTicket, Purchase, RateLimit, Rejection, Release,
@@ -73,7 +74,7 @@ impl SaleKeys {
 }
 
 pub struct RedisGate {
-    conn: ConnectionManager,
+    conn: RedisConn,
     prefix: String,
     purchase: Script,
     load: Script,
@@ -97,7 +98,7 @@ pub struct RedisGate {
 }
 
 impl RedisGate {
-    pub fn new(conn: ConnectionManager, prefix: &str) -> Self {
+    pub fn new(conn: RedisConn, prefix: &str) -> Self {
         RedisGate {
             conn,
             prefix: prefix.to_string(),
@@ -126,7 +127,7 @@ impl RedisGate {
     /// no replica yet (every purchase is answered `pending` until one is connected).
     pub async fn with_durability(
         mut self,
-        client: &redis::Client,
+        client: &RedisClient,
         level: crate::config::Durability,
     ) -> Result<Self, GateError> {
         use crate::config::Durability;
@@ -135,7 +136,7 @@ impl RedisGate {
         }
         let mut pool = Vec::new();
         for _ in 0..super::batch::DURABLE_CONNECTIONS {
-            pool.push(crate::app::connection_manager(client).await?);
+            pool.push(client.connect().await?);
         }
         let mut conn = pool[0].clone();
         match level {
@@ -296,7 +297,7 @@ impl RedisGate {
 }
 
 /// Whether Redis fsyncs its AOF before replying to every write.
-async fn fsyncs_every_write(conn: &mut ConnectionManager) -> Result<bool, GateError> {
+async fn fsyncs_every_write(conn: &mut RedisConn) -> Result<bool, GateError> {
     let get = |name: &'static str| {
         let mut conn = conn.clone();
         async move {
@@ -313,13 +314,7 @@ async fn fsyncs_every_write(conn: &mut ConnectionManager) -> Result<bool, GateEr
 
 /// Renews a load lock every third of its lease until the ticket is dropped (which aborts
 /// this task) or the lock is lost.
-async fn keep_lock(
-    mut conn: ConnectionManager,
-    renew: Script,
-    lock: String,
-    owner: String,
-    sale_id: i64,
-) {
+async fn keep_lock(mut conn: RedisConn, renew: Script, lock: String, owner: String, sale_id: i64) {
     loop {
         tokio::time::sleep(std::time::Duration::from_millis(LOAD_LEASE_MS / 3)).await;
         match renew

@@ -170,29 +170,37 @@ pub fn stock_channel(prefix: &str) -> String {
 }
 
 /// Listens for stock returned on any instance and reopens the sale here. Reconnects after
-/// a lost subscription, reopening everything since messages may have been missed.
+/// a lost subscription (in a cluster, to another live node: PUBLISH reaches every node),
+/// reopening everything since messages may have been missed.
 pub async fn follow_stock_returns(
-    client: redis::Client,
+    client: crate::redis_client::RedisClient,
+    mut conn: crate::redis_client::RedisConn,
     prefix: String,
     shortcut: Arc<SoldOutShortcut>,
 ) {
     use futures_util::StreamExt;
     let channel = stock_channel(&prefix);
+    let complaints = crate::logline::Every::new(30_000);
     loop {
-        match client.get_async_pubsub().await {
-            Ok(mut pubsub) => {
-                if pubsub.subscribe(&channel).await.is_ok() {
-                    shortcut.reopen_all();
-                    let mut messages = pubsub.on_message();
-                    while let Some(msg) = messages.next().await {
-                        if let Ok(sale_id) = msg.get_payload::<i64>() {
-                            shortcut.reopen(sale_id);
-                        }
-                    }
-                }
-                tracing::warn!("stock-return subscription lost; reconnecting");
+        for node in client.subscription_nodes(&mut conn).await {
+            let Ok(mut pubsub) = node.get_async_pubsub().await else {
+                continue;
+            };
+            if pubsub.subscribe(&channel).await.is_err() {
+                continue;
             }
-            Err(e) => tracing::warn!(error = %e, "cannot subscribe to stock returns"),
+            shortcut.reopen_all();
+            let mut messages = pubsub.on_message();
+            while let Some(msg) = messages.next().await {
+                if let Ok(sale_id) = msg.get_payload::<i64>() {
+                    shortcut.reopen(sale_id);
+                }
+            }
+            tracing::warn!("stock-return subscription lost; subscribing again");
+            break;
+        }
+        if complaints.ready().is_some() {
+            tracing::warn!("cannot subscribe to stock returns on any Redis node yet; retrying");
         }
         shortcut.reopen_all();
         tokio::time::sleep(std::time::Duration::from_secs(1)).await;

@@ -118,12 +118,19 @@ const RENEW_EVERY: Duration = Duration::from_secs(1);
 /// id from before, or this database has never seen a lease on this prefix (a new
 /// deployment: there was nobody before).
 pub async fn lease_worker_id(
-    conn: redis::aio::ConnectionManager,
+    conn: crate::redis_client::RedisConn,
     prefix: &str,
     store: crate::store::Store,
 ) -> Result<Arc<IdGenerator>, IdError> {
+    // In a cluster the lease script's two keys must share a slot: one hash tag for both.
+    let keys = if conn.is_cluster() {
+        format!("{prefix}:{{ids}}")
+    } else {
+        prefix.to_string()
+    };
     let lessor = Lessor {
         conn,
+        keys,
         prefix: prefix.to_string(),
         owner: format!("{}-{}", std::process::id(), rand::random::<u64>()),
         store,
@@ -141,7 +148,10 @@ pub async fn lease_worker_id(
 }
 
 struct Lessor {
-    conn: redis::aio::ConnectionManager,
+    conn: crate::redis_client::RedisConn,
+    /// The start of the lease keys' names.
+    keys: String,
+    /// The deployment's key prefix, which names its epoch in SQL.
     prefix: String,
     owner: String,
     store: crate::store::Store,
@@ -151,7 +161,7 @@ struct Lessor {
 
 impl Lessor {
     fn key(&self, worker: u16) -> String {
-        format!("{}:worker:{worker}", self.prefix)
+        format!("{}:worker:{worker}", self.keys)
     }
 
     /// Leases a worker id (`own` first, if given) and makes `ids` issue from it once that
@@ -166,7 +176,7 @@ impl Lessor {
             let (got, redis_now, epoch): (i64, i64, String) = self
                 .lease
                 .key(self.key(worker))
-                .key(format!("{}:epoch", self.prefix))
+                .key(format!("{}:epoch", self.keys))
                 .arg(&self.owner)
                 .arg(LEASE_MS)
                 .arg(rand::random::<u64>())

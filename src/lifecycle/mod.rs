@@ -38,18 +38,34 @@ pub async fn return_to_gate(
     Ok(released)
 }
 
-/// Empties the outbox of returned stock; returns how many were handed over.
+/// Empties the outbox of returned stock; returns how many were handed over. A sale whose
+/// gate fails (its Redis master away) is skipped for this pass and the others go on; the
+/// first such error is returned after them.
 pub async fn pump_returns(store: &Store, gate: &dyn Gate) -> Result<usize, LifecycleError> {
     let mut handed = 0;
+    let mut skipped: Vec<i64> = Vec::new();
+    let mut first_error = None;
     loop {
-        let batch = store.pending_returns(None, 500).await?;
+        let batch = store.pending_returns_except(&skipped, 500).await?;
         if batch.is_empty() {
-            return Ok(handed);
+            break;
         }
         for r in &batch {
-            return_to_gate(store, gate, r).await?;
-            handed += 1;
+            if skipped.contains(&r.sale_id) {
+                continue;
+            }
+            match return_to_gate(store, gate, r).await {
+                Ok(_) => handed += 1,
+                Err(e) => {
+                    skipped.push(r.sale_id);
+                    first_error.get_or_insert(e);
+                }
+            }
         }
+    }
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok(handed),
     }
 }
 

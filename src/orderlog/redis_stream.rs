@@ -3,42 +3,52 @@
 //! named consumer; entries a dead consumer left pending are taken over with XAUTOCLAIM.
 //! Acknowledged entries are deleted (SQL holds them now); entries that can never be
 //! written move to the sale's dead-letter stream with the reason.
+//!
+//! On a standalone Redis one blocking XREADGROUP reads every stream. In a cluster the
+//! streams live on many masters: each slot's streams are read on their own, concurrently
+//! and without blocking, so one unreachable master never stops the others' orders.
 
 use std::collections::HashMap;
 use std::sync::RwLock;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use redis::aio::{ConnectionManager, MultiplexedConnection};
+use redis::aio::MultiplexedConnection;
 use redis::Value;
 
 use super::{Batch, Delivery, LogError, Malformed, OrderLog, Receipt};
 use crate::gate::redis::{SaleKeys, WRITER_GROUP};
 use crate::model::NewOrder;
+use crate::redis_client::{RedisClient, RedisConn};
 
 /// Entries idle this long in some consumer's pending list are taken over (default).
 pub const RECLAIM_IDLE_MS: u64 = 10_000;
 const BLOCK_MS: u64 = 500;
+/// In a cluster, how long a writer pauses after a read that found nothing.
+const CLUSTER_POLL_MS: u64 = 50;
 
 pub struct StreamLog {
-    /// Blocking reads get their own connection so that they never delay other commands.
-    reader: tokio::sync::Mutex<MultiplexedConnection>,
+    /// Blocking reads get their own connection so that they never delay other commands
+    /// (standalone Redis only; `None` in a cluster).
+    reader: tokio::sync::Mutex<Option<MultiplexedConnection>>,
     /// To open a new reader when Redis restarts (the reader does not reconnect by itself).
-    client: redis::Client,
-    conn: ConnectionManager,
+    client: RedisClient,
+    conn: RedisConn,
     prefix: String,
     consumer: String,
     streams: RwLock<Vec<String>>,
     reclaim_idle_ms: u64,
+    /// Per-stream read failures in a cluster, logged at most every 30 s.
+    read_failures: crate::logline::Every,
 }
 
 impl StreamLog {
     pub async fn connect(
-        client: &redis::Client,
-        conn: ConnectionManager,
+        client: &RedisClient,
+        conn: RedisConn,
         prefix: &str,
     ) -> Result<Self, LogError> {
-        let reader = reader_connection(client).await?;
+        let reader = client.blocking(Duration::from_millis(BLOCK_MS)).await?;
         Ok(StreamLog {
             reader: tokio::sync::Mutex::new(reader),
             client: client.clone(),
@@ -47,6 +57,7 @@ impl StreamLog {
             consumer: consumer_name(),
             streams: RwLock::new(Vec::new()),
             reclaim_idle_ms: RECLAIM_IDLE_MS,
+            read_failures: crate::logline::Every::new(30_000),
         })
     }
 
@@ -73,11 +84,18 @@ impl StreamLog {
                 .cloned()
                 .collect()
         };
+        // A stream whose master is away joins on a later call; the others join now.
+        let mut first_error = None;
+        let mut failed = Vec::new();
         for key in &added {
-            self.ensure_group(key).await?;
+            if let Err(e) = self.ensure_group(key).await {
+                failed.push(key.clone());
+                first_error.get_or_insert(e);
+            }
         }
+        let keys = keys.into_iter().filter(|k| !failed.contains(k)).collect();
         *self.streams.write().unwrap_or_else(|p| p.into_inner()) = keys;
-        Ok(())
+        first_error.map_or(Ok(()), Err)
     }
 
     fn streams(&self) -> Vec<String> {
@@ -85,6 +103,73 @@ impl StreamLog {
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    /// XREADGROUP of this consumer up to COUNT `max`, before BLOCK and STREAMS.
+    fn read_command(&self, max: usize) -> redis::Cmd {
+        let mut cmd = redis::cmd("XREADGROUP");
+        cmd.arg("GROUP")
+            .arg(WRITER_GROUP)
+            .arg(&self.consumer)
+            .arg("COUNT")
+            .arg(max);
+        cmd
+    }
+
+    /// A cluster read: each slot's streams in one non-blocking XREADGROUP, all slots at
+    /// once. A slot whose master is away is skipped (and logged); the others are read.
+    /// Fails only when every slot failed.
+    async fn read_per_slot(&self, streams: &[String], max: usize) -> Result<Batch, LogError> {
+        use redis::cluster_routing::Slot;
+        let mut by_slot: HashMap<Slot, Vec<String>> = HashMap::new();
+        for s in streams {
+            by_slot.entry(Slot::for_key(s)).or_default().push(s.clone());
+        }
+        let count = (max / by_slot.len()).max(1);
+        let reads = by_slot.into_values().map(|group| {
+            let mut conn = self.conn.clone();
+            let mut cmd = self.read_command(count);
+            cmd.arg("STREAMS").arg(&group);
+            for _ in &group {
+                cmd.arg(">");
+            }
+            async move {
+                let reply: Result<Value, redis::RedisError> = cmd.query_async(&mut conn).await;
+                (group, reply)
+            }
+        });
+        let mut batch = Batch::default();
+        let mut first_error = None;
+        let mut read_any = false;
+        for (group, reply) in futures_util::future::join_all(reads).await {
+            match reply {
+                Ok(v) => {
+                    read_any = true;
+                    collect_reply(v, &mut batch);
+                }
+                Err(e) if e.code() == Some("NOGROUP") => {
+                    read_any = true;
+                    for s in &group {
+                        if let Err(e) = self.ensure_group(s).await {
+                            tracing::debug!(stream = s, error = %e, "could not recreate a group");
+                        }
+                    }
+                }
+                Err(e) => {
+                    if let Some(left_out) = self.read_failures.ready() {
+                        tracing::warn!(streams = ?group, error = %e, left_out, "reading these order streams failed; the others are read");
+                    }
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        if let (false, Some(e)) = (read_any, first_error) {
+            return Err(e.into());
+        }
+        if batch.is_empty() {
+            tokio::time::sleep(Duration::from_millis(CLUSTER_POLL_MS)).await;
+        }
+        Ok(batch)
     }
 
     async fn ensure_group(&self, stream: &str) -> Result<(), LogError> {
@@ -102,17 +187,6 @@ impl StreamLog {
             _ => Ok(()),
         }
     }
-}
-
-/// The connection for blocking reads: its response timeout must outlast the BLOCK time.
-async fn reader_connection(
-    client: &redis::Client,
-) -> Result<MultiplexedConnection, redis::RedisError> {
-    let config = redis::AsyncConnectionConfig::new()
-        .set_response_timeout(Some(Duration::from_millis(BLOCK_MS * 10)));
-    client
-        .get_multiplexed_async_connection_with_config(&config)
-        .await
 }
 
 fn consumer_name() -> String {
@@ -185,6 +259,30 @@ fn collect_entries(stream: &str, entries: &Value, batch: &mut Batch) {
     }
 }
 
+/// Adds the entries of an XREADGROUP reply (RESP2 array or RESP3 map) to the batch.
+fn collect_reply(reply: Value, batch: &mut Batch) {
+    match reply {
+        Value::Array(per_stream) => {
+            for s in per_stream {
+                if let Value::Array(pair) = s {
+                    if let (Some(name), Some(entries)) = (pair.first().and_then(text), pair.get(1))
+                    {
+                        collect_entries(&name, entries, batch);
+                    }
+                }
+            }
+        }
+        Value::Map(per_stream) => {
+            for (name, entries) in per_stream {
+                if let Some(name) = text(&name) {
+                    collect_entries(&name, &entries, batch);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
 fn by_stream(receipts: Vec<Receipt>) -> HashMap<String, Vec<String>> {
     let mut map: HashMap<String, Vec<String>> = HashMap::new();
     for r in receipts {
@@ -203,32 +301,31 @@ impl OrderLog for StreamLog {
             tokio::time::sleep(Duration::from_millis(BLOCK_MS)).await;
             return Ok(Batch::default());
         }
-        let mut cmd = redis::cmd("XREADGROUP");
-        cmd.arg("GROUP")
-            .arg(WRITER_GROUP)
-            .arg(&self.consumer)
-            .arg("COUNT")
-            .arg(max)
-            .arg("BLOCK")
-            .arg(BLOCK_MS)
-            .arg("STREAMS");
-        for s in &streams {
-            cmd.arg(s);
+        if self.conn.is_cluster() {
+            return self.read_per_slot(&streams, max).await;
         }
+        let mut cmd = self.read_command(max);
+        cmd.arg("BLOCK").arg(BLOCK_MS);
+        cmd.arg("STREAMS").arg(&streams);
         for _ in &streams {
             cmd.arg(">");
         }
         let reply: Result<Value, redis::RedisError> = {
             let mut reader = self.reader.lock().await;
-            let reply = cmd.query_async(&mut *reader).await;
+            let reply = match reader.as_mut() {
+                Some(reader) => cmd.query_async(reader).await,
+                None => cmd.query_async(&mut self.conn.clone()).await,
+            };
             if let Err(e) = &reply {
                 if e.is_io_error()
                     || e.is_connection_dropped()
                     || e.is_connection_refusal()
                     || e.is_timeout()
                 {
-                    if let Ok(fresh) = reader_connection(&self.client).await {
-                        *reader = fresh;
+                    if let Ok(Some(fresh)) =
+                        self.client.blocking(Duration::from_millis(BLOCK_MS)).await
+                    {
+                        *reader = Some(fresh);
                     }
                 }
             }
@@ -247,27 +344,7 @@ impl OrderLog for StreamLog {
             Err(e) => return Err(e.into()),
         };
         let mut batch = Batch::default();
-        match reply {
-            Value::Array(per_stream) => {
-                for s in per_stream {
-                    if let Value::Array(pair) = s {
-                        if let (Some(name), Some(entries)) =
-                            (pair.first().and_then(text), pair.get(1))
-                        {
-                            collect_entries(&name, entries, &mut batch);
-                        }
-                    }
-                }
-            }
-            Value::Map(per_stream) => {
-                for (name, entries) in per_stream {
-                    if let Some(name) = text(&name) {
-                        collect_entries(&name, &entries, &mut batch);
-                    }
-                }
-            }
-            _ => {}
-        }
+        collect_reply(reply, &mut batch);
         Ok(batch)
     }
 
@@ -293,6 +370,12 @@ impl OrderLog for StreamLog {
                 }
                 Ok(_) => {}
                 Err(e) if e.code() == Some("NOGROUP") => self.ensure_group(&stream).await?,
+                // One stream's master away must not keep the others' orders waiting.
+                Err(e) if !batch.is_empty() || self.conn.is_cluster() => {
+                    if let Some(left_out) = self.read_failures.ready() {
+                        tracing::warn!(stream, error = %e, left_out, "reclaiming this stream's entries failed; the others go on");
+                    }
+                }
                 Err(e) => return Err(e.into()),
             }
             if batch.deliveries.len() >= max {
@@ -380,7 +463,7 @@ impl OrderLog for StreamLog {
 /// Backlog of a sale's order log: (entries not yet written, of which pending in a
 /// consumer, dead letters).
 pub async fn backlog(
-    conn: &mut ConnectionManager,
+    conn: &mut RedisConn,
     prefix: &str,
     sale_id: i64,
 ) -> Result<(i64, i64, i64), LogError> {

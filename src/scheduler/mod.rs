@@ -200,21 +200,42 @@ pub async fn preload(
 ) -> Result<usize, SchedulerError> {
     let now = crate::now_ms();
     let mut loaded = 0;
+    let mut first_error = None;
     for sale in cache.all() {
-        if sale.ends_at > now && gate.forget_if_stale(sale.id).await? {
-            tracing::warn!(
-                sale = sale.id,
-                "the sale's gate was loaded into another Redis server (a failover, or a restart with older data): rebuilding it from SQL and its stream"
-            );
+        if sale.ends_at <= now {
+            continue;
         }
-        if sale.ends_at > now
-            && sale.begins_at <= now + ahead_ms
-            && load_sale(store, gate, cache, &sale).await?
-        {
-            loaded += 1;
+        // Each sale on its own: one whose Redis master is away must not keep the others
+        // from being loaded or rebuilt.
+        match preload_one(store, gate, cache, &sale, now + ahead_ms).await {
+            Ok(true) => loaded += 1,
+            Ok(false) => {}
+            Err(e) => {
+                tracing::debug!(sale = sale.id, error = %e, "could not preload the sale");
+                first_error.get_or_insert(e);
+            }
         }
     }
-    Ok(loaded)
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok(loaded),
+    }
+}
+
+async fn preload_one(
+    store: &Store,
+    gate: &dyn Gate,
+    cache: &SaleCache,
+    sale: &Sale,
+    opens_before: i64,
+) -> Result<bool, SchedulerError> {
+    if gate.forget_if_stale(sale.id).await? {
+        tracing::warn!(
+            sale = sale.id,
+            "the sale's gate was loaded into another Redis server (a failover, or a restart with older data): rebuilding it from SQL and its stream"
+        );
+    }
+    Ok(sale.begins_at <= opens_before && load_sale(store, gate, cache, sale).await?)
 }
 
 pub struct Scheduler {
@@ -229,15 +250,33 @@ impl Scheduler {
     /// One pass of every duty.
     pub async fn tick(&self) -> Result<(), SchedulerError> {
         self.cache.refresh(&self.store).await?;
-        preload(
+        // Every duty runs whatever the others did: a failing one (a sale's Redis master
+        // away) must not stop expiries, returns or the writer's streams.
+        let mut first_error: Option<SchedulerError> = None;
+        let preloaded = preload(
             &self.store,
             self.gate.as_ref(),
             &self.cache,
             self.preload_ahead_ms,
         )
-        .await?;
-        let expired = crate::lifecycle::expire_due(&self.store).await?;
-        let returned = crate::lifecycle::pump_returns(&self.store, self.gate.as_ref()).await?;
+        .await;
+        if let Err(e) = preloaded {
+            first_error.get_or_insert(e);
+        }
+        let expired = match crate::lifecycle::expire_due(&self.store).await {
+            Ok(n) => n,
+            Err(e) => {
+                first_error.get_or_insert(e.into());
+                0
+            }
+        };
+        let returned = match crate::lifecycle::pump_returns(&self.store, self.gate.as_ref()).await {
+            Ok(n) => n,
+            Err(e) => {
+                first_error.get_or_insert(e.into());
+                0
+            }
+        };
         if expired + returned > 0 {
             tracing::info!(
                 expired,
@@ -247,9 +286,14 @@ impl Scheduler {
         }
         if let Some(streams) = &self.streams {
             let ids: Vec<i64> = self.cache.all().iter().map(|s| s.id).collect();
-            streams.watch(&ids).await?;
+            if let Err(e) = streams.watch(&ids).await {
+                first_error.get_or_insert(e.into());
+            }
         }
-        Ok(())
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 
     pub async fn run(self, mut stop: watch::Receiver<bool>) {

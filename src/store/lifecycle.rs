@@ -328,6 +328,36 @@ impl Store {
             .collect()
     }
 
+    /// The oldest returns not yet handed to the gate, except those of `skipped` sales (whose
+    /// gate failed this pass: their returns must not hold up the others').
+    pub async fn pending_returns_except(
+        &self,
+        skipped: &[i64],
+        limit: i64,
+    ) -> Result<Vec<StockReturn>, StoreError> {
+        if skipped.is_empty() {
+            return self.pending_returns(None, limit).await;
+        }
+        // Integers only, so the list is written into the statement safely.
+        let list: Vec<String> = skipped.iter().map(i64::to_string).collect();
+        let q = self.sql(&format!(
+            "SELECT order_id, sale_id, user_id, quantity FROM stock_returns \
+             WHERE gate_done_at IS NULL AND sale_id NOT IN ({}) ORDER BY order_id LIMIT ?",
+            list.join(",")
+        ));
+        let rows = sqlx::query(&q).bind(limit).fetch_all(&self.pool).await?;
+        rows.iter()
+            .map(|r| {
+                Ok(StockReturn {
+                    order_id: r.try_get(0)?,
+                    sale_id: r.try_get(1)?,
+                    user_id: r.try_get(2)?,
+                    quantity: r.try_get(3)?,
+                })
+            })
+            .collect()
+    }
+
     pub async fn mark_returned(&self, order_id: i64, now: i64) -> Result<(), StoreError> {
         sqlx::query(&self.sql(
             "UPDATE stock_returns SET gate_done_at = ? WHERE order_id = ? AND gate_done_at IS NULL",

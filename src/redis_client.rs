@@ -1,0 +1,310 @@
+//! How this process reaches Redis: one standalone server (directly, or through the
+//! Sentinel follower's local forwarder) or a Redis Cluster (`redis+cluster://` seed nodes).
+//! Owns the URL forms, the connection settings and the one connection type every other
+//! module uses, so that the gate, order log, ids and scheduler are the same code for both.
+//! It never decides anything and never retries a command of its own accord: in a cluster,
+//! MOVED/ASK/TRYAGAIN are followed by the cluster client (routing, not failures).
+
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr};
+use redis::{Cmd, FromRedisValue, Pipeline, RedisError, RedisFuture, RedisResult, Value};
+
+/// The scheme of a Redis Cluster URL: `redis+cluster://HOST:PORT[,HOST:PORT...]`.
+pub const CLUSTER_SCHEME: &str = "redis+cluster://";
+
+/// How long a command or a connection attempt may take before it fails.
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
+
+pub fn is_cluster_url(url: &str) -> bool {
+    url.starts_with(CLUSTER_SCHEME)
+}
+
+/// The seed nodes of a cluster URL as `redis://` URLs, credentials applied to each.
+pub fn parse_cluster_url(url: &str) -> Result<Vec<String>, String> {
+    let rest = url
+        .strip_prefix(CLUSTER_SCHEME)
+        .ok_or_else(|| format!("a cluster URL starts with {CLUSTER_SCHEME}"))?;
+    let rest = rest.trim_end_matches('/');
+    if rest.contains('/') {
+        return Err("a cluster has one database (0): no /DB after the seed nodes".into());
+    }
+    let (auth, hosts) = match rest.rsplit_once('@') {
+        Some((auth, hosts)) => (format!("{auth}@"), hosts),
+        None => (String::new(), rest),
+    };
+    let seeds: Vec<String> = hosts
+        .split(',')
+        .map(str::trim)
+        .filter(|h| !h.is_empty())
+        .map(|h| format!("redis://{auth}{h}/"))
+        .collect();
+    if seeds.is_empty() {
+        return Err("name at least one seed node: redis+cluster://HOST:PORT[,HOST:PORT...]".into());
+    }
+    for seed in &seeds {
+        redis::Client::open(seed.as_str()).map_err(|e| format!("{e}"))?;
+    }
+    Ok(seeds)
+}
+
+/// What a process opens connections from.
+#[derive(Clone)]
+pub enum RedisClient {
+    Single(redis::Client),
+    Cluster {
+        client: Box<ClusterClient>,
+        seeds: Vec<String>,
+    },
+}
+
+impl RedisClient {
+    pub fn open(url: &str) -> Result<Self, RedisError> {
+        if !is_cluster_url(url) {
+            return Ok(RedisClient::Single(redis::Client::open(url)?));
+        }
+        let seeds = parse_cluster_url(url).map_err(|e| {
+            RedisError::from((redis::ErrorKind::InvalidClientConfig, "bad cluster URL", e))
+        })?;
+        let client = ClusterClient::builder(seeds.iter().map(String::as_str))
+            .connection_timeout(COMMAND_TIMEOUT)
+            .response_timeout(COMMAND_TIMEOUT)
+            // Enough for MOVED/ASK after a failover or resharding; a dead master is the
+            // breaker's business, not a reason to hold a buyer's request for seconds.
+            .retries(3)
+            .build()?;
+        Ok(RedisClient::Cluster {
+            client: Box::new(client),
+            seeds,
+        })
+    }
+
+    pub fn is_cluster(&self) -> bool {
+        matches!(self, RedisClient::Cluster { .. })
+    }
+
+    /// A shared, self-reconnecting connection whose calls give up after 2 s.
+    pub async fn connect(&self) -> Result<RedisConn, RedisError> {
+        match self {
+            RedisClient::Single(client) => {
+                let config = redis::aio::ConnectionManagerConfig::new()
+                    .set_response_timeout(Some(COMMAND_TIMEOUT))
+                    .set_connection_timeout(Some(COMMAND_TIMEOUT));
+                Ok(RedisConn::Single(
+                    client.get_connection_manager_with_config(config).await?,
+                ))
+            }
+            RedisClient::Cluster { client, .. } => {
+                Ok(RedisConn::Cluster(client.get_async_connection().await?))
+            }
+        }
+    }
+
+    /// A standalone server's connection for blocking commands (its response timeout
+    /// outlasts `block`); `None` in a cluster, where reads do not block (see the order log).
+    pub async fn blocking(
+        &self,
+        block: Duration,
+    ) -> Result<Option<MultiplexedConnection>, RedisError> {
+        match self {
+            RedisClient::Single(client) => {
+                let config =
+                    redis::AsyncConnectionConfig::new().set_response_timeout(Some(block * 10));
+                Ok(Some(
+                    client
+                        .get_multiplexed_async_connection_with_config(&config)
+                        .await?,
+                ))
+            }
+            RedisClient::Cluster { .. } => Ok(None),
+        }
+    }
+
+    /// Clients of single servers to subscribe on, best first. A cluster broadcasts plain
+    /// PUBLISH to every node, so any live node will do: the nodes the cluster knows now
+    /// (asked through `conn`), then the seeds.
+    pub async fn subscription_nodes(&self, conn: &mut RedisConn) -> Vec<redis::Client> {
+        match self {
+            RedisClient::Single(client) => vec![client.clone()],
+            RedisClient::Cluster { seeds, .. } => {
+                let mut urls = match redis::cmd("CLUSTER")
+                    .arg("NODES")
+                    .query_async::<String>(conn)
+                    .await
+                {
+                    Ok(nodes) => live_nodes(&nodes, seeds.first().map(String::as_str)),
+                    Err(_) => Vec::new(),
+                };
+                for seed in seeds {
+                    if !urls.contains(seed) {
+                        urls.push(seed.clone());
+                    }
+                }
+                urls.iter()
+                    .filter_map(|u| redis::Client::open(u.as_str()).ok())
+                    .collect()
+            }
+        }
+    }
+}
+
+/// The `redis://` URLs of the nodes of a `CLUSTER NODES` reply not marked failing,
+/// with the credentials of `like` (a seed URL).
+fn live_nodes(nodes: &str, like: Option<&str>) -> Vec<String> {
+    let auth = like
+        .and_then(|u| u.strip_prefix("redis://"))
+        .and_then(|u| u.rsplit_once('@'))
+        .map(|(a, _)| format!("{a}@"))
+        .unwrap_or_default();
+    nodes
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            let addr = fields.nth(1)?;
+            let flags = fields.next()?;
+            if flags.contains("fail") || flags.contains("noaddr") || flags.contains("handshake") {
+                return None;
+            }
+            let host_port = addr.split('@').next()?;
+            Some(format!("redis://{auth}{host_port}/"))
+        })
+        .collect()
+}
+
+/// A connection to a standalone Redis or to a cluster; cheap to clone (clones share it).
+#[derive(Clone)]
+pub enum RedisConn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl RedisConn {
+    pub fn is_cluster(&self) -> bool {
+        matches!(self, RedisConn::Cluster(_))
+    }
+
+    /// Runs a keyless command on the master that serves `key`: WAIT and WAITAOF must reach
+    /// the server that took the writes they wait for (a cluster client would otherwise send
+    /// them to every master).
+    pub async fn query_at_master_of<T: FromRedisValue>(
+        &mut self,
+        key: &str,
+        cmd: Cmd,
+    ) -> RedisResult<T> {
+        match self {
+            RedisConn::Single(conn) => cmd.query_async(conn).await,
+            RedisConn::Cluster(conn) => {
+                let route = Route::with_slot(Slot::for_key(key), SlotAddr::Master);
+                let reply = conn
+                    .route_command(
+                        cmd,
+                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
+                    )
+                    .await?;
+                redis::from_redis_value(reply).map_err(RedisError::from)
+            }
+        }
+    }
+
+    /// The cluster's own view of its health (`CLUSTER INFO`'s `cluster_state`), or a PING
+    /// of the standalone server. An error names what is wrong.
+    pub async fn check_health(&mut self) -> Result<(), String> {
+        match self {
+            RedisConn::Single(conn) => redis::cmd("PING")
+                .query_async::<String>(conn)
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
+            RedisConn::Cluster(conn) => {
+                let info: String = redis::cmd("CLUSTER")
+                    .arg("INFO")
+                    .query_async(conn)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                match cluster_state(&info) {
+                    Some("ok") => Ok(()),
+                    Some(state) => Err(format!("the cluster's state is {state}")),
+                    None => Err("CLUSTER INFO has no cluster_state".into()),
+                }
+            }
+        }
+    }
+}
+
+fn cluster_state(info: &str) -> Option<&str> {
+    info.lines()
+        .find_map(|l| l.trim().strip_prefix("cluster_state:"))
+}
+
+impl ConnectionLike for RedisConn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            RedisConn::Single(c) => c.req_packed_command(cmd),
+            RedisConn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            RedisConn::Single(c) => c.req_packed_commands(cmd, offset, count),
+            RedisConn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            RedisConn::Single(c) => c.get_db(),
+            RedisConn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_urls_name_their_seeds() {
+        assert_eq!(
+            parse_cluster_url("redis+cluster://a:7000,b:7001/").unwrap(),
+            vec!["redis://a:7000/", "redis://b:7001/"]
+        );
+        assert_eq!(
+            parse_cluster_url("redis+cluster://:pw@a:7000,b:7001").unwrap(),
+            vec!["redis://:pw@a:7000/", "redis://:pw@b:7001/"]
+        );
+        assert!(parse_cluster_url("redis+cluster://").is_err());
+        assert!(parse_cluster_url("redis+cluster://a:7000/3").is_err());
+        assert!(parse_cluster_url("redis://a:7000").is_err());
+    }
+
+    #[test]
+    fn failing_nodes_are_not_subscribed_to() {
+        let nodes = "\
+07c3 127.0.0.1:7000@17000 myself,master - 0 0 1 connected 0-5460
+67ed 127.0.0.1:7001@17001 master,fail - 0 0 2 connected
+292f 127.0.0.1:7004@17004 slave 07c3 0 0 1 connected
+";
+        assert_eq!(
+            live_nodes(nodes, Some("redis://:pw@127.0.0.1:7000/")),
+            vec!["redis://:pw@127.0.0.1:7000/", "redis://:pw@127.0.0.1:7004/"]
+        );
+    }
+
+    #[test]
+    fn cluster_state_is_read_from_cluster_info() {
+        assert_eq!(
+            cluster_state("cluster_enabled:1\r\ncluster_state:fail\r\n"),
+            Some("fail")
+        );
+        assert_eq!(cluster_state("nothing"), None);
+    }
+}
