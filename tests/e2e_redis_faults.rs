@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::storm::{check_sql, first_ok_after, merge, storm_on, Arrival, Told};
 use common::{PrivateRedis, Server, Sql};
 use seckill::store::Store;
 
@@ -106,138 +107,8 @@ impl Deployment {
     }
 
     async fn live_orders(&self, sale_id: i64) -> HashMap<i64, Vec<i64>> {
-        let mut by_user: HashMap<i64, Vec<i64>> = HashMap::new();
-        for o in self.store.orders_of_sale(sale_id).await.unwrap() {
-            by_user.entry(o.user_id).or_default().push(o.id);
-        }
-        by_user
+        common::storm::live_orders(&self.store, sale_id).await
     }
-}
-
-/// What one buyer was told, attempt after attempt, until a final answer.
-#[derive(Debug, Default, Clone)]
-struct Told {
-    /// Order ids answered `ok`.
-    ok: Vec<i64>,
-    /// Order ids answered `pending` (the attempt may have bought).
-    pending: Vec<i64>,
-    /// 503s (`unavailable`, `not_loaded`) and requests that got no answer.
-    unavailable: usize,
-    /// The final answer's code.
-    last: String,
-    /// When each answer came: (instant, code), for the timeline checks.
-    times: Vec<(Instant, String)>,
-}
-
-/// Buys until a final answer (ok, already_purchased, sold_out), retrying 503s and pendings.
-async fn buy_until_final(
-    c: &reqwest::Client,
-    base: &str,
-    sale: &str,
-    token: &str,
-    give_up: Instant,
-) -> Told {
-    let mut told = Told::default();
-    while Instant::now() < give_up {
-        let r = c
-            .post(format!("{base}/api/sales/{sale}/purchase"))
-            .bearer_auth(token)
-            .send()
-            .await;
-        let Ok(r) = r else {
-            told.unavailable += 1;
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            continue;
-        };
-        let status = r.status().as_u16();
-        let body: serde_json::Value = r.json().await.unwrap_or_default();
-        assert_ne!(status, 500, "never a 500: {body}");
-        let code = body["code"].as_str().unwrap_or("").to_string();
-        told.times.push((Instant::now(), code.clone()));
-        let id = || body["order_id"].as_str().unwrap().parse::<i64>().unwrap();
-        match code.as_str() {
-            "ok" => {
-                told.ok.push(id());
-                told.last = code;
-                return told;
-            }
-            "already_purchased" | "sold_out" => {
-                told.last = code;
-                return told;
-            }
-            "pending" => {
-                assert_eq!(status, 202, "{body}");
-                told.pending.push(id());
-            }
-            "unavailable" | "not_loaded" => {
-                assert_eq!(status, 503, "{body}");
-                told.unavailable += 1;
-            }
-            other => panic!("unexpected answer {status} {other}: {body}"),
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!(
-        "no final answer before the time limit: ok {:?}, pending {:?}, {} unavailable, last answers {:?}",
-        told.ok,
-        told.pending,
-        told.unavailable,
-        told.times.iter().rev().take(3).map(|(_, c)| c).collect::<Vec<_>>()
-    );
-}
-
-/// How buyers arrive.
-#[derive(Debug, Clone, Copy)]
-enum Arrival {
-    /// All at once, this many at a time.
-    Crowd(usize),
-    /// One every this often, so that the storm outlasts what the test does meanwhile.
-    Every(Duration),
-}
-
-/// Every buyer in `tokens` buys until a final answer, through the instances in turn;
-/// `started` counts the buyers who have begun. Returns what each buyer was told.
-async fn storm_on(
-    bases: Vec<String>,
-    sale: String,
-    tokens: Vec<(i64, String)>,
-    arrival: Arrival,
-    started: Arc<AtomicUsize>,
-) -> HashMap<i64, Told> {
-    let c = common::client();
-    let sem = Arc::new(tokio::sync::Semaphore::new(match arrival {
-        Arrival::Crowd(n) => n,
-        Arrival::Every(_) => tokio::sync::Semaphore::MAX_PERMITS,
-    }));
-    let begin = Instant::now();
-    let give_up = begin + Duration::from_secs(120);
-    let mut tasks = Vec::new();
-    for (i, (user, token)) in tokens.into_iter().enumerate() {
-        let (c, base, sale, sem, started) = (
-            c.clone(),
-            bases[i % bases.len()].clone(),
-            sale.clone(),
-            sem.clone(),
-            started.clone(),
-        );
-        tasks.push(tokio::spawn(async move {
-            if let Arrival::Every(every) = arrival {
-                tokio::time::sleep_until((begin + every * i as u32).into()).await;
-            }
-            let _permit = sem.acquire().await.unwrap();
-            started.fetch_add(1, Ordering::Relaxed);
-            (
-                user,
-                buy_until_final(&c, &base, &sale, &token, give_up).await,
-            )
-        }));
-    }
-    let mut told = HashMap::new();
-    for t in tasks {
-        let (user, answers) = t.await.unwrap();
-        told.insert(user, answers);
-    }
-    told
 }
 
 /// `storm_on` this deployment, a crowd of `concurrency` at a time, waited for.
@@ -275,65 +146,6 @@ async fn wait_in_sync(master_url: String) {
     .await;
 }
 
-/// When the first `ok` after `since` came, if any.
-fn first_ok_after(told: &HashMap<i64, Told>, since: Instant) -> Option<Instant> {
-    told.values()
-        .flat_map(|t| t.times.iter())
-        .filter(|(at, code)| code == "ok" && *at >= since)
-        .map(|(at, _)| *at)
-        .min()
-}
-
-/// Adds a later storm's order ids to what each buyer was told so far.
-fn merge(told: &mut HashMap<i64, Told>, later: HashMap<i64, Told>) {
-    for (user, t) in later {
-        let entry = told.entry(user).or_default();
-        entry.ok.extend(t.ok);
-        entry.pending.extend(t.pending);
-    }
-}
-
-/// The invariants after the storms: each buyer holds at most one order, every `ok` is in
-/// SQL, every order in SQL was answered `ok` or `pending` to its buyer, stock adds up.
-async fn check_sql(d: &Deployment, sale_id: i64, stock: i64, told: &HashMap<i64, Told>) {
-    let expected_ok: usize = told.values().map(|t| t.ok.len()).sum();
-    let store = d.store.clone();
-    common::eventually(60, "every ok reaches SQL", || {
-        let store = store.clone();
-        async move { store.orders_of_sale(sale_id).await.unwrap().len() >= expected_ok }
-    })
-    .await;
-    // Pending attempts settle within seconds; let the writers finish them.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let orders = d.live_orders(sale_id).await;
-    let twice: Vec<_> = orders.iter().filter(|(_, ids)| ids.len() > 1).collect();
-    assert!(twice.is_empty(), "buyers with two orders: {twice:?}");
-    for (user, t) in told {
-        for id in &t.ok {
-            assert!(
-                orders.get(user).is_some_and(|ids| ids.contains(id)),
-                "buyer {user} was told ok for {id}, not in SQL"
-            );
-        }
-    }
-    for (user, ids) in &orders {
-        let t = told.get(user);
-        for id in ids {
-            assert!(
-                t.is_some_and(|t| t.ok.contains(id) || t.pending.contains(id)),
-                "order {id} of buyer {user} was never answered ok or pending: {t:?}"
-            );
-        }
-    }
-    let sold: i64 = orders.values().map(|ids| ids.len() as i64).sum();
-    let sale = d.store.sale(sale_id).await.unwrap().unwrap();
-    assert_eq!(
-        sale.stock,
-        stock - sold,
-        "SQL stock + orders = initial stock"
-    );
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn redis_losing_its_data_mid_sale_sells_nobody_twice() {
     let _turn = ONE_AT_A_TIME.lock().await;
@@ -351,7 +163,7 @@ async fn redis_losing_its_data_mid_sale_sells_nobody_twice() {
     let holders = d.tokens(1..1801);
     let mut told = storm(&d, &sale, holders.clone(), 256).await;
     assert!(told.values().all(|t| t.last == "ok"), "everyone bought");
-    check_sql(&d, sale_id, STOCK, &told).await;
+    check_sql(&d.store, sale_id, STOCK, &told).await;
 
     let mut newcomers = 10_000;
     let mut last_wipe = Instant::now();
@@ -379,7 +191,7 @@ async fn redis_losing_its_data_mid_sale_sells_nobody_twice() {
             first_ok - back
         );
         merge(&mut told, again);
-        check_sql(&d, sale_id, STOCK, &told).await;
+        check_sql(&d.store, sale_id, STOCK, &told).await;
         last_wipe = back;
     }
 
@@ -448,7 +260,7 @@ async fn a_frozen_redis_never_turns_a_503_into_an_order() {
         "{} answers unavailable after purchases had resumed",
         second_outage.len()
     );
-    check_sql(&d, sale_id, BUYERS, &told).await;
+    check_sql(&d.store, sale_id, BUYERS, &told).await;
     // Pending ids settle: each is an order of its buyer or `not_placed`. An order still
     // queued may wait for a writer to reclaim it (a read lost in the freeze: 10-15 s).
     for (user, t) in told.iter().filter(|(_, t)| !t.pending.is_empty()) {
@@ -487,7 +299,7 @@ async fn a_frozen_redis_never_turns_a_503_into_an_order() {
         }
     }
     // And with every pending one settled, the invariants again.
-    check_sql(&d, sale_id, BUYERS, &told).await;
+    check_sql(&d.store, sale_id, BUYERS, &told).await;
 }
 
 /// An instance and a worker started before their Redis wait for it, and serve once it is up.
@@ -777,7 +589,7 @@ async fn a_sentinel_failover_to_a_lagging_replica_loses_no_ok() {
         pending > 0,
         "the lagging replica was seen (buyers heard pending)"
     );
-    check_sql(&d, sale_id, BUYERS, &told).await;
+    check_sql(&d.store, sale_id, BUYERS, &told).await;
     drop(replica);
 }
 
@@ -793,7 +605,7 @@ async fn workers_frozen_across_a_wipe_lose_nothing_and_sell_nobody_twice() {
     let sale = common::open_sale(&c, &d.instances[0], STOCK, 1).await;
     let sale_id: i64 = sale.parse().unwrap();
     let mut told = storm(&d, &sale, d.tokens(1..1001), 256).await;
-    check_sql(&d, sale_id, STOCK, &told).await;
+    check_sql(&d.store, sale_id, STOCK, &told).await;
 
     // 500 more buy while the workers are frozen (their orders wait in the stream); then
     // the database stalls (the sale's row is locked) and the workers, thawed, read all 500
@@ -863,7 +675,7 @@ async fn workers_frozen_across_a_wipe_lose_nothing_and_sell_nobody_twice() {
         first_ok - back
     );
     merge(&mut told, again);
-    check_sql(&d, sale_id, STOCK, &told).await;
+    check_sql(&d.store, sale_id, STOCK, &told).await;
 }
 
 /// While Redis is away, paying or cancelling an order still waiting to be written answers

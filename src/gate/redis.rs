@@ -95,6 +95,10 @@ pub struct RedisGate {
     /// Purchases go through one batcher, started with the first purchase (after the rate
     /// limit is set).
     batches: std::sync::OnceLock<super::batch::Batches>,
+    /// In a cluster, one batcher per sale instead: calls stuck on a dead master must not
+    /// hold the call slots that the sales on the other masters need.
+    sale_batches:
+        std::sync::RwLock<std::collections::HashMap<i64, std::sync::Arc<super::batch::Batches>>>,
 }
 
 impl RedisGate {
@@ -118,6 +122,7 @@ impl RedisGate {
             },
             keys: Default::default(),
             batches: std::sync::OnceLock::new(),
+            sale_batches: Default::default(),
             durable: None,
         }
     }
@@ -170,11 +175,20 @@ impl RedisGate {
                 }
             }
             Durability::Replica => {
-                let replicas: i64 = redis::cmd("WAIT")
-                    .arg(1)
-                    .arg(100)
-                    .query_async(&mut conn)
-                    .await?;
+                // On a cluster WAIT goes to every master and the least count comes back;
+                // replicas still attaching after a start or a failover get a few seconds.
+                let mut replicas: i64 = 0;
+                for _ in 0..10 {
+                    replicas = redis::cmd("WAIT")
+                        .arg(1)
+                        .arg(100)
+                        .query_async(&mut conn)
+                        .await?;
+                    if replicas >= 1 || !client.is_cluster() {
+                        break;
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                }
                 if replicas < 1 {
                     tracing::error!(
                         "--redis-durability replica, but no replica acknowledges writes: every purchase is answered pending until one does"
@@ -215,6 +229,33 @@ impl RedisGate {
             script.prepare_invoke().load_async(&mut conn).await?;
         }
         Ok(())
+    }
+
+    fn start_batches(&self) -> super::batch::Batches {
+        super::batch::start(
+            self.conn.clone(),
+            self.purchase.clone(),
+            self.prefix.clone(),
+            self.rate,
+            self.durable.clone(),
+        )
+    }
+
+    fn sale_batches(&self, sale_id: i64) -> std::sync::Arc<super::batch::Batches> {
+        if let Some(b) = self
+            .sale_batches
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&sale_id)
+        {
+            return b.clone();
+        }
+        self.sale_batches
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(sale_id)
+            .or_insert_with(|| std::sync::Arc::new(self.start_batches()))
+            .clone()
     }
 
     fn keys(&self, sale_id: i64) -> std::sync::Arc<SaleKeys> {
@@ -390,15 +431,10 @@ pub(super) fn verdicts_from_reply(v: &Value, attempts: usize) -> Result<Vec<Verd
 #[async_trait]
 impl Gate for RedisGate {
     async fn purchase(&self, p: Purchase) -> Result<Verdict, GateError> {
-        let batches = self.batches.get_or_init(|| {
-            super::batch::start(
-                self.conn.clone(),
-                self.purchase.clone(),
-                self.prefix.clone(),
-                self.rate,
-                self.durable.clone(),
-            )
-        });
+        if self.conn.is_cluster() {
+            return self.sale_batches(p.sale_id).decide(p).await;
+        }
+        let batches = self.batches.get_or_init(|| self.start_batches());
         batches.decide(p).await
     }
 

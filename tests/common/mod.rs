@@ -6,6 +6,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
+pub mod cluster;
+pub mod storm;
+
 use seckill::model::Sale;
 use seckill::store::Store;
 

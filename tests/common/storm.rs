@@ -1,0 +1,204 @@
+//! The buyers' side of storm tests against running instances: buyers who retry until a
+//! final answer and remember what they were told, and the invariants checked against SQL
+//! afterwards (each buyer at most one order, every `ok` in SQL, stock adds up).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use seckill::store::Store;
+
+/// Orders per user in SQL for a sale (live ones).
+pub async fn live_orders(store: &Store, sale_id: i64) -> HashMap<i64, Vec<i64>> {
+    let mut by_user: HashMap<i64, Vec<i64>> = HashMap::new();
+    for o in store.orders_of_sale(sale_id).await.unwrap() {
+        by_user.entry(o.user_id).or_default().push(o.id);
+    }
+    by_user
+}
+
+/// What one buyer was told, attempt after attempt, until a final answer.
+#[derive(Debug, Default, Clone)]
+pub struct Told {
+    /// Order ids answered `ok`.
+    pub ok: Vec<i64>,
+    /// Order ids answered `pending` (the attempt may have bought).
+    pub pending: Vec<i64>,
+    /// 503s (`unavailable`, `not_loaded`) and requests that got no answer.
+    pub unavailable: usize,
+    /// The final answer's code.
+    pub last: String,
+    /// When each answer came: (instant, code), for the timeline checks.
+    pub times: Vec<(Instant, String)>,
+}
+
+/// Buys until a final answer (ok, already_purchased, sold_out), retrying 503s and pendings.
+pub async fn buy_until_final(
+    c: &reqwest::Client,
+    base: &str,
+    sale: &str,
+    token: &str,
+    give_up: Instant,
+) -> Told {
+    let mut told = Told::default();
+    while Instant::now() < give_up {
+        let r = c
+            .post(format!("{base}/api/sales/{sale}/purchase"))
+            .bearer_auth(token)
+            .send()
+            .await;
+        let Ok(r) = r else {
+            told.unavailable += 1;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        let status = r.status().as_u16();
+        let body: serde_json::Value = r.json().await.unwrap_or_default();
+        assert_ne!(status, 500, "never a 500: {body}");
+        let code = body["code"].as_str().unwrap_or("").to_string();
+        told.times.push((Instant::now(), code.clone()));
+        let id = || body["order_id"].as_str().unwrap().parse::<i64>().unwrap();
+        match code.as_str() {
+            "ok" => {
+                told.ok.push(id());
+                told.last = code;
+                return told;
+            }
+            "already_purchased" | "sold_out" => {
+                told.last = code;
+                return told;
+            }
+            "pending" => {
+                assert_eq!(status, 202, "{body}");
+                told.pending.push(id());
+            }
+            "unavailable" | "not_loaded" => {
+                assert_eq!(status, 503, "{body}");
+                told.unavailable += 1;
+            }
+            other => panic!("unexpected answer {status} {other}: {body}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!(
+        "no final answer before the time limit: ok {:?}, pending {:?}, {} unavailable, last answers {:?}",
+        told.ok,
+        told.pending,
+        told.unavailable,
+        told.times.iter().rev().take(3).map(|(_, c)| c).collect::<Vec<_>>()
+    );
+}
+
+/// How buyers arrive.
+#[derive(Debug, Clone, Copy)]
+pub enum Arrival {
+    /// All at once, this many at a time.
+    Crowd(usize),
+    /// One every this often, so that the storm outlasts what the test does meanwhile.
+    Every(Duration),
+}
+
+/// Every buyer in `tokens` buys until a final answer, through the instances in turn;
+/// `started` counts the buyers who have begun. Returns what each buyer was told.
+pub async fn storm_on(
+    bases: Vec<String>,
+    sale: String,
+    tokens: Vec<(i64, String)>,
+    arrival: Arrival,
+    started: Arc<AtomicUsize>,
+) -> HashMap<i64, Told> {
+    let c = super::client();
+    let sem = Arc::new(tokio::sync::Semaphore::new(match arrival {
+        Arrival::Crowd(n) => n,
+        Arrival::Every(_) => tokio::sync::Semaphore::MAX_PERMITS,
+    }));
+    let begin = Instant::now();
+    let give_up = begin + Duration::from_secs(120);
+    let mut tasks = Vec::new();
+    for (i, (user, token)) in tokens.into_iter().enumerate() {
+        let (c, base, sale, sem, started) = (
+            c.clone(),
+            bases[i % bases.len()].clone(),
+            sale.clone(),
+            sem.clone(),
+            started.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            if let Arrival::Every(every) = arrival {
+                tokio::time::sleep_until((begin + every * i as u32).into()).await;
+            }
+            let _permit = sem.acquire().await.unwrap();
+            started.fetch_add(1, Ordering::Relaxed);
+            (
+                user,
+                buy_until_final(&c, &base, &sale, &token, give_up).await,
+            )
+        }));
+    }
+    let mut told = HashMap::new();
+    for t in tasks {
+        let (user, answers) = t.await.unwrap();
+        told.insert(user, answers);
+    }
+    told
+}
+
+/// When the first `ok` after `since` came, if any.
+pub fn first_ok_after(told: &HashMap<i64, Told>, since: Instant) -> Option<Instant> {
+    told.values()
+        .flat_map(|t| t.times.iter())
+        .filter(|(at, code)| code == "ok" && *at >= since)
+        .map(|(at, _)| *at)
+        .min()
+}
+
+/// Adds a later storm's order ids to what each buyer was told so far.
+pub fn merge(told: &mut HashMap<i64, Told>, later: HashMap<i64, Told>) {
+    for (user, t) in later {
+        let entry = told.entry(user).or_default();
+        entry.ok.extend(t.ok);
+        entry.pending.extend(t.pending);
+    }
+}
+
+/// The invariants after the storms: each buyer holds at most one order, every `ok` is in
+/// SQL, every order in SQL was answered `ok` or `pending` to its buyer, stock adds up.
+pub async fn check_sql(store: &Store, sale_id: i64, stock: i64, told: &HashMap<i64, Told>) {
+    let expected_ok: usize = told.values().map(|t| t.ok.len()).sum();
+    let store = store.clone();
+    super::eventually(60, "every ok reaches SQL", || {
+        let store = store.clone();
+        async move { store.orders_of_sale(sale_id).await.unwrap().len() >= expected_ok }
+    })
+    .await;
+    // Pending attempts settle within seconds; let the writers finish them.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let orders = live_orders(&store, sale_id).await;
+    let twice: Vec<_> = orders.iter().filter(|(_, ids)| ids.len() > 1).collect();
+    assert!(twice.is_empty(), "buyers with two orders: {twice:?}");
+    for (user, t) in told {
+        for id in &t.ok {
+            assert!(
+                orders.get(user).is_some_and(|ids| ids.contains(id)),
+                "buyer {user} was told ok for {id}, not in SQL"
+            );
+        }
+    }
+    for (user, ids) in &orders {
+        let t = told.get(user);
+        for id in ids {
+            assert!(
+                t.is_some_and(|t| t.ok.contains(id) || t.pending.contains(id)),
+                "order {id} of buyer {user} was never answered ok or pending: {t:?}"
+            );
+        }
+    }
+    let sold: i64 = orders.values().map(|ids| ids.len() as i64).sum();
+    let sale = store.sale(sale_id).await.unwrap().unwrap();
+    assert_eq!(
+        sale.stock,
+        stock - sold,
+        "SQL stock + orders = initial stock"
+    );
+}

@@ -1,0 +1,318 @@
+//! The distributed deployment on a Redis Cluster of the test's own (3 masters, 3 replicas):
+//! two instances (`serve --no-writer`) and two `worker`s on PostgreSQL, started with
+//! `redis+cluster://` and nothing else about the cluster.
+//!
+//! - Sales spread over every master are sold, written, expired and sold again.
+//! - The master holding a sale is SIGKILLed mid-storm: no buyer told `ok` loses the order,
+//!   nobody buys twice, the sales go on once the replica has taken over (the killed node
+//!   comes back as that replica's replica, as a supervisor would restart it).
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::cluster::PrivateCluster;
+use common::storm::{check_sql, storm_on, Arrival, Told};
+use common::{Server, Sql};
+use seckill::model::OrderStatus;
+use seckill::store::Store;
+
+/// Each test runs seven Redis processes and four of ours, and judges a failover's timing:
+/// on two cores they take turns.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+struct Deployment {
+    cluster: PrivateCluster,
+    instances: Vec<Server>,
+    _workers: Vec<Worker>,
+    store: Store,
+    secret: String,
+}
+
+struct Worker(std::process::Child);
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Deployment {
+    async fn start() -> Deployment {
+        let cluster = PrivateCluster::start(3).await;
+        let db = common::fresh_database(Sql::Postgres).await;
+        let secret = common::unique("secret");
+        let env = vec![
+            ("SECKILL_DATABASE_URL".to_string(), db.clone()),
+            ("SECKILL_REDIS_URL".to_string(), cluster.url()),
+            ("SECKILL_TOKEN_SECRET".to_string(), secret.clone()),
+        ];
+        let mut instances = Vec::new();
+        for _ in 0..2 {
+            instances
+                .push(Server::start(env.clone(), vec!["serve".into(), "--no-writer".into()]).await);
+        }
+        let mut worker_env = env;
+        worker_env.push(("SECKILL_LOG".into(), "warn".into()));
+        let workers = (0..2)
+            .map(|_| Worker(common::spawn(&worker_env, &["worker".to_string()])))
+            .collect();
+        Deployment {
+            cluster,
+            instances,
+            _workers: workers,
+            store: Store::connect(&db, 4).await.unwrap(),
+            secret,
+        }
+    }
+
+    fn tokens(&self, users: std::ops::Range<i64>) -> Vec<(i64, String)> {
+        let signer = seckill::edge::auth::TokenSigner::new(&self.secret);
+        let exp = seckill::now_ms() / 1000 + 3600;
+        users.map(|u| (u, signer.sign(u, exp))).collect()
+    }
+
+    fn bases(&self) -> Vec<String> {
+        self.instances.iter().map(|s| s.base.clone()).collect()
+    }
+
+    /// Opens sales until they are spread over every master (at least `min` sales); returns
+    /// each sale's id and the node that is its master.
+    async fn sales_on_every_master(
+        &self,
+        min: usize,
+        stock: i64,
+        extra: serde_json::Value,
+    ) -> Vec<(i64, usize)> {
+        let c = common::client();
+        let mut sales = Vec::new();
+        let mut masters = HashSet::new();
+        while sales.len() < min || masters.len() < 3 {
+            assert!(sales.len() < 40, "sales never spread over 3 masters");
+            let id: i64 = common::open_sale_with(&c, &self.instances[0], stock, 1, extra.clone())
+                .await
+                .parse()
+                .unwrap();
+            let master = self
+                .cluster
+                .master_of(&PrivateCluster::sale_key("seckill", id))
+                .await;
+            masters.insert(master);
+            sales.push((id, master));
+        }
+        sales
+    }
+
+    async fn remaining(&self, sale_id: i64) -> i64 {
+        let r: serde_json::Value = common::client()
+            .get(format!(
+                "{}/api/sales/{sale_id}/stock",
+                self.instances[1].base
+            ))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        r["remaining"].as_i64().unwrap_or(-1)
+    }
+
+    async fn ready(&self) -> bool {
+        for s in &self.instances {
+            let ok = common::client()
+                .get(format!("{}/readyz", s.base))
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success());
+            if !ok {
+                return false;
+            }
+        }
+        true
+    }
+}
+
+/// Every sale stormed at once by its own buyers (`per_sale` each, user ids from `first`).
+async fn storm_all(
+    d: &Deployment,
+    sales: &[(i64, usize)],
+    first: i64,
+    per_sale: i64,
+    arrival: Arrival,
+) -> Vec<HashMap<i64, Told>> {
+    let storms = sales.iter().enumerate().map(|(i, (sale, _))| {
+        let from = first + i as i64 * per_sale;
+        storm_on(
+            d.bases(),
+            sale.to_string(),
+            d.tokens(from..from + per_sale),
+            arrival,
+            Arc::default(),
+        )
+    });
+    futures_util::future::join_all(storms).await
+}
+
+fn count(told: &HashMap<i64, Told>, code: &str) -> usize {
+    told.values().filter(|t| t.last == code).count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sales_on_every_master_are_sold_written_expired_and_resold() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    const STOCK: i64 = 60;
+    const BUYERS: i64 = 90;
+    let d = Deployment::start().await;
+    let sales = d
+        .sales_on_every_master(4, STOCK, serde_json::json!({"payment_window_secs": 30}))
+        .await;
+
+    // Every sale sells out exactly, nobody twice, every ok written.
+    let told = storm_all(&d, &sales, 1, BUYERS, Arrival::Crowd(48)).await;
+    for ((sale, master), told) in sales.iter().zip(&told) {
+        assert_eq!(
+            count(told, "ok"),
+            STOCK as usize,
+            "sale {sale} on node {master}"
+        );
+        assert_eq!(count(told, "sold_out"), (BUYERS - STOCK) as usize);
+        check_sql(&d.store, *sale, STOCK, told).await;
+    }
+
+    // Nobody pays: the orders expire and every unit goes back to its sale's gate.
+    for (sale, _) in &sales {
+        let store = d.store.clone();
+        let sale = *sale;
+        common::eventually(90, "every unpaid order expires", || {
+            let store = store.clone();
+            async move {
+                let orders = store.orders_of_sale(sale).await.unwrap();
+                orders.len() == STOCK as usize
+                    && orders.iter().all(|o| o.status == OrderStatus::Expired)
+            }
+        })
+        .await;
+        common::eventually(30, "the stock is back in the gate", || async {
+            d.remaining(sale).await == STOCK
+        })
+        .await;
+    }
+
+    // And is sold again, to new buyers, on every master.
+    let first = 1 + sales.len() as i64 * BUYERS;
+    let again = storm_all(&d, &sales, first, STOCK, Arrival::Crowd(48)).await;
+    for ((sale, _), told) in sales.iter().zip(&again) {
+        assert_eq!(count(told, "ok"), STOCK as usize, "resold, sale {sale}");
+        let store = d.store.clone();
+        let sale = *sale;
+        common::eventually(60, "the second wave is written", || {
+            let store = store.clone();
+            async move { store.orders_of_sale(sale).await.unwrap().len() == 2 * STOCK as usize }
+        })
+        .await;
+        let orders = d.store.orders_of_sale(sale).await.unwrap();
+        let live: Vec<_> = orders
+            .iter()
+            .filter(|o| o.status != OrderStatus::Expired)
+            .collect();
+        assert_eq!(live.len(), STOCK as usize);
+        for o in &live {
+            assert!(
+                told.get(&o.user_id).is_some_and(|t| t.ok.contains(&o.id)),
+                "order {} was not answered ok to its buyer",
+                o.id
+            );
+        }
+        let row = d.store.sale(sale).await.unwrap().unwrap();
+        assert_eq!(row.stock, 0, "sold out again, not oversold");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_master_killed_mid_storm_loses_no_acknowledged_order() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    const STOCK: i64 = 400;
+    const BUYERS: i64 = 500;
+    let mut d = Deployment::start().await;
+    let sales = d
+        .sales_on_every_master(3, STOCK, serde_json::json!({}))
+        .await;
+    let (victim_sale, victim) = sales[0];
+
+    // Buyers keep arriving for ~10 s while the master of the first sale is killed.
+    let bases = d.bases();
+    let storms: Vec<_> = sales
+        .iter()
+        .enumerate()
+        .map(|(i, (sale, _))| {
+            let from = 1 + i as i64 * BUYERS;
+            tokio::spawn(storm_on(
+                bases.clone(),
+                sale.to_string(),
+                d.tokens(from..from + BUYERS),
+                Arrival::Every(Duration::from_millis(20)),
+                Arc::default(),
+            ))
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    d.cluster.kill(victim);
+    let killed_at_ms = seckill::now_ms();
+    // A supervisor restarts it; by then its replica has taken over, and it rejoins as the
+    // new master's replica (which `replica` durability needs to answer `ok` again).
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    d.cluster.restart(victim);
+    let mut told = Vec::new();
+    for s in storms {
+        told.push(s.await.unwrap());
+    }
+    d.cluster.wait_healthy().await;
+    assert_ne!(
+        d.cluster
+            .master_of(&PrivateCluster::sale_key("seckill", victim_sale))
+            .await,
+        victim,
+        "the replica took over"
+    );
+
+    for ((sale, _), told) in sales.iter().zip(&told) {
+        // Everyone got a final answer (ok, or sold out if the stock ran out): the sale went
+        // on after the failover, and nobody was oversold or bought twice.
+        check_sql(&d.store, *sale, STOCK, told).await;
+        let oks = count(told, "ok");
+        assert!(oks as i64 <= STOCK);
+        // The gate agrees with SQL (a failover's rebuild lost and invented nothing), and
+        // `sold_out` was only said of stock that was really gone.
+        let sql_stock = d.store.sale(*sale).await.unwrap().unwrap().stock;
+        common::eventually(30, "the gate's stock equals SQL's", || async {
+            d.remaining(*sale).await == sql_stock
+        })
+        .await;
+        if count(told, "sold_out") > 0 {
+            assert_eq!(sql_stock, 0, "sale {sale}: sold_out while units remained");
+        }
+        assert_eq!(
+            oks + count(told, "sold_out") + count(told, "already_purchased"),
+            BUYERS as usize
+        );
+    }
+    // The killed master's sale took orders again once its replica had taken over (answered
+    // `ok`, or `pending` while the promoted master had no replica of its own yet).
+    let after_failover = d
+        .store
+        .orders_of_sale(victim_sale)
+        .await
+        .unwrap()
+        .iter()
+        .filter(|o| o.accepted_at > killed_at_ms + 1000)
+        .count();
+    assert!(
+        after_failover > 0,
+        "the killed master's sale sold again after the failover"
+    );
+    common::eventually(30, "both instances are ready again", || d.ready()).await;
+}
