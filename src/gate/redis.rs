@@ -646,16 +646,30 @@ mod tests {
     #[test]
     fn keys_share_one_hash_tag() {
         let k = SaleKeys::new("p", 42);
+        // Every key a script of this sale touches, so that each script call stays in one
+        // Redis Cluster slot (a CROSSSLOT error otherwise).
         for key in [
             &k.sale,
             &k.buyers,
             &k.stream,
             &k.accepted,
-            &k.lock,
-            &k.staged(3, "buyers"),
             &k.dead,
+            &k.released,
+            &k.rate,
+            &k.lock,
+            &k.fence,
+            &k.counted,
+            &k.confirms,
+            &k.staged(3, "buyers"),
+            &k.staged(3, "counted"),
+            &k.spent(77),
         ] {
             assert!(key.starts_with("p:{42}:"), "{key}");
+            assert_eq!(
+                redis::cluster_routing::Slot::for_key(key),
+                redis::cluster_routing::Slot::for_key("{42}"),
+                "{key}"
+            );
         }
     }
 
