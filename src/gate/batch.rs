@@ -36,7 +36,8 @@ const DURABILITY_WAIT_MS: u64 = 500;
 /// WAITAOF block the connection that sends them (and cover that connection's writes).
 pub struct Durable {
     pub level: Durability,
-    /// One connection per call in flight.
+    /// A connection per call in flight (a call that finds none left waits on the shared
+    /// connection instead).
     pub pool: std::sync::Mutex<Vec<RedisConn>>,
 }
 
@@ -204,7 +205,8 @@ impl Caller {
         }
         call.arg(sale_id)
             .arg(self.rate.interval_ms())
-            .arg(self.rate.tolerance_ms());
+            .arg(self.rate.tolerance_ms())
+            .arg(if self.conn.is_cluster() { "1" } else { "0" });
         for a in &group {
             let p = &a.purchase;
             call.arg(p.user_id)

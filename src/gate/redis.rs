@@ -140,7 +140,15 @@ impl RedisGate {
             return Ok(self);
         }
         let mut pool = Vec::new();
-        for _ in 0..super::batch::DURABLE_CONNECTIONS {
+        // On a cluster every sale has its own batcher (and call slots): more connections,
+        // so that a WAIT seldom falls back to the shared connection, where it would hold
+        // up everyone's commands to that master while it waits.
+        let connections = if client.is_cluster() {
+            4 * super::batch::DURABLE_CONNECTIONS
+        } else {
+            super::batch::DURABLE_CONNECTIONS
+        };
+        for _ in 0..connections {
             pool.push(client.connect().await?);
         }
         let mut conn = pool[0].clone();
