@@ -511,6 +511,16 @@ impl Config {
                     .into(),
             });
         }
+        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log) {
+            return Err(ConfigError::Invalid {
+                name: "log",
+                message: format!(
+                    "{:?} is not a log filter: {e} (a level such as info or debug, or \
+                     directives such as info,seckill=debug)",
+                    self.log
+                ),
+            });
+        }
         if self.redis_prefix.is_empty() || self.redis_prefix.contains(['{', '}']) {
             return Err(ConfigError::Invalid {
                 name: "redis_prefix",

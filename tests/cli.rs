@@ -84,9 +84,22 @@ fn bad_configuration_is_refused_clearly() {
     );
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("PostgreSQL or MySQL"));
+    // A worker, or a server without its writer, with nothing distributed to serve: the
+    // same configuration mistake, the same exit code.
     let out = seckill(&[], &["worker"]);
-    assert!(!out.status.success());
+    assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("distributed"));
+    let out = seckill(&[], &["serve", "--no-writer"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--no-writer needs --redis"));
+    // A log filter that does not parse is refused, not silently replaced.
+    let out = seckill(
+        &[("SECKILL_DATABASE_URL", "sqlite://x.db")],
+        &["--log", "info,seckill=loud", "migrate"],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("log") && err.contains("seckill=loud"), "{err}");
 }
 
 #[test]
@@ -176,6 +189,13 @@ async fn a_server_database_has_dev_mode_off_and_dev_mode_warns() {
         1,
         "one loud line: {text}"
     );
+    // Its second start on this database: no colour codes into a pipe, no PostgreSQL
+    // notices about tables that already exist.
+    assert!(
+        !text.contains('\u{1b}'),
+        "ANSI codes written to a pipe: {text:?}"
+    );
+    assert!(!text.contains("already exists"), "{text}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

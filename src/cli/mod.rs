@@ -59,6 +59,15 @@ pub fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // The same mistake as `serve --no-writer` without Redis, refused the same way (a
+    // configuration error, exit code 2) before anything starts.
+    if matches!(cli.command, Command::Worker) && config.embedded() {
+        eprintln!(
+            "seckill: `seckill worker` serves a distributed deployment: give --redis and a \
+             PostgreSQL/MySQL --database"
+        );
+        return ExitCode::from(2);
+    }
     init_tracing(&config.log);
     // The server's processes get the configured threads; the load generator its own share.
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -108,11 +117,25 @@ async fn run(command: Command, config: Config) -> ExitCode {
 }
 
 fn init_tracing(filter: &str) {
+    // PostgreSQL's notices ("relation ... already exists, skipping" on every start) are
+    // not news; a filter that names sqlx itself decides for itself.
+    let filter = if filter.contains("sqlx") {
+        filter.to_string()
+    } else {
+        format!("{filter},sqlx::postgres::notice=warn")
+    };
+    // Config::validate has refused a filter that does not parse.
     let filter = tracing_subscriber::EnvFilter::try_new(filter)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colours only for a person at a terminal (https://no-color.org): never into pipes,
+    // files or journald.
+    use std::io::IsTerminal;
+    let colour = std::io::stdout().is_terminal()
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_target(false)
+        .with_ansi(colour)
         .try_init();
 }
 
@@ -163,11 +186,6 @@ fn bind(addr: std::net::SocketAddr) -> std::io::Result<tokio::net::TcpListener> 
 }
 
 async fn worker(config: Config) -> Result<(), AppError> {
-    if config.embedded() {
-        return Err(AppError::Other(
-            "`seckill worker` serves a distributed deployment: give --redis and a PostgreSQL/MySQL --database".into(),
-        ));
-    }
     tracing::info!("configuration:\n{}", config.describe());
     let app = app::assemble(config, Role::Worker).await?;
     let (stop, tasks) = app.start_background(true).await?;

@@ -116,7 +116,13 @@ fn open_with_limit(
     let mut last = 0;
     for (number, path) in segment_files(dir).map_err(|e| io("cannot list", e))? {
         let orders = read_segment(&path).map_err(|e| io("cannot read", e))?;
-        tracing::info!(segment = %path.display(), orders = orders.len(), "order log recovered");
+        if !orders.is_empty() {
+            tracing::info!(
+                segment = %path.display(),
+                orders = orders.len(),
+                "orders accepted before this start are in the order log; any not yet in the database are written first"
+            );
+        }
         recovered.extend(orders.into_iter().map(|o| (o, number)));
         last = number;
     }
