@@ -351,7 +351,10 @@ pub async fn assemble(config: Config, role: Role) -> Result<App, AppError> {
     };
     let parts = match &redis_url {
         None => embedded_parts(&config, &store, role).await?,
-        Some(url) => until_up("redis", || distributed_parts(&config, &store, url)).await?,
+        Some(url) => {
+            let what = format!("redis at {}", crate::config::mask_url(url));
+            until_up(&what, || distributed_parts(&config, &store, url)).await?
+        }
     };
     let Parts {
         gate,

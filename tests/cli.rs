@@ -92,6 +92,26 @@ fn bad_configuration_is_refused_clearly() {
     let out = seckill(&[], &["serve", "--no-writer"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--no-writer needs --redis"));
+    // A database that cannot be opened is named, with what to check.
+    let port = common::free_port();
+    let url = format!("postgres://postgres:hush@127.0.0.1:{port}/nowhere");
+    let out = seckill(&[("SECKILL_DATABASE_URL", &url)], &["migrate"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("127.0.0.1:{port}/nowhere")) && !err.contains("hush"),
+        "{err}"
+    );
+    assert!(err.contains("listening at that host and port"), "{err}");
+    let missing = std::env::temp_dir().join(common::unique("no-such-folder"));
+    let url = format!("sqlite://{}/s.db", missing.display());
+    let out = seckill(&[("SECKILL_DATABASE_URL", &url)], &["migrate"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("does the folder {} exist", missing.display())),
+        "{err}"
+    );
     // A log filter that does not parse is refused, not silently replaced.
     let out = seckill(
         &[("SECKILL_DATABASE_URL", "sqlite://x.db")],

@@ -45,6 +45,14 @@ pub enum StoreError {
     NotFound,
     #[error("unsupported database URL: {0}")]
     BadUrl(String),
+    /// Opening the database failed: names where (the URL, password masked) and what to
+    /// check, since the driver's words alone ("pool timed out") say neither.
+    #[error("cannot open {url}: {source}{hint}")]
+    Connect {
+        url: String,
+        source: sqlx::Error,
+        hint: String,
+    },
 }
 
 /// Database errors seen by this process, for `/metrics`.
@@ -63,7 +71,7 @@ impl StoreError {
     pub fn is_transient(&self) -> bool {
         match self {
             StoreError::ConcurrentWrite => true,
-            StoreError::Db(e) => match e {
+            StoreError::Db(e) | StoreError::Connect { source: e, .. } => match e {
                 sqlx::Error::Io(_)
                 | sqlx::Error::PoolTimedOut
                 | sqlx::Error::PoolClosed
@@ -87,6 +95,35 @@ impl StoreError {
             },
             _ => false,
         }
+    }
+}
+
+/// A failure to open the database, with what to check.
+fn connect_error(dialect: Dialect, url: &str, source: sqlx::Error) -> StoreError {
+    let hint = match (&source, dialect) {
+        (_, Dialect::Sqlite) => {
+            let path = url
+                .trim_start_matches("sqlite://")
+                .trim_start_matches("sqlite:")
+                .split('?')
+                .next()
+                .unwrap_or_default();
+            let folder = std::path::Path::new(path)
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|| ".".into());
+            format!(" (does the folder {folder} exist, and may this user write there?)")
+        }
+        (sqlx::Error::PoolTimedOut | sqlx::Error::Io(_), _) => {
+            " (is the database server up, and listening at that host and port?)".into()
+        }
+        _ => String::new(),
+    };
+    StoreError::Connect {
+        url: url.to_string(),
+        source,
+        hint,
     }
 }
 
@@ -162,6 +199,7 @@ impl Store {
         wait: Option<std::time::Duration>,
     ) -> Result<Store, StoreError> {
         sqlx::any::install_default_drivers();
+        let shown = crate::config::mask_url(url);
         let (dialect, url) = if url.starts_with("sqlite:") {
             let url = if url.contains("mode=") {
                 url.to_string()
@@ -178,9 +216,13 @@ impl Store {
         } else {
             return Err(StoreError::BadUrl(crate::config::mask_url(url)));
         };
-        let options = AnyConnectOptions::from_str(&url)?;
+        let failed = |source: sqlx::Error| connect_error(dialect, &shown, source);
+        let options = AnyConnectOptions::from_str(&url).map_err(failed)?;
         if dialect == Dialect::Sqlite {
-            switch_to_wal(&options).await?;
+            switch_to_wal(&options).await.map_err(|e| match e {
+                StoreError::Db(source) => failed(source),
+                other => other,
+            })?;
         }
         // A server that does not answer for 5 s is down. A local file is never down, only
         // slow: while the disk is busy (say, writing back a large build) every SQLite
@@ -211,7 +253,7 @@ impl Store {
                 })
             });
         }
-        let pool = pool.connect_with(options).await?;
+        let pool = pool.connect_with(options).await.map_err(failed)?;
         Ok(Store { pool, dialect })
     }
 
