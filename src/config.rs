@@ -128,6 +128,10 @@ pub struct ConfigArgs {
     /// Load approved sales into the gate this long before they open [default: 3600].
     #[arg(long, env = "SECKILL_PRELOAD_AHEAD_SECS", global = true)]
     pub preload_ahead_secs: Option<u64>,
+    /// An instance is not ready while an accepted order has waited this long to be
+    /// written to SQL (no writer running, or writers falling behind) [default: 30].
+    #[arg(long, env = "SECKILL_WRITER_LAG_NOT_READY_SECS", global = true)]
+    pub writer_lag_not_ready_secs: Option<u64>,
     /// Lifetime of a user token [default: 604800].
     #[arg(long, env = "SECKILL_TOKEN_TTL_SECS", global = true)]
     pub token_ttl_secs: Option<u64>,
@@ -244,6 +248,7 @@ pub struct Config {
     pub rate_address: crate::gate::RateLimit,
     pub trusted_proxies: Vec<std::net::IpAddr>,
     pub preload_ahead_secs: u64,
+    pub writer_lag_not_ready_secs: u64,
     pub token_ttl_secs: u64,
     pub db_max_connections: u32,
     pub max_connections: usize,
@@ -345,6 +350,10 @@ impl Config {
                 .preload_ahead_secs
                 .or(f.preload_ahead_secs)
                 .unwrap_or(3600),
+            writer_lag_not_ready_secs: a
+                .writer_lag_not_ready_secs
+                .or(f.writer_lag_not_ready_secs)
+                .unwrap_or(30),
             token_ttl_secs: a.token_ttl_secs.or(f.token_ttl_secs).unwrap_or(7 * 86400),
             db_max_connections: a.db_max_connections.or(f.db_max_connections).unwrap_or(16),
             max_connections: a
@@ -582,6 +591,10 @@ impl Config {
             ),
             format!("trusted_proxies    = {:?}", self.trusted_proxies),
             format!("preload_ahead_secs = {}", self.preload_ahead_secs),
+            format!(
+                "writer_lag_not_ready_secs = {}",
+                self.writer_lag_not_ready_secs
+            ),
             format!("token_ttl_secs     = {}", self.token_ttl_secs),
             format!("db_max_connections = {}", self.db_max_connections),
             format!("max_connections    = {}", self.max_connections),

@@ -258,6 +258,17 @@ async fn readyz(State(st): State<Arc<AppState>>) -> Result<&'static str, ApiErro
             "this instance holds no valid worker id lease: it cannot issue order ids".into(),
         ));
     }
+    // Orders answered `ok` must reach SQL: an instance whose deployment has no writer (or
+    // writers far behind) is not ready, even though it could still take purchases.
+    if let Some((sale, age_ms)) = oldest_unwritten(&st).await? {
+        if age_ms >= st.config.writer_lag_not_ready_secs as i64 * 1000 {
+            return Err(ApiError::Unavailable(format!(
+                "orders of sale {sale} have waited {} s to be written to the database: is a \
+                 `seckill worker` (or a server with its writer) running?",
+                age_ms / 1000
+            )));
+        }
+    }
     // An open sale missing from the gate is being rebuilt (Redis lost it): purchases of it
     // answer `not_loaded` until then.
     let now = crate::now_ms();
@@ -270,6 +281,48 @@ async fn readyz(State(st): State<Arc<AppState>>) -> Result<&'static str, ApiErro
         }
     }
     Ok("ready")
+}
+
+/// Sales whose order log is worth watching: those not ended more than an hour ago.
+fn recent_sales(st: &AppState) -> Vec<i64> {
+    let since = crate::now_ms() - 3_600_000;
+    st.sales
+        .all()
+        .iter()
+        .filter(|s| s.ends_at > since)
+        .map(|s| s.id)
+        .collect()
+}
+
+/// Per recent sale of a distributed deployment: (sale, unwritten orders, age of the oldest
+/// in ms). Empty for the embedded deployment, whose writer runs in this process.
+async fn order_log_lag(st: &AppState) -> Result<Vec<(i64, i64, i64)>, ApiError> {
+    let Some(conn) = &st.redis else {
+        return Ok(Vec::new());
+    };
+    let now = crate::now_ms();
+    let mut out = Vec::new();
+    for sale in recent_sales(st) {
+        let (len, oldest) = crate::orderlog::redis_stream::unwritten(
+            &mut conn.clone(),
+            &st.config.redis_prefix,
+            sale,
+        )
+        .await
+        .map_err(|e| ApiError::Unavailable(format!("redis: {e}")))?;
+        out.push((sale, len, oldest.map_or(0, |t| (now - t).max(0))));
+    }
+    Ok(out)
+}
+
+/// The sale whose oldest unwritten order has waited longest, and how long.
+async fn oldest_unwritten(st: &AppState) -> Result<Option<(i64, i64)>, ApiError> {
+    Ok(order_log_lag(st)
+        .await?
+        .into_iter()
+        .filter(|(_, len, _)| *len > 0)
+        .map(|(sale, _, age)| (sale, age))
+        .max_by_key(|(_, age)| *age))
 }
 
 async fn metrics(State(st): State<Arc<AppState>>) -> Response {
@@ -348,6 +401,23 @@ async fn metrics(State(st): State<Arc<AppState>>) -> Response {
             b.refused.load(Ordering::Relaxed),
             &mut out,
         );
+    }
+    if let Ok(lag) = order_log_lag(&st).await {
+        if !lag.is_empty() {
+            out.push_str("# HELP seckill_order_log_unwritten Orders accepted and not yet written to SQL, per sale.\n# TYPE seckill_order_log_unwritten gauge\n");
+            for (sale, len, _) in &lag {
+                out.push_str(&format!(
+                    "seckill_order_log_unwritten{{sale=\"{sale}\"}} {len}\n"
+                ));
+            }
+            out.push_str("# HELP seckill_order_log_oldest_unwritten_seconds Age of the oldest order not yet written to SQL, per sale (0 when none).\n# TYPE seckill_order_log_oldest_unwritten_seconds gauge\n");
+            for (sale, _, age) in &lag {
+                out.push_str(&format!(
+                    "seckill_order_log_oldest_unwritten_seconds{{sale=\"{sale}\"}} {:.3}\n",
+                    *age as f64 / 1000.0
+                ));
+            }
+        }
     }
     let conns = &st.connections;
     out.push_str(&format!(

@@ -460,6 +460,38 @@ impl OrderLog for StreamLog {
     }
 }
 
+/// A sale's orders accepted and not yet written, and the acceptance time (Unix ms) of the
+/// oldest: written entries are deleted from the stream, so its first entry is the oldest.
+pub async fn unwritten(
+    conn: &mut RedisConn,
+    prefix: &str,
+    sale_id: i64,
+) -> Result<(i64, Option<i64>), LogError> {
+    let k = SaleKeys::new(prefix, sale_id);
+    let (len, first): (i64, Value) = redis::pipe()
+        .cmd("XLEN")
+        .arg(&k.stream)
+        .cmd("XRANGE")
+        .arg(&k.stream)
+        .arg("-")
+        .arg("+")
+        .arg("COUNT")
+        .arg(1)
+        .query_async(conn)
+        .await?;
+    let oldest = match first {
+        Value::Array(entries) => entries.first().and_then(|e| match e {
+            Value::Array(parts) => parts
+                .first()
+                .and_then(text)
+                .and_then(|id| id.split('-').next()?.parse().ok()),
+            _ => None,
+        }),
+        _ => None,
+    };
+    Ok((len, oldest))
+}
+
 /// Backlog of a sale's order log: (entries not yet written, of which pending in a
 /// consumer, dead letters).
 pub async fn backlog(
