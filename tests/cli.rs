@@ -181,6 +181,46 @@ async fn a_server_database_has_dev_mode_off_and_dev_mode_warns() {
         .env_remove("SECKILL_CONFIG")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null());
+    let text = log_until_serving(cmd);
+    assert_eq!(
+        text.matches("DEV MODE IS ON").count(),
+        1,
+        "one loud line: {text}"
+    );
+    // Its second start on this database: no colour codes into a pipe, no PostgreSQL
+    // notices about tables that already exist.
+    assert!(
+        !text.contains('\u{1b}'),
+        "ANSI codes written to a pipe: {text:?}"
+    );
+    assert!(!text.contains("already exists"), "{text}");
+    assert!(
+        !text.contains("nobody can log in"),
+        "dev mode logs in: {text}"
+    );
+
+    // Without dev mode and without an SMS hook nobody can log in: said once, at start-up.
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_seckill"));
+    cmd.arg("serve")
+        .env("SECKILL_DATABASE_URL", &db)
+        .env("SECKILL_ORDER_LOG_DIR", &dir)
+        .env(
+            "SECKILL_LISTEN",
+            format!("127.0.0.1:{}", common::free_port()),
+        )
+        .env_remove("SECKILL_REDIS_URL")
+        .env_remove("SECKILL_CONFIG")
+        .env_remove("SECKILL_DEV")
+        .env_remove("SECKILL_SMS_HOOK")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null());
+    let text = log_until_serving(cmd);
+    assert_eq!(text.matches("nobody can log in").count(), 1, "{text}");
+    assert!(text.contains("seckill users mint"), "{text}");
+}
+
+/// Starts the command (stdout piped) and returns its log up to "seckill is serving".
+fn log_until_serving(mut cmd: std::process::Command) -> String {
     let mut child = cmd.spawn().unwrap();
     // The log goes to standard output; read it until the server says it is serving.
     let mut out = child.stdout.take().unwrap();
@@ -203,19 +243,7 @@ async fn a_server_database_has_dev_mode_off_and_dev_mode_warns() {
     let text = rx.recv_timeout(std::time::Duration::from_secs(60));
     let _ = child.kill();
     let _ = child.wait();
-    let text = text.expect("the server started within a minute");
-    assert_eq!(
-        text.matches("DEV MODE IS ON").count(),
-        1,
-        "one loud line: {text}"
-    );
-    // Its second start on this database: no colour codes into a pipe, no PostgreSQL
-    // notices about tables that already exist.
-    assert!(
-        !text.contains('\u{1b}'),
-        "ANSI codes written to a pipe: {text:?}"
-    );
-    assert!(!text.contains("already exists"), "{text}");
+    text.expect("the server started within a minute")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -147,6 +147,13 @@ async fn serve(config: Config) -> Result<(), AppError> {
              can log in as any phone number. Never expose this server to real users (turn it \
              off with --dev false or SECKILL_DEV=0)."
         );
+    } else if config.sms_hook.is_none() {
+        tracing::warn!(
+            "nobody can log in by phone: no --sms-hook delivers login codes, so \
+             /api/auth/code answers 503. Set --sms-hook (SECKILL_SMS_HOOK) to a command that \
+             sends SECKILL_CODE to SECKILL_PHONE, or create users with `seckill users mint` \
+             (--dev returns codes in the answer, for trials only)."
+        );
     }
     let listen = config.listen;
     let run_writer = config.run_writer;
