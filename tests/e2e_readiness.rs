@@ -1,7 +1,8 @@
 //! Readiness means "can sell, and its sales' orders get written": a distributed instance
 //! (`serve --no-writer`) whose deployment runs no writer stops being ready once an accepted
 //! order has waited `--writer-lag-not-ready-secs`, `/metrics` shows the backlog and its age
-//! per sale, and a worker started later makes it ready again.
+//! per sale, and a worker started later makes it ready again. Meanwhile the buyer's order
+//! list shows the unwritten order as `queued`.
 
 mod common;
 
@@ -48,6 +49,12 @@ async fn an_instance_without_writers_is_not_ready_once_orders_wait() {
         .await
         .unwrap();
     assert_eq!(r["code"], "ok", "{r}");
+    let order_id = r["order_id"].as_str().unwrap().to_string();
+    // Not written yet, and listed all the same (as `GET /api/orders/{id}` finds it).
+    let listed = common::get_json(&c, format!("{}/api/orders", server.base), Some(&token)).await;
+    assert_eq!(listed.as_array().map(Vec::len), Some(1), "{listed}");
+    assert_eq!(listed[0]["id"], order_id.as_str(), "{listed}");
+    assert_eq!(listed[0]["status"], "queued", "{listed}");
 
     tokio::time::sleep(Duration::from_millis(2500)).await;
     let (status, body) = readyz().await;
@@ -86,6 +93,13 @@ async fn an_instance_without_writers_is_not_ready_once_orders_wait() {
         text.contains(&format!("seckill_order_log_unwritten{{sale=\"{sale}\"}} 0")),
         "{text}"
     );
+    let listed = common::get_json(&c, format!("{}/api/orders", server.base), Some(&token)).await;
+    assert_eq!(
+        listed.as_array().map(Vec::len),
+        Some(1),
+        "once, now written: {listed}"
+    );
+    assert_eq!(listed[0]["status"], "pending_payment", "{listed}");
     let _ = worker.kill();
     let _ = worker.wait();
 }

@@ -492,6 +492,51 @@ pub async fn unwritten(
     Ok((len, oldest))
 }
 
+/// Most stream entries read to find one buyer's unwritten orders of a sale.
+const QUEUED_SCAN: usize = 5000;
+
+/// A buyer's orders accepted and not yet written, as (order id, sale id, quantity): for
+/// each sale in `sales` where the gate holds more of the buyer's units than SQL's live
+/// orders do (`(sale id, units in SQL)`), the sale's stream is read for the buyer's entries
+/// (the stream keeps only unwritten orders, normally a few).
+pub async fn queued_of_user(
+    conn: &mut RedisConn,
+    prefix: &str,
+    sales: &[(i64, i64)],
+    user_id: i64,
+) -> Result<Vec<(i64, i64, i64)>, LogError> {
+    let mut out = Vec::new();
+    for (sale_id, in_sql) in sales {
+        let k = SaleKeys::new(prefix, *sale_id);
+        let held: Option<i64> = redis::cmd("HGET")
+            .arg(&k.buyers)
+            .arg(user_id)
+            .query_async(conn)
+            .await?;
+        if held.unwrap_or(0) <= *in_sql {
+            continue;
+        }
+        let entries: Value = redis::cmd("XRANGE")
+            .arg(&k.stream)
+            .arg("-")
+            .arg("+")
+            .arg("COUNT")
+            .arg(QUEUED_SCAN)
+            .query_async(conn)
+            .await?;
+        let mut batch = Batch::default();
+        collect_entries(&k.stream, &entries, &mut batch);
+        out.extend(
+            batch
+                .deliveries
+                .into_iter()
+                .filter(|d| d.order.user_id == user_id)
+                .map(|d| (d.order.id, d.order.sale_id, d.order.quantity)),
+        );
+    }
+    Ok(out)
+}
+
 /// Backlog of a sale's order log: (entries not yet written, of which pending in a
 /// consumer, dead letters).
 pub async fn backlog(
