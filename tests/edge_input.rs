@@ -83,6 +83,15 @@ async fn malformed_requests_get_clear_errors_and_change_nothing() {
             400,
             "invalid_request",
         ),
+        (
+            // A window entirely in the past: a sale that could never open.
+            Method::POST,
+            "/api/admin/sales".into(),
+            Some(server.admin.clone()),
+            Some(r#"{"title":"t","price_cents":1,"stock":1,"begins_at":"2020-01-01T00:00:00Z","ends_at":"2020-01-02T00:00:00Z"}"#.into()),
+            400,
+            "invalid_request",
+        ),
         (Method::POST, "/api/admin/sales/1/approve".into(), Some(server.admin.clone()), None, 404, "not_found"),
     ];
     for (method, path, bearer, body, status, code) in cases {

@@ -214,6 +214,11 @@ fn validate_new_sale(n: &NewSale) -> Result<(i64, i64), ApiError> {
     if ends <= begins {
         return Err(ApiError::invalid("ends_at must be after begins_at"));
     }
+    if ends <= crate::now_ms() {
+        return Err(ApiError::invalid(
+            "ends_at is in the past: the sale would never open",
+        ));
+    }
     Ok((begins, ends))
 }
 
