@@ -72,6 +72,37 @@ fn bench_starts_its_own_embedded_server_and_checks_the_database() {
 }
 
 #[test]
+fn server_settings_given_to_bench_reach_the_server_it_starts() {
+    // Every buyer presses twice; a rate of one purchase per 100 s, burst 1, turns the
+    // second press away as rate_limited, which the server's default (5/s, burst 10) never
+    // would.
+    let (ok, r, stderr) = bench(
+        &[
+            "bench",
+            "--buyers",
+            "300",
+            "--stock",
+            "300",
+            "--repeat",
+            "1",
+            "--rate-user-per-sec",
+            "0.01",
+            "--rate-user-burst",
+            "1",
+            "--json",
+        ],
+        &[],
+    );
+    assert!(ok, "{stderr}");
+    assert_eq!(r["checks"]["passed"], true, "{r}");
+    assert!(
+        r["answers"]["rate_limited"].as_u64().unwrap_or(0) > 0,
+        "the server ran with bench's rate limit: {r}"
+    );
+    assert!(r["answers"].get("already_purchased").is_none(), "{r}");
+}
+
+#[test]
 fn bench_with_anti_bot_fetches_a_token_before_each_purchase() {
     let (ok, r, stderr) = bench(
         &[

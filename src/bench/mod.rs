@@ -304,7 +304,12 @@ async fn start_server(config: &Config, gate: GateKind) -> Result<Target, BenchEr
             config.max_connections.to_string(),
         ),
     ];
+    env.extend(server_settings(config));
     if gate == GateKind::Redis {
+        env.push((
+            "SECKILL_REDIS_DURABILITY".to_string(),
+            config.redis_durability.name().to_string(),
+        ));
         let redis = config
             .redis_url
             .clone()
@@ -358,6 +363,64 @@ async fn start_server(config: &Config, gate: GateKind) -> Result<Target, BenchEr
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     Err(setup("the server did not become ready"))
+}
+
+/// The server settings given to bench (flags, environment, file) that the server it
+/// starts must run with; bench picks the server's address, database folder, gate and admin
+/// token itself.
+fn server_settings(config: &Config) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = [
+        ("SECKILL_WRITER_BATCH", config.writer_batch.to_string()),
+        (
+            "SECKILL_WRITER_CONCURRENCY",
+            config.writer_concurrency.to_string(),
+        ),
+        (
+            "SECKILL_RATE_USER_PER_SEC",
+            config.rate_user.per_sec.to_string(),
+        ),
+        (
+            "SECKILL_RATE_USER_BURST",
+            config.rate_user.burst.to_string(),
+        ),
+        (
+            "SECKILL_RATE_ADDRESS_PER_SEC",
+            config.rate_address.per_sec.to_string(),
+        ),
+        (
+            "SECKILL_RATE_ADDRESS_BURST",
+            config.rate_address.burst.to_string(),
+        ),
+        (
+            "SECKILL_PRELOAD_AHEAD_SECS",
+            config.preload_ahead_secs.to_string(),
+        ),
+        ("SECKILL_TOKEN_TTL_SECS", config.token_ttl_secs.to_string()),
+        (
+            "SECKILL_MAX_CONNECTIONS",
+            config.max_connections.to_string(),
+        ),
+        (
+            "SECKILL_HEADER_READ_TIMEOUT_SECS",
+            config.header_read_timeout.as_secs().to_string(),
+        ),
+        (
+            "SECKILL_IDLE_TIMEOUT_SECS",
+            config.idle_timeout.as_secs().to_string(),
+        ),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    for (key, value) in [
+        ("SECKILL_TOKEN_SECRET", &config.token_secret),
+        ("SECKILL_PAYMENT_SECRET", &config.payment_secret),
+    ] {
+        if let Some(v) = value {
+            env.push((key.to_string(), v.clone()));
+        }
+    }
+    env
 }
 
 async fn admin_call(
