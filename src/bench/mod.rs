@@ -175,12 +175,27 @@ pub async fn run(config: Config, args: BenchArgs) -> Result<(), BenchError> {
     } else {
         println!("{}", reports[0].table());
     }
+    for r in &reports {
+        if r.seconds < MIN_STABLE_SECONDS {
+            eprintln!(
+                "bench: the {} storm lasted {:.2} s, too short for a stable figure (connecting, \
+                 the first batches and the last stragglers weigh in): give about {:.0}x the \
+                 --buyers",
+                r.gate,
+                r.seconds,
+                (MIN_STABLE_SECONDS * 2.0 / r.seconds.max(0.001)).ceil()
+            );
+        }
+    }
     if reports.iter().all(|r| r.checks.passed) {
         Ok(())
     } else {
         Err(BenchError::ChecksFailed)
     }
 }
+
+/// Storms shorter than this give throughput figures that vary from run to run.
+const MIN_STABLE_SECONDS: f64 = 1.0;
 
 fn model_of(args: &BenchArgs) -> Model {
     match args.rate {
