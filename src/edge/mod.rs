@@ -182,7 +182,12 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/api/admin/sales",
             post(sales::create_sale).get(sales::admin_list_sales),
         )
+        .route(
+            "/api/admin/sales/{id}",
+            axum::routing::patch(sales::edit_sale).delete(sales::delete_sale),
+        )
         .route("/api/admin/sales/{id}/approve", post(sales::approve_sale))
+        .route("/api/admin/sales/{id}/end", post(sales::end_sale))
         .route("/api/admin/sales/{id}/pause", post(sales::pause_sale))
         .route("/api/admin/sales/{id}/resume", post(sales::resume_sale))
         .route("/api/admin/sales/{id}/stats", get(sales::sale_stats))

@@ -300,6 +300,138 @@ pub async fn approve_sale(
     }))
 }
 
+/// New values for some of a draft's settings (the others stay).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SaleChanges {
+    title: Option<String>,
+    price_cents: Option<i64>,
+    stock: Option<i64>,
+    per_user_limit: Option<i64>,
+    begins_at: Option<String>,
+    ends_at: Option<String>,
+    payment_window_secs: Option<i64>,
+    anti_bot: Option<crate::model::AntiBot>,
+}
+
+/// The sale, or 404.
+async fn existing_sale(st: &AppState, id: i64) -> Result<Sale, ApiError> {
+    st.store
+        .sale(id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("sale {id} does not exist")))
+}
+
+/// Edits a draft: a sale not approved yet was never in a gate, so anything may change.
+pub async fn edit_sale(
+    _: Admin,
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<Json<Created>, ApiError> {
+    let id = parse_id(&id, "sale id")?;
+    let c: SaleChanges = parse_json(&body)?;
+    let sale = existing_sale(&st, id).await?;
+    let not_a_draft = || {
+        ApiError::Conflict(format!(
+            "sale {id} is approved: only a draft can be edited (pause it, or end it early)"
+        ))
+    };
+    if sale.approved {
+        return Err(not_a_draft());
+    }
+    let merged = NewSale {
+        title: c.title.unwrap_or(sale.title),
+        price_cents: c.price_cents.unwrap_or(sale.price_cents),
+        stock: c.stock.unwrap_or(sale.initial_stock),
+        per_user_limit: Some(c.per_user_limit.unwrap_or(sale.per_user_limit)),
+        begins_at: c.begins_at.unwrap_or_else(|| rfc3339(sale.begins_at)),
+        ends_at: c.ends_at.unwrap_or_else(|| rfc3339(sale.ends_at)),
+        payment_window_secs: Some(c.payment_window_secs.unwrap_or(sale.payment_window_secs)),
+        anti_bot: Some(c.anti_bot.unwrap_or(sale.anti_bot)),
+    };
+    let (begins_at, ends_at) = validate_new_sale(&merged)?;
+    let edited = Sale {
+        title: merged.title.trim().to_string(),
+        price_cents: merged.price_cents,
+        initial_stock: merged.stock,
+        stock: merged.stock,
+        per_user_limit: merged.per_user_limit.unwrap_or(1),
+        begins_at,
+        ends_at,
+        payment_window_secs: merged.payment_window_secs.unwrap_or(900),
+        anti_bot: merged.anti_bot.unwrap_or_default(),
+        ..sale
+    };
+    // Approved meanwhile: the draft's check above is re-made by the update itself.
+    if !st.store.update_draft(&edited).await? {
+        return Err(not_a_draft());
+    }
+    tracing::info!(sale = id, "draft sale edited");
+    Ok(Json(Created {
+        id: id.to_string(),
+        status: "draft",
+    }))
+}
+
+/// Deletes a draft; an approved sale may have buyers and orders, and stays.
+pub async fn delete_sale(
+    _: Admin,
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Json<Created>, ApiError> {
+    let id = parse_id(&id, "sale id")?;
+    existing_sale(&st, id).await?;
+    if !st.store.delete_draft(id).await? {
+        return Err(ApiError::Conflict(format!(
+            "sale {id} is approved: only a draft can be deleted (end it early instead)"
+        )));
+    }
+    tracing::info!(sale = id, "draft sale deleted");
+    Ok(Json(Created {
+        id: id.to_string(),
+        status: "deleted",
+    }))
+}
+
+#[derive(Serialize)]
+pub struct Ended {
+    id: String,
+    status: &'static str,
+    ends_at: String,
+}
+
+/// Ends an approved sale now: SQL first (the record, and the SQL gates' window), then the
+/// gate, which every instance's next purchase reads. Units already sold stay sold. When
+/// the gate cannot be told, the answer is 503 and calling again finishes it.
+pub async fn end_sale(
+    _: Admin,
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Json<Ended>, ApiError> {
+    let id = parse_id(&id, "sale id")?;
+    let sale = existing_sale(&st, id).await?;
+    if !sale.approved {
+        return Err(ApiError::Conflict(format!(
+            "sale {id} is a draft: it never opened (delete it instead)"
+        )));
+    }
+    let now = crate::now_ms();
+    let sale = st
+        .store
+        .end_early(id, now)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("sale {id} does not exist")))?;
+    st.gate.end_early(id, sale.ends_at).await?;
+    st.sales.refresh(&st.store).await?;
+    tracing::info!(sale = id, ends_at = sale.ends_at, "sale ended early");
+    Ok(Json(Ended {
+        id: id.to_string(),
+        status: "ended",
+        ends_at: rfc3339(sale.ends_at),
+    }))
+}
+
 #[derive(Serialize)]
 pub struct PauseState {
     id: String,
@@ -516,6 +648,8 @@ pub async fn sale_order_ids(
     if page.after.is_some_and(|a| a < 0) {
         return Err(ApiError::invalid("after must be an order id, or 0"));
     }
+    // An unknown (or deleted) sale is 404, not an empty list.
+    existing_sale(&st, id).await?;
     let ids = st
         .store
         .live_order_ids(id, page.after.unwrap_or(0), limit)

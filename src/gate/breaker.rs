@@ -254,6 +254,11 @@ impl Gate for Breaker {
             .await
     }
 
+    async fn end_early(&self, sale_id: i64, at: i64) -> Result<(), GateError> {
+        self.call(sale_id, self.inner.end_early(sale_id, at), CALL_TIMEOUT)
+            .await
+    }
+
     async fn set_paused(&self, sale_id: i64, paused: bool) -> Result<(), GateError> {
         self.call(
             sale_id,

@@ -239,6 +239,14 @@ impl Gate for MemoryGate {
         Ok(())
     }
 
+    async fn end_early(&self, sale_id: i64, at: i64) -> Result<(), GateError> {
+        if let Some(state) = self.sale(sale_id) {
+            let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
+            s.ends_at = s.ends_at.min(at);
+        }
+        Ok(())
+    }
+
     async fn spend(&self, sale_id: i64, spend: Spend) -> Result<bool, GateError> {
         Ok(self.spend_now(sale_id, spend, (self.clock)()))
     }

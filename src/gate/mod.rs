@@ -367,6 +367,10 @@ pub trait Gate: Send + Sync {
     /// Stops or restarts purchases of a loaded sale (kill switch).
     async fn set_paused(&self, sale_id: i64, paused: bool) -> Result<(), GateError>;
 
+    /// Moves a loaded sale's end to `at` (Unix ms) when that is earlier: ending it early.
+    /// Never extends a sale.
+    async fn end_early(&self, sale_id: i64, at: i64) -> Result<(), GateError>;
+
     /// Spends a single-use nonce of a sale (a captcha's); false when it was spent before.
     async fn spend(&self, sale_id: i64, spend: Spend) -> Result<bool, GateError>;
 

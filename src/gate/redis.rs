@@ -79,6 +79,7 @@ pub struct RedisGate {
     purchase: Script,
     load: Script,
     pause: Script,
+    end_early: Script,
     release: Script,
     lock_load: Script,
     stage_load: Script,
@@ -109,6 +110,7 @@ impl RedisGate {
             purchase: Script::new(include_str!("purchase.lua")),
             load: Script::new(include_str!("load_sale.lua")),
             pause: Script::new(include_str!("set_paused.lua")),
+            end_early: Script::new(include_str!("end_early.lua")),
             release: Script::new(include_str!("release.lua")),
             lock_load: Script::new(include_str!("lock_load.lua")),
             stage_load: Script::new(include_str!("stage_load.lua")),
@@ -226,6 +228,7 @@ impl RedisGate {
             &self.purchase,
             &self.load,
             &self.pause,
+            &self.end_early,
             &self.release,
             &self.lock_load,
             &self.stage_load,
@@ -615,6 +618,17 @@ impl Gate for RedisGate {
             buyers,
             accepted,
         }))
+    }
+
+    async fn end_early(&self, sale_id: i64, at: i64) -> Result<(), GateError> {
+        let mut conn = self.conn.clone();
+        let _: i64 = self
+            .end_early
+            .key(&self.keys(sale_id).sale)
+            .arg(at)
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(())
     }
 
     async fn set_paused(&self, sale_id: i64, paused: bool) -> Result<(), GateError> {

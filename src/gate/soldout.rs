@@ -151,6 +151,10 @@ impl Gate for SoldOutShortcut {
         self.inner.set_paused(sale_id, paused).await
     }
 
+    async fn end_early(&self, sale_id: i64, at: i64) -> Result<(), GateError> {
+        self.inner.end_early(sale_id, at).await
+    }
+
     async fn spend(&self, sale_id: i64, spend: super::Spend) -> Result<bool, GateError> {
         self.inner.spend(sale_id, spend).await
     }

@@ -126,6 +126,11 @@ impl Gate for SqlGate {
         Ok(())
     }
 
+    async fn end_early(&self, _sale_id: i64, _at: i64) -> Result<(), GateError> {
+        // The admin call set `sales.ends_at`, which this gate reads on every purchase.
+        Ok(())
+    }
+
     async fn spend(&self, sale_id: i64, spend: Spend) -> Result<bool, GateError> {
         let sql = |e: crate::store::StoreError| GateError::Sql(e.to_string());
         if self.spends.fetch_add(1, Ordering::Relaxed) % SWEEP_EVERY == SWEEP_EVERY - 1 {

@@ -592,6 +592,55 @@ impl Store {
         Ok(true)
     }
 
+    /// Replaces a draft's settings; false when the sale is not a draft (or does not exist).
+    pub async fn update_draft(&self, s: &Sale) -> Result<bool, StoreError> {
+        let done = sqlx::query(&self.sql(
+            "UPDATE sales SET title = ?, price_cents = ?, initial_stock = ?, stock = ?, \
+             per_user_limit = ?, begins_at = ?, ends_at = ?, payment_window_secs = ?, \
+             anti_bot = ?, updated_at = ? WHERE id = ? AND status = 'draft'",
+        ))
+        .bind(s.title.as_str())
+        .bind(s.price_cents)
+        .bind(s.initial_stock)
+        .bind(s.initial_stock)
+        .bind(s.per_user_limit)
+        .bind(s.begins_at)
+        .bind(s.ends_at)
+        .bind(s.payment_window_secs)
+        .bind(s.anti_bot.as_str())
+        .bind(crate::now_ms())
+        .bind(s.id)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Deletes a draft; false when the sale is not a draft (or does not exist). A draft was
+    /// never in a gate and has no orders.
+    pub async fn delete_draft(&self, id: i64) -> Result<bool, StoreError> {
+        let done = sqlx::query(&self.sql("DELETE FROM sales WHERE id = ? AND status = 'draft'"))
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Moves an approved sale's end to `at` when that is earlier (never later); the sale
+    /// as it is afterwards.
+    pub async fn end_early(&self, id: i64, at: i64) -> Result<Option<Sale>, StoreError> {
+        sqlx::query(&self.sql(
+            "UPDATE sales SET ends_at = ?, updated_at = ? \
+             WHERE id = ? AND status = 'approved' AND ends_at > ?",
+        ))
+        .bind(at)
+        .bind(crate::now_ms())
+        .bind(id)
+        .bind(at)
+        .execute(&self.pool)
+        .await?;
+        self.sale(id).await
+    }
+
     pub async fn set_paused(&self, id: i64, paused: bool) -> Result<(), StoreError> {
         let done =
             sqlx::query(&self.sql("UPDATE sales SET paused = ?, updated_at = ? WHERE id = ?"))
