@@ -138,6 +138,23 @@ pub enum PaymentSettlement {
     RefundDue,
 }
 
+/// Returns not yet handed to the gate (the start of a query).
+const PENDING_RETURNS: &str =
+    "SELECT order_id, sale_id, user_id, quantity FROM stock_returns WHERE gate_done_at IS NULL";
+
+fn returns_from_rows(rows: &[sqlx::any::AnyRow]) -> Result<Vec<StockReturn>, StoreError> {
+    rows.iter()
+        .map(|r| {
+            Ok(StockReturn {
+                order_id: r.try_get(0)?,
+                sale_id: r.try_get(1)?,
+                user_id: r.try_get(2)?,
+                quantity: r.try_get(3)?,
+            })
+        })
+        .collect()
+}
+
 impl Store {
     /// Moves a `pending_payment` order to `outcome` in one transaction; cancellation and
     /// expiry put the units back on `sales.stock` and into the gate outbox. `owner`, when
@@ -301,31 +318,18 @@ impl Store {
         sale_id: Option<i64>,
         limit: i64,
     ) -> Result<Vec<StockReturn>, StoreError> {
-        let base = "SELECT order_id, sale_id, user_id, quantity FROM stock_returns WHERE gate_done_at IS NULL";
-        let rows = match sale_id {
-            Some(id) => {
-                let q = self.sql(&format!("{base} AND sale_id = ? ORDER BY order_id LIMIT ?"));
-                sqlx::query(&q)
-                    .bind(id)
-                    .bind(limit)
-                    .fetch_all(&self.pool)
-                    .await?
-            }
-            None => {
-                let q = self.sql(&format!("{base} ORDER BY order_id LIMIT ?"));
-                sqlx::query(&q).bind(limit).fetch_all(&self.pool).await?
-            }
+        let Some(id) = sale_id else {
+            return self.pending_returns_except(&[], limit).await;
         };
-        rows.iter()
-            .map(|r| {
-                Ok(StockReturn {
-                    order_id: r.try_get(0)?,
-                    sale_id: r.try_get(1)?,
-                    user_id: r.try_get(2)?,
-                    quantity: r.try_get(3)?,
-                })
-            })
-            .collect()
+        let q = self.sql(&format!(
+            "{PENDING_RETURNS} AND sale_id = ? ORDER BY order_id LIMIT ?"
+        ));
+        let rows = sqlx::query(&q)
+            .bind(id)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?;
+        returns_from_rows(&rows)
     }
 
     /// The oldest returns not yet handed to the gate, except those of `skipped` sales (whose
@@ -335,27 +339,18 @@ impl Store {
         skipped: &[i64],
         limit: i64,
     ) -> Result<Vec<StockReturn>, StoreError> {
-        if skipped.is_empty() {
-            return self.pending_returns(None, limit).await;
-        }
         // Integers only, so the list is written into the statement safely.
-        let list: Vec<String> = skipped.iter().map(i64::to_string).collect();
+        let except = if skipped.is_empty() {
+            String::new()
+        } else {
+            let list: Vec<String> = skipped.iter().map(i64::to_string).collect();
+            format!(" AND sale_id NOT IN ({})", list.join(","))
+        };
         let q = self.sql(&format!(
-            "SELECT order_id, sale_id, user_id, quantity FROM stock_returns \
-             WHERE gate_done_at IS NULL AND sale_id NOT IN ({}) ORDER BY order_id LIMIT ?",
-            list.join(",")
+            "{PENDING_RETURNS}{except} ORDER BY order_id LIMIT ?"
         ));
         let rows = sqlx::query(&q).bind(limit).fetch_all(&self.pool).await?;
-        rows.iter()
-            .map(|r| {
-                Ok(StockReturn {
-                    order_id: r.try_get(0)?,
-                    sale_id: r.try_get(1)?,
-                    user_id: r.try_get(2)?,
-                    quantity: r.try_get(3)?,
-                })
-            })
-            .collect()
+        returns_from_rows(&rows)
     }
 
     pub async fn mark_returned(&self, order_id: i64, now: i64) -> Result<(), StoreError> {
