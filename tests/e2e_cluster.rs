@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::cluster::PrivateCluster;
-use common::storm::{check_sql, storm_on, Arrival, Told};
+use common::storm::{check_sql, storm_on, Arrival, Told, Worker};
 use common::{Server, Sql};
 use seckill::model::OrderStatus;
 use seckill::store::Store;
@@ -29,15 +29,6 @@ struct Deployment {
     _workers: Vec<Worker>,
     store: Store,
     secret: String,
-}
-
-struct Worker(std::process::Child);
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 impl Deployment {
@@ -70,9 +61,7 @@ impl Deployment {
     }
 
     fn tokens(&self, users: std::ops::Range<i64>) -> Vec<(i64, String)> {
-        let signer = seckill::edge::auth::TokenSigner::new(&self.secret);
-        let exp = seckill::now_ms() / 1000 + 3600;
-        users.map(|u| (u, signer.sign(u, exp))).collect()
+        common::storm::tokens(&self.secret, users)
     }
 
     fn bases(&self) -> Vec<String> {

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::storm::{check_sql, first_ok_after, merge, storm_on, Arrival, Told};
+use common::storm::{check_sql, first_ok_after, merge, storm_on, Arrival, Told, Worker};
 use common::{PrivateRedis, Server, Sql};
 use seckill::store::Store;
 
@@ -29,15 +29,6 @@ struct Deployment {
     workers: Vec<Worker>,
     store: Store,
     secret: String,
-}
-
-struct Worker(std::process::Child);
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 impl Deployment {
@@ -81,9 +72,7 @@ impl Deployment {
     }
 
     fn tokens(&self, users: std::ops::Range<i64>) -> Vec<(i64, String)> {
-        let signer = seckill::edge::auth::TokenSigner::new(&self.secret);
-        let exp = seckill::now_ms() / 1000 + 3600;
-        users.map(|u| (u, signer.sign(u, exp))).collect()
+        common::storm::tokens(&self.secret, users)
     }
 
     fn base(&self, i: usize) -> &str {

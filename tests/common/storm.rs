@@ -9,6 +9,23 @@ use std::time::{Duration, Instant};
 
 use seckill::store::Store;
 
+/// A `seckill worker` process of a test's deployment, SIGKILLed when dropped.
+pub struct Worker(pub std::process::Child);
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Bearer tokens (signed with the deployment's `secret`, valid an hour) for these users.
+pub fn tokens(secret: &str, users: std::ops::Range<i64>) -> Vec<(i64, String)> {
+    let signer = seckill::edge::auth::TokenSigner::new(secret);
+    let exp = seckill::now_ms() / 1000 + 3600;
+    users.map(|u| (u, signer.sign(u, exp))).collect()
+}
+
 /// Orders per user in SQL for a sale (live ones).
 pub async fn live_orders(store: &Store, sale_id: i64) -> HashMap<i64, Vec<i64>> {
     let mut by_user: HashMap<i64, Vec<i64>> = HashMap::new();
