@@ -41,16 +41,7 @@ impl Deployment {
             ("SECKILL_REDIS_URL".to_string(), cluster.url()),
             ("SECKILL_TOKEN_SECRET".to_string(), secret.clone()),
         ];
-        let mut instances = Vec::new();
-        for _ in 0..2 {
-            instances
-                .push(Server::start(env.clone(), vec!["serve".into(), "--no-writer".into()]).await);
-        }
-        let mut worker_env = env;
-        worker_env.push(("SECKILL_LOG".into(), "warn".into()));
-        let workers = (0..2)
-            .map(|_| Worker(common::spawn(&worker_env, &["worker".to_string()])))
-            .collect();
+        let (instances, workers) = common::storm::instances_and_workers(env).await;
         Deployment {
             cluster,
             instances,

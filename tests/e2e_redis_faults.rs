@@ -52,16 +52,7 @@ impl Deployment {
             ("SECKILL_DEV".to_string(), "1".to_string()),
         ];
         env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-        let mut instances = Vec::new();
-        for _ in 0..2 {
-            instances
-                .push(Server::start(env.clone(), vec!["serve".into(), "--no-writer".into()]).await);
-        }
-        let mut worker_env = env;
-        worker_env.push(("SECKILL_LOG".into(), "warn".into()));
-        let workers = (0..2)
-            .map(|_| Worker(common::spawn(&worker_env, &["worker".to_string()])))
-            .collect();
+        let (instances, workers) = common::storm::instances_and_workers(env).await;
         Deployment {
             redis,
             instances,

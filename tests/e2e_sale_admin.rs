@@ -31,6 +31,21 @@ fn in_hours(h: i64) -> String {
         .unwrap()
 }
 
+/// Creates a draft opening in an hour; its id.
+async fn create_draft(c: &reqwest::Client, s: &Server, title: &str, stock: i64) -> String {
+    let (status, created) = call(
+        c,
+        s,
+        reqwest::Method::POST,
+        "/api/admin/sales",
+        Some(json!({"title": title, "price_cents": 100, "stock": stock,
+                    "begins_at": in_hours(1), "ends_at": in_hours(2)})),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    created["id"].as_str().unwrap().to_string()
+}
+
 async fn admin_sale(c: &reqwest::Client, s: &Server, id: &str) -> Option<serde_json::Value> {
     let (_, all) = call(c, s, reqwest::Method::GET, "/api/admin/sales", None).await;
     all.as_array()?.iter().find(|v| v["id"] == id).cloned()
@@ -41,17 +56,7 @@ async fn drafts_are_edited_and_deleted_approved_sales_are_not() {
     use reqwest::Method;
     let server = Server::embedded(&[]).await;
     let c = common::client();
-    let (status, created) = call(
-        &c,
-        &server,
-        Method::POST,
-        "/api/admin/sales",
-        Some(json!({"title": "draft", "price_cents": 100, "stock": 5,
-                    "begins_at": in_hours(1), "ends_at": in_hours(2)})),
-    )
-    .await;
-    assert_eq!(status, 201, "{created}");
-    let id = created["id"].as_str().unwrap().to_string();
+    let id = create_draft(&c, &server, "draft", 5).await;
     let path = format!("/api/admin/sales/{id}");
 
     let (status, body) = call(
@@ -103,16 +108,7 @@ async fn drafts_are_edited_and_deleted_approved_sales_are_not() {
     assert_eq!(admin_sale(&c, &server, &id).await.unwrap()["stock"], 9);
 
     // A draft is deleted once; then it is gone. A draft cannot be ended.
-    let (_, created) = call(
-        &c,
-        &server,
-        Method::POST,
-        "/api/admin/sales",
-        Some(json!({"title": "gone", "price_cents": 1, "stock": 1,
-                    "begins_at": in_hours(1), "ends_at": in_hours(2)})),
-    )
-    .await;
-    let other = created["id"].as_str().unwrap().to_string();
+    let other = create_draft(&c, &server, "gone", 1).await;
     let (status, _) = call(
         &c,
         &server,

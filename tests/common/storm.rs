@@ -19,6 +19,25 @@ impl Drop for Worker {
     }
 }
 
+/// The processes of a distributed test deployment: two `serve --no-writer` instances and
+/// two `worker`s, all with `env` (database, Redis, token secret, ...).
+pub async fn instances_and_workers(
+    env: Vec<(String, String)>,
+) -> (Vec<super::Server>, Vec<Worker>) {
+    let mut instances = Vec::new();
+    for _ in 0..2 {
+        instances.push(
+            super::Server::start(env.clone(), vec!["serve".into(), "--no-writer".into()]).await,
+        );
+    }
+    let mut worker_env = env;
+    worker_env.push(("SECKILL_LOG".into(), "warn".into()));
+    let workers = (0..2)
+        .map(|_| Worker(super::spawn(&worker_env, &["worker".to_string()])))
+        .collect();
+    (instances, workers)
+}
+
 /// Bearer tokens (signed with the deployment's `secret`, valid an hour) for these users.
 pub fn tokens(secret: &str, users: std::ops::Range<i64>) -> Vec<(i64, String)> {
     let signer = seckill::edge::auth::TokenSigner::new(secret);
