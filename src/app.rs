@@ -257,7 +257,12 @@ async fn distributed_parts(config: &Config, store: &Store, url: &str) -> Result<
             } else {
                 breaker
             });
-            (breaker.clone() as Arc<dyn Gate>, Some(breaker))
+            // Moves stock between a segmented sale's segments when a buyer's is empty.
+            let rebalancer = crate::segments::rebalance::Rebalancer::new(
+                breaker.clone() as Arc<dyn Gate>,
+                store.clone(),
+            );
+            (Arc::new(rebalancer) as Arc<dyn Gate>, Some(breaker))
         }
     };
     Ok(Parts {

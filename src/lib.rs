@@ -35,6 +35,7 @@ pub mod model;
 pub mod orderlog;
 pub mod redis_client;
 pub mod scheduler;
+pub mod segments;
 pub mod sentinel;
 pub mod store;
 pub mod writer;

@@ -20,6 +20,9 @@ pub struct Sale {
     pub paused: bool,
     pub updated_at: i64,
     pub anti_bot: AntiBot,
+    /// Parts the gate keeps the stock in, each on its own Redis slot (1: one part); see
+    /// `segments`. Fixed once the sale is approved.
+    pub segments: i64,
 }
 
 /// What a sale asks of a buyer before the purchase call, against scripts.
@@ -163,6 +166,7 @@ mod tests {
             paused: false,
             updated_at: 0,
             anti_bot: AntiBot::Off,
+            segments: 1,
         }
     }
 

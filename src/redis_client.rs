@@ -151,6 +151,32 @@ impl RedisClient {
     }
 }
 
+/// Masters serving slots: those of the cluster (from `CLUSTER NODES`), or 1.
+pub async fn master_count(conn: &mut RedisConn) -> usize {
+    if !conn.is_cluster() {
+        return 1;
+    }
+    match redis::cmd("CLUSTER")
+        .arg("NODES")
+        .query_async::<String>(conn)
+        .await
+    {
+        Ok(nodes) => serving_masters(&nodes).max(1),
+        Err(_) => 1,
+    }
+}
+
+/// Masters of a `CLUSTER NODES` reply that are not failing and own slots.
+fn serving_masters(nodes: &str) -> usize {
+    nodes
+        .lines()
+        .filter(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            fields.len() > 8 && fields[2].contains("master") && !fields[2].contains("fail")
+        })
+        .count()
+}
+
 /// The `redis://` URLs of the nodes of a `CLUSTER NODES` reply not marked failing,
 /// with the credentials of `like` (a seed URL).
 fn live_nodes(nodes: &str, like: Option<&str>) -> Vec<String> {

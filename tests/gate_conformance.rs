@@ -126,6 +126,8 @@ impl Harness {
             buyers,
             released: vec![],
             counted: vec![],
+            segment: 0,
+            moves: Vec::new(),
         };
         assert_eq!(
             self.gate.load(&load).await.unwrap(),
@@ -143,6 +145,8 @@ impl Harness {
                 quantity,
                 order_id: common::next_id(),
                 token: None,
+                segments: 1,
+                after_move: false,
             })
             .await
             .unwrap_or_else(|e| panic!("{}: gate error {e}", self.name))
@@ -171,6 +175,8 @@ async fn thousands_of_buyers_get_exactly_the_stock_one_each() {
                             quantity: 1,
                             order_id: common::next_id(),
                             token: None,
+                            segments: 1,
+                            after_move: false,
                         })
                         .await
                         .unwrap();
@@ -220,6 +226,8 @@ async fn one_user_from_many_tasks_gets_one() {
                         quantity: 1,
                         order_id: common::next_id(),
                         token: None,
+                        segments: 1,
+                        after_move: false,
                     })
                     .await
                     .unwrap()
@@ -370,6 +378,8 @@ async fn a_second_load_never_overwrites_live_stock_and_buyers_are_remembered() {
             buyers: vec![],
             released: vec![],
             counted: vec![],
+            segment: 0,
+            moves: Vec::new(),
         };
         assert!(
             !h.gate.load(&again).await.unwrap(),
@@ -457,6 +467,8 @@ async fn a_user_firing_requests_is_throttled_before_touching_the_stock() {
             buyers: vec![],
             released: vec![],
             counted: vec![],
+            segment: 0,
+            moves: Vec::new(),
         };
         gate.load(&load).await.unwrap();
         let mut verdicts = Vec::new();
@@ -468,6 +480,8 @@ async fn a_user_firing_requests_is_throttled_before_touching_the_stock() {
                     quantity: 1,
                     order_id: common::next_id(),
                     token: None,
+                    segments: 1,
+                    after_move: false,
                 })
                 .await
                 .unwrap(),
@@ -501,6 +515,8 @@ async fn a_user_firing_requests_is_throttled_before_touching_the_stock() {
                 quantity: 1,
                 order_id: common::next_id(),
                 token: None,
+                segments: 1,
+                after_move: false,
             })
             .await
             .unwrap();
@@ -536,6 +552,8 @@ async fn a_purchase_token_is_spent_once_whatever_the_outcome() {
                         quantity: 1,
                         order_id: common::next_id(),
                         token: Some(token),
+                        segments: 1,
+                        after_move: false,
                     })
                     .await
                     .unwrap()
@@ -577,6 +595,8 @@ async fn a_purchase_token_is_spent_once_whatever_the_outcome() {
             quantity: 5,
             order_id: common::next_id(),
             token: Some(once),
+            segments: 1,
+            after_move: false,
         };
         let first = h.gate.purchase(buy(6_000)).await.unwrap();
         assert!(!accepted(&first), "{}: over the limit", h.name);

@@ -58,6 +58,8 @@ fn buy(sale_id: i64, user_id: i64) -> Purchase {
         quantity: 1,
         order_id: common::next_id(),
         token: None,
+        segments: 1,
+        after_move: false,
     }
 }
 
@@ -148,6 +150,8 @@ async fn a_loader_that_lost_its_lock_writes_nothing() {
         buyers: snapshot.buyers.clone(),
         released: vec![],
         counted: snapshot.counted.clone(),
+        segment: 0,
+        moves: Vec::new(),
     };
     // A wakes up with a wrong picture of the sale: it must not write any of it.
     assert!(a.finish_load(stale, &load(999)).await.is_err());
@@ -229,6 +233,8 @@ async fn the_rebuilt_gate_is_sql_plus_the_stream_plus_late_writes() {
         buyers: snapshot.buyers,
         released: snapshot.released,
         counted: snapshot.counted,
+        segment: 0,
+        moves: Vec::new(),
     };
     assert!(g.finish_load(ticket, &load).await.unwrap());
 

@@ -296,6 +296,8 @@ async fn gates_take_each_order_back_once_and_skip_what_their_load_counted() {
             buyers: vec![],
             released: vec![counted],
             counted: vec![],
+            segment: 0,
+            moves: Vec::new(),
         };
         gate.load(&load).await.unwrap();
         let order_id = common::next_id();
@@ -305,6 +307,8 @@ async fn gates_take_each_order_back_once_and_skip_what_their_load_counted() {
             quantity: 1,
             order_id,
             token: None,
+            segments: 1,
+            after_move: false,
         };
         assert!(
             matches!(

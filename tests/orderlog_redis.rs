@@ -47,7 +47,7 @@ impl Setup {
             .await
             .unwrap()
             .with_reclaim_idle(idle);
-        log.watch(&[sale_id]).await.unwrap();
+        log.watch(&[(sale_id, 1)]).await.unwrap();
         Arc::new(log)
     }
 
@@ -71,6 +71,8 @@ impl Setup {
             buyers: vec![],
             released: vec![],
             counted: vec![],
+            segment: 0,
+            moves: Vec::new(),
         };
         assert!(self.gate.load(&load).await.unwrap());
         sale.id
@@ -88,6 +90,8 @@ impl Setup {
                     quantity: 1,
                     order_id,
                     token: None,
+                    segments: 1,
+                    after_move: false,
                 })
                 .await
                 .unwrap();
@@ -146,7 +150,7 @@ async fn a_killed_consumers_batch_is_reclaimed_and_written_once() {
         );
         let mut conn = s.conn.clone();
         let (len, pending, dead) =
-            seckill::orderlog::redis_stream::backlog(&mut conn, &s.prefix, sale_id)
+            seckill::orderlog::redis_stream::backlog(&mut conn, &s.prefix, sale_id, 1)
                 .await
                 .unwrap();
         assert_eq!(

@@ -289,13 +289,13 @@ async fn readyz(State(st): State<Arc<AppState>>) -> Result<&'static str, ApiErro
 }
 
 /// Sales whose order log is worth watching: those not ended more than an hour ago.
-fn recent_sales(st: &AppState) -> Vec<i64> {
+fn recent_sales(st: &AppState) -> Vec<(i64, i64)> {
     let since = crate::now_ms() - 3_600_000;
     st.sales
         .all()
         .iter()
         .filter(|s| s.ends_at > since)
-        .map(|s| s.id)
+        .map(|s| (s.id, s.segments))
         .collect()
 }
 
@@ -307,11 +307,12 @@ async fn order_log_lag(st: &AppState) -> Result<Vec<(i64, i64, i64)>, ApiError> 
     };
     let now = crate::now_ms();
     let mut out = Vec::new();
-    for sale in recent_sales(st) {
+    for (sale, segments) in recent_sales(st) {
         let (len, oldest) = crate::orderlog::redis_stream::unwritten(
             &mut conn.clone(),
             &st.config.redis_prefix,
             sale,
+            segments,
         )
         .await
         .map_err(|e| ApiError::Unavailable(format!("redis: {e}")))?;

@@ -230,6 +230,8 @@ async fn ask_gate(
             quantity: ask.quantity,
             order_id,
             token: admitted.token,
+            segments: admitted.segments,
+            after_move: false,
         })
         .await;
     st.metrics
@@ -281,6 +283,7 @@ struct Ask {
 /// A purchase that passed the checks made without the gate, and what the gate needs of them.
 struct Admitted {
     limit: i64,
+    segments: i64,
     token: Option<crate::gate::Spend>,
 }
 
@@ -304,7 +307,11 @@ fn admit(st: &AppState, sale: &Sale, ask: &Ask, now: i64) -> Result<Admitted, Ap
     if let Some(Verdict::Rejected(sold_out)) = st.sold_out.answer(sale.id) {
         return Err(ApiError::from_rejection(sold_out, limit));
     }
-    Ok(Admitted { limit, token })
+    Ok(Admitted {
+        limit,
+        segments: sale.segments,
+        token,
+    })
 }
 
 #[derive(Serialize)]
@@ -448,12 +455,12 @@ pub async fn list_orders(
             }
             // Orders wait for writers for moments, not hours.
             let since = crate::now_ms() - 3_600_000;
-            let sales: Vec<(i64, i64)> = st
+            let sales: Vec<(i64, i64, i64)> = st
                 .sales
                 .all()
                 .iter()
                 .filter(|s| s.ends_at > since)
-                .map(|s| (s.id, in_sql.get(&s.id).copied().unwrap_or(0)))
+                .map(|s| (s.id, in_sql.get(&s.id).copied().unwrap_or(0), s.segments))
                 .collect();
             crate::orderlog::redis_stream::queued_of_user(
                 &mut conn.clone(),

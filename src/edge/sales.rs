@@ -47,6 +47,8 @@ pub struct SaleView {
     payment_window_secs: i64,
     /// `off`, `token` or `captcha`: what a buyer must fetch before purchasing.
     anti_bot: crate::model::AntiBot,
+    /// Parts the stock is kept in (each on its own Redis master in a cluster).
+    segments: i64,
 }
 
 impl From<&Sale> for SaleView {
@@ -61,6 +63,7 @@ impl From<&Sale> for SaleView {
             ends_at: rfc3339(s.ends_at),
             payment_window_secs: s.payment_window_secs,
             anti_bot: s.anti_bot,
+            segments: s.segments,
         }
     }
 }
@@ -174,6 +177,51 @@ struct NewSale {
     ends_at: String,
     payment_window_secs: Option<i64>,
     anti_bot: Option<crate::model::AntiBot>,
+    segments: Option<SegmentsAsked>,
+}
+
+/// `"segments"`: a number of parts, or `"auto"` (see `segments::auto_segments`).
+#[derive(Deserialize, Clone, Copy)]
+#[serde(untagged)]
+enum SegmentsAsked {
+    Count(i64),
+    Auto(AutoWord),
+}
+
+#[derive(Deserialize, Clone, Copy)]
+#[serde(rename_all = "snake_case")]
+enum AutoWord {
+    Auto,
+}
+
+/// The segments a new or edited sale gets.
+async fn segments_for(
+    st: &AppState,
+    asked: Option<SegmentsAsked>,
+    stock: i64,
+) -> Result<i64, ApiError> {
+    match asked {
+        None => Ok(1),
+        Some(SegmentsAsked::Count(n)) if (1..=crate::segments::MAX_SEGMENTS).contains(&n) => {
+            if n > stock {
+                return Err(ApiError::invalid(format!(
+                    "segments ({n}) must not exceed the stock ({stock}): every segment starts with a unit"
+                )));
+            }
+            Ok(n)
+        }
+        Some(SegmentsAsked::Count(_)) => Err(ApiError::invalid(format!(
+            "segments must be between 1 and {}, or \"auto\"",
+            crate::segments::MAX_SEGMENTS
+        ))),
+        Some(SegmentsAsked::Auto(AutoWord::Auto)) => {
+            let masters = match &st.redis {
+                Some(conn) => crate::redis_client::master_count(&mut conn.clone()).await,
+                None => 1,
+            };
+            Ok(crate::segments::auto_segments(masters, stock))
+        }
+    }
 }
 
 pub const MAX_STOCK: i64 = 100_000_000;
@@ -235,6 +283,7 @@ pub async fn create_sale(
 ) -> Result<(StatusCode, Json<Created>), ApiError> {
     let n: NewSale = parse_json(&body)?;
     let (begins_at, ends_at) = validate_new_sale(&n)?;
+    let segments = segments_for(&st, n.segments, n.stock).await?;
     let sale = Sale {
         id: st.ids.next()?,
         title: n.title.trim().to_string(),
@@ -249,6 +298,7 @@ pub async fn create_sale(
         paused: false,
         updated_at: 0,
         anti_bot: n.anti_bot.unwrap_or_default(),
+        segments,
     };
     st.store.create_sale(&sale).await?;
     tracing::info!(
@@ -312,6 +362,7 @@ struct SaleChanges {
     ends_at: Option<String>,
     payment_window_secs: Option<i64>,
     anti_bot: Option<crate::model::AntiBot>,
+    segments: Option<SegmentsAsked>,
 }
 
 /// The sale, or 404.
@@ -349,8 +400,10 @@ pub async fn edit_sale(
         ends_at: c.ends_at.unwrap_or_else(|| rfc3339(sale.ends_at)),
         payment_window_secs: Some(c.payment_window_secs.unwrap_or(sale.payment_window_secs)),
         anti_bot: Some(c.anti_bot.unwrap_or(sale.anti_bot)),
+        segments: Some(c.segments.unwrap_or(SegmentsAsked::Count(sale.segments))),
     };
     let (begins_at, ends_at) = validate_new_sale(&merged)?;
+    let segments = segments_for(&st, merged.segments, merged.stock).await?;
     let edited = Sale {
         title: merged.title.trim().to_string(),
         price_cents: merged.price_cents,
@@ -361,6 +414,7 @@ pub async fn edit_sale(
         ends_at,
         payment_window_secs: merged.payment_window_secs.unwrap_or(900),
         anti_bot: merged.anti_bot.unwrap_or_default(),
+        segments,
         ..sale
     };
     // Approved meanwhile: the draft's check above is re-made by the update itself.
@@ -526,9 +580,14 @@ pub async fn sale_stats(
     let backlog = match &st.redis {
         Some(conn) => {
             let mut conn = conn.clone();
-            let b = crate::orderlog::redis_stream::backlog(&mut conn, &st.config.redis_prefix, id)
-                .await
-                .map_err(|e| ApiError::Unavailable(format!("redis: {e}")))?;
+            let b = crate::orderlog::redis_stream::backlog(
+                &mut conn,
+                &st.config.redis_prefix,
+                id,
+                sale.segments,
+            )
+            .await
+            .map_err(|e| ApiError::Unavailable(format!("redis: {e}")))?;
             Some(b)
         }
         None => st.local_log.as_ref().map(|log| (log.backlog(id), 0, 0)),
@@ -598,10 +657,15 @@ pub async fn sale_audit(
     let log_backlog = match &st.redis {
         Some(conn) => {
             let mut conn = conn.clone();
-            crate::orderlog::redis_stream::backlog(&mut conn, &st.config.redis_prefix, id)
-                .await
-                .map(|b| Some(b.0))
-                .map_err(|e| ApiError::Unavailable(format!("redis: {e}")))?
+            crate::orderlog::redis_stream::backlog(
+                &mut conn,
+                &st.config.redis_prefix,
+                id,
+                sale.segments,
+            )
+            .await
+            .map(|b| Some(b.0))
+            .map_err(|e| ApiError::Unavailable(format!("redis: {e}")))?
         }
         None => st.local_log.as_ref().map(|log| log.backlog(id)),
     };

@@ -41,6 +41,9 @@ pub struct Durable {
     pub pool: std::sync::Mutex<Vec<RedisConn>>,
 }
 
+/// A sale segment's keys, its (sale, segment), and its attempts of one batch.
+type SegmentGroup = (Arc<SaleKeys>, (i64, i64), Vec<Attempt>);
+
 struct Attempt {
     purchase: Purchase,
     answer: oneshot::Sender<Result<Verdict, GateError>>,
@@ -94,7 +97,7 @@ pub const DURABLE_CONNECTIONS: usize = MAX_CALLS_IN_FLIGHT;
 
 async fn run(caller: Arc<Caller>, prefix: String, mut attempts: mpsc::UnboundedReceiver<Attempt>) {
     let slots = Arc::new(Semaphore::new(MAX_CALLS_IN_FLIGHT));
-    let mut keys: HashMap<i64, Arc<SaleKeys>> = HashMap::new();
+    let mut keys: HashMap<(i64, i64, i64), Arc<SaleKeys>> = HashMap::new();
     loop {
         // Wait for a free slot before taking attempts off the queue, so that the queue
         // holds everything that arrived while all calls were out.
@@ -118,17 +121,21 @@ async fn run(caller: Arc<Caller>, prefix: String, mut attempts: mpsc::UnboundedR
         if batch.is_empty() {
             continue;
         }
-        let mut by_sale: Vec<(Arc<SaleKeys>, i64, Vec<Attempt>)> = Vec::new();
+        // One call per sale segment: a segment's keys share one hash tag (one slot).
+        let mut by_sale: Vec<SegmentGroup> = Vec::new();
         for a in batch {
-            let sale_id = a.purchase.sale_id;
-            match by_sale.iter_mut().find(|(_, id, _)| *id == sale_id) {
+            let part = (a.purchase.sale_id, a.purchase.segment());
+            match by_sale.iter_mut().find(|(_, id, _)| *id == part) {
                 Some((_, _, group)) => group.push(a),
                 None => {
+                    let id = (part.0, a.purchase.segments.max(1), part.1);
                     let k = keys
-                        .entry(sale_id)
-                        .or_insert_with(|| Arc::new(SaleKeys::new(&prefix, sale_id)))
+                        .entry(id)
+                        .or_insert_with(|| {
+                            Arc::new(SaleKeys::for_segment(&prefix, id.0, id.1, id.2))
+                        })
                         .clone();
-                    by_sale.push((k, sale_id, vec![a]));
+                    by_sale.push((k, part, vec![a]));
                 }
             }
         }
@@ -143,7 +150,7 @@ async fn run(caller: Arc<Caller>, prefix: String, mut attempts: mpsc::UnboundedR
             let conn = own.clone().unwrap_or_else(|| caller.conn.clone());
             let calls = by_sale
                 .into_iter()
-                .map(|(k, sale_id, group)| caller.call(k, sale_id, group, conn.clone()));
+                .map(|(k, (sale_id, _), group)| caller.call(k, sale_id, group, conn.clone()));
             futures_util::future::join_all(calls).await;
             if let (Some(d), Some(own)) = (&caller.durable, own) {
                 d.pool.lock().unwrap_or_else(|p| p.into_inner()).push(own);
@@ -212,7 +219,11 @@ impl Caller {
             call.arg(p.user_id)
                 .arg(p.quantity)
                 .arg(p.order_id)
-                .arg(p.token.map_or(0, |t| t.keep_ms(now)))
+                .arg(if p.after_move {
+                    -1
+                } else {
+                    p.token.map_or(0, |t| t.keep_ms(now))
+                })
                 .arg(super::attempt_deadline(p.order_id));
         }
         let reply: Result<Value, _> = call.invoke_async(&mut conn).await;

@@ -231,6 +231,79 @@ impl Gate for Breaker {
             .await
     }
 
+    async fn begin_segment_load(
+        &self,
+        sale_id: i64,
+        segment: i64,
+    ) -> Result<super::LoadStart, GateError> {
+        self.call(
+            sale_id,
+            self.inner.begin_segment_load(sale_id, segment),
+            CALL_TIMEOUT,
+        )
+        .await
+    }
+
+    async fn forget_segment_if_stale(&self, sale_id: i64, segment: i64) -> Result<bool, GateError> {
+        self.call(
+            sale_id,
+            self.inner.forget_segment_if_stale(sale_id, segment),
+            CALL_TIMEOUT,
+        )
+        .await
+    }
+
+    fn know_segments(&self, sales: &[(i64, i64)]) {
+        self.inner.know_segments(sales)
+    }
+
+    async fn segment_stocks(
+        &self,
+        sale_id: i64,
+        segments: i64,
+    ) -> Result<Vec<Option<i64>>, GateError> {
+        self.call(
+            sale_id,
+            self.inner.segment_stocks(sale_id, segments),
+            CALL_TIMEOUT,
+        )
+        .await
+    }
+
+    async fn take_for_move(
+        &self,
+        sale_id: i64,
+        segments: i64,
+        segment: i64,
+        move_id: i64,
+        quantity: i64,
+    ) -> Result<super::MoveStep, GateError> {
+        self.call(
+            sale_id,
+            self.inner
+                .take_for_move(sale_id, segments, segment, move_id, quantity),
+            CALL_TIMEOUT,
+        )
+        .await
+    }
+
+    async fn give_for_move(
+        &self,
+        sale_id: i64,
+        segments: i64,
+        segment: i64,
+        move_id: i64,
+        quantity: i64,
+    ) -> Result<super::MoveStep, GateError> {
+        self.call(
+            sale_id,
+            self.inner
+                .give_for_move(sale_id, segments, segment, move_id, quantity),
+            CALL_TIMEOUT,
+        )
+        .await
+    }
+
     async fn abandon_load(&self, ticket: super::LoadTicket) {
         let _ = tokio::time::timeout(CALL_TIMEOUT, self.inner.abandon_load(ticket)).await;
     }

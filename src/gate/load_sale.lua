@@ -6,8 +6,9 @@
 -- KEYS[5] staged buyers (hash)  KEYS[6] released set  KEYS[7] rate hash  KEYS[8] load lock
 -- KEYS[9] staged counted orders (set)  KEYS[10] counted set
 -- KEYS[11] confirms made while loading (hash order_id -> 'user_id:quantity')
+-- KEYS[12] moves hash (move id -> taken | refused | given: moves between segments)
 -- ARGV: owner, stock, limit, begins, ends, paused, price, expire_at_ms, group, fence,
---       n_released, then n_released order ids
+--       n_released, then n_released order ids, then n_moves, then move id, mark pairs
 -- Returns 1 loaded, 0 already loaded, -2 the lock was lost (nothing written).
 if redis.call('GET', KEYS[8]) ~= ARGV[1] then
   return -2
@@ -26,8 +27,15 @@ end
 if redis.call('EXISTS', KEYS[9]) == 1 then
   redis.call('RENAME', KEYS[9], KEYS[10])
 end
-for i = 12, 11 + tonumber(ARGV[11]) do
+local n_released = tonumber(ARGV[11])
+for i = 12, 11 + n_released do
   redis.call('SADD', KEYS[6], ARGV[i])
+end
+-- Moves SQL counted in this segment's stock: their later steps here change nothing.
+redis.call('DEL', KEYS[12])
+local moves_at = 12 + n_released
+for i = moves_at + 1, moves_at + 2 * tonumber(ARGV[moves_at]), 2 do
+  redis.call('HSET', KEYS[12], ARGV[i], ARGV[i + 1])
 end
 local stock = tonumber(ARGV[2])
 
@@ -76,7 +84,7 @@ if not ok and not string.find(tostring(err), 'BUSYGROUP') then
 end
 redis.call('DEL', KEYS[7])
 redis.call('HSET', KEYS[7], '_', '0')
-for _, i in ipairs({1, 2, 4, 6, 7, 10}) do
+for _, i in ipairs({1, 2, 4, 6, 7, 10, 12}) do
   if redis.call('EXISTS', KEYS[i]) == 1 then
     redis.call('PEXPIREAT', KEYS[i], ARGV[8])
   end

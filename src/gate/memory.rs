@@ -322,6 +322,8 @@ mod tests {
             quantity: 1,
             order_id: user,
             token: None,
+            segments: 1,
+            after_move: false,
         };
         for user in 0..5000 {
             assert!(gate.decide(&state, &attempt(user)).is_ok());

@@ -24,6 +24,18 @@ pub struct Purchase {
     pub order_id: i64,
     /// The anti-bot purchase token to spend with this attempt, when the sale asks for one.
     pub token: Option<Spend>,
+    /// The sale's segments (see `segments`): the attempt goes to its buyer's segment.
+    pub segments: i64,
+    /// The same attempt again, after stock was moved into its buyer's empty segment: its
+    /// token and its place in the rate limit were spent by the first try.
+    pub after_move: bool,
+}
+
+impl Purchase {
+    /// The segment that decides this attempt.
+    pub fn segment(&self) -> i64 {
+        crate::segments::segment_of(self.user_id, self.segments)
+    }
 }
 
 /// A single-use nonce (a purchase token's or a captcha's) and the instant it expires; the
@@ -173,6 +185,43 @@ pub struct SaleLoad {
     /// The live orders `remaining` and `buyers` count (read with them, in one snapshot): an
     /// order written to SQL after that snapshot is added by [`Gate::confirm_written`].
     pub counted: Vec<i64>,
+    /// The segment this load opens (0 for an unsegmented sale); `remaining`, `buyers`,
+    /// `released` and `counted` are that segment's.
+    pub segment: i64,
+    /// Moves of stock between segments that `remaining` already counts, with what each was
+    /// for this segment: a later step of the same move must change nothing.
+    pub moves: Vec<(i64, MoveMark)>,
+}
+
+/// What a move of stock between segments was, as one segment remembers it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MoveMark {
+    /// Units left this segment (the donor).
+    Taken,
+    /// The donor refused (or never took) the units: the move never happens.
+    Refused,
+    /// Units came into this segment (the receiver).
+    Given,
+}
+
+impl MoveMark {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MoveMark::Taken => "taken",
+            MoveMark::Refused => "refused",
+            MoveMark::Given => "given",
+        }
+    }
+}
+
+/// The outcome of one step of a move, the same however often the step is repeated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MoveStep {
+    Done,
+    /// The donor had fewer units than the move asked: nothing moved.
+    Refused,
+    /// The segment is not in the gate; the move waits for its load.
+    NotLoaded,
 }
 
 /// How a request to rebuild a sale in the gate began.
@@ -195,6 +244,8 @@ pub struct LoadTicket {
     /// Unique per lock taken: names the loader's staging keys and marks what it loaded.
     pub fence: i64,
     pub owner: String,
+    /// The segment whose lock this is (0 for an unsegmented sale).
+    pub segment: i64,
     renewal: Option<tokio::task::AbortHandle>,
 }
 
@@ -205,16 +256,18 @@ impl LoadTicket {
             sale_id,
             fence: 0,
             owner: String::new(),
+            segment: 0,
             renewal: None,
         }
     }
 
     /// A ticket for a lock taken in another process's sight (Redis).
-    pub fn locked(sale_id: i64, fence: i64, owner: String) -> Self {
+    pub fn locked(sale_id: i64, segment: i64, fence: i64, owner: String) -> Self {
         LoadTicket {
             sale_id,
             fence,
             owner,
+            segment,
             renewal: None,
         }
     }
@@ -331,6 +384,13 @@ pub trait Gate: Send + Sync {
         })
     }
 
+    /// Takes the load lock of one segment of a segmented sale (see `segments`); gates
+    /// without segments have one part, and load it whole.
+    async fn begin_segment_load(&self, sale_id: i64, segment: i64) -> Result<LoadStart, GateError> {
+        let _ = segment;
+        self.begin_load(sale_id).await
+    }
+
     /// Opens the sale from `load` (read after `begin_load`) and gives the lock back.
     async fn finish_load(&self, ticket: LoadTicket, load: &SaleLoad) -> Result<bool, GateError> {
         drop(ticket);
@@ -347,6 +407,51 @@ pub trait Gate: Send + Sync {
     /// then rebuilt like a sale Redis lost. True when forgotten.
     async fn forget_if_stale(&self, _sale_id: i64) -> Result<bool, GateError> {
         Ok(false)
+    }
+
+    /// [`Gate::forget_if_stale`] for one segment of a segmented sale.
+    async fn forget_segment_if_stale(&self, sale_id: i64, segment: i64) -> Result<bool, GateError> {
+        let _ = segment;
+        self.forget_if_stale(sale_id).await
+    }
+
+    /// Tells the gate how many segments each sale has (from SQL, where it is fixed at
+    /// approval), for the calls that name a sale but no buyer (stock, pause, ...).
+    fn know_segments(&self, _sales: &[(i64, i64)]) {}
+
+    /// Each segment's stock, `None` for a segment not in the gate. Only gates that keep
+    /// segments apart (Redis) have more than one.
+    async fn segment_stocks(
+        &self,
+        sale_id: i64,
+        _segments: i64,
+    ) -> Result<Vec<Option<i64>>, GateError> {
+        Ok(vec![self.stock(sale_id).await?.map(|s| s.remaining)])
+    }
+
+    /// Takes `quantity` units out of `segment` for move `move_id`, once: a repeat answers
+    /// what the first did.
+    async fn take_for_move(
+        &self,
+        _sale_id: i64,
+        _segments: i64,
+        _segment: i64,
+        _move_id: i64,
+        _quantity: i64,
+    ) -> Result<MoveStep, GateError> {
+        Err(GateError::Unavailable("this gate keeps no segments".into()))
+    }
+
+    /// Gives the units of move `move_id` to `segment`, once.
+    async fn give_for_move(
+        &self,
+        _sale_id: i64,
+        _segments: i64,
+        _segment: i64,
+        _move_id: i64,
+        _quantity: i64,
+    ) -> Result<MoveStep, GateError> {
+        Err(GateError::Unavailable("this gate keeps no segments".into()))
     }
 
     /// These orders are in SQL now. A gate rebuilt from a SQL snapshot taken before their

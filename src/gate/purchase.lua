@@ -10,7 +10,9 @@
 -- ARGV[1] sale_id  ARGV[2] emission interval ms (0: no rate limit)  ARGV[3] burst tolerance ms
 -- ARGV[4] 1 when the client may resend a call Redis already ran (a cluster client), else 0
 -- then five values per attempt i, from ARGV[5*i]: user_id, quantity, order_id, how long
--- to remember its spent purchase token in ms (0: no token), and its deadline (Unix ms).
+-- to remember its spent purchase token in ms (0: no token; -1: the attempt is tried again
+-- after a move of stock into its segment, its token and rate were spent by the first try),
+-- and its deadline (Unix ms).
 -- Returns {code, number, code, number, ...}, one pair per attempt: code is ok | not_loaded |
 -- expired | rate_limited (ms to wait) | not_started | ended | paused | token_used |
 -- already_purchased | over_limit | sold_out.
@@ -48,9 +50,10 @@ local function decide(i)
   if now > tonumber(ARGV[base + 4]) then
     return 'expired', 0
   end
+  local keep = tonumber(ARGV[base + 3])
   -- Per user and sale, across every instance: a script firing hundreds of requests a
   -- second is throttled here, before it can touch the stock.
-  if interval > 0 then
+  if interval > 0 and keep >= 0 then
     local tat = math.max(tonumber(redis.call('HGET', KEYS[5], user) or '0'), now)
     local wait = tat - now - tolerance
     if wait > 0 then
@@ -69,7 +72,6 @@ local function decide(i)
   end
   -- A purchase token is single-use: spent by the first attempt that reaches this point,
   -- whatever that attempt's outcome.
-  local keep = tonumber(ARGV[base + 3])
   if keep > 0 and not redis.call('SET', KEYS[5 + i], '1', 'NX', 'PX', keep) then
     return 'token_used', 0
   end

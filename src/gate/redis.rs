@@ -9,8 +9,8 @@ use redis::{Script, Value};
 use crate::redis_client::{RedisClient, RedisConn};
 
 use super::{
-    Gate, GateError, GateStock, LoadStart, LoadTicket, Purchase, RateLimit, Rejection, Release,
-    Released, SaleLoad, Spend, Verdict,
+    Gate, GateError, GateStock, LoadStart, LoadTicket, MoveStep, Purchase, RateLimit, Rejection,
+    Release, Released, SaleLoad, Spend, Verdict,
 };
 
 /// How long a sale's gate keys outlive its end, for late order lookups and stats.
@@ -38,11 +38,23 @@ pub struct SaleKeys {
     pub fence: String,
     pub counted: String,
     pub confirms: String,
+    /// Moves of stock between segments, as this segment took part in them.
+    pub moves: String,
+    /// How many segments the sale has (kept under the unsegmented tag, for the calls that
+    /// name a sale but no buyer).
+    pub segments: String,
 }
 
 impl SaleKeys {
+    /// The keys of an unsegmented sale (and the sale-wide keys of a segmented one).
     pub fn new(prefix: &str, sale_id: i64) -> Self {
-        let base = format!("{prefix}:{{{sale_id}}}");
+        Self::for_segment(prefix, sale_id, 1, 0)
+    }
+
+    /// The keys of one segment of a sale of `segments` parts: a hash tag of its own.
+    pub fn for_segment(prefix: &str, sale_id: i64, segments: i64, segment: i64) -> Self {
+        let tag = crate::segments::hash_tag(sale_id, segments, segment);
+        let base = format!("{prefix}:{{{tag}}}");
         SaleKeys {
             sale: format!("{base}:sale"),
             buyers: format!("{base}:buyers"),
@@ -55,6 +67,8 @@ impl SaleKeys {
             fence: format!("{base}:load:fence"),
             counted: format!("{base}:counted"),
             confirms: format!("{base}:load:confirms"),
+            moves: format!("{base}:moves"),
+            segments: format!("{prefix}:{{{sale_id}}}:segments"),
         }
     }
 
@@ -87,19 +101,25 @@ pub struct RedisGate {
     unlock: Script,
     confirm: Script,
     forget_stale: Script,
+    take_move: Script,
+    give_move: Script,
+    /// Segments per sale, as SQL has them (told by `know_segments`, or read from Redis).
+    segments: std::sync::RwLock<std::collections::HashMap<i64, i64>>,
     /// Per-user request rate, checked inside the purchase script (off by default).
     rate: RateLimit,
-    /// Key names per sale, built once: formatting them on every purchase showed in profiles.
-    keys: std::sync::RwLock<std::collections::HashMap<i64, std::sync::Arc<SaleKeys>>>,
+    /// Key names per (sale, segments, segment), built once: formatting them on every
+    /// purchase showed in profiles.
+    keys: std::sync::RwLock<std::collections::HashMap<(i64, i64, i64), std::sync::Arc<SaleKeys>>>,
     /// What an accepted batch waits for before its buyers hear `ok`.
     durable: Option<std::sync::Arc<super::batch::Durable>>,
     /// Purchases go through one batcher, started with the first purchase (after the rate
     /// limit is set).
     batches: std::sync::OnceLock<super::batch::Batches>,
-    /// In a cluster, one batcher per sale instead: calls stuck on a dead master must not
-    /// hold the call slots that the sales on the other masters need.
-    sale_batches:
-        std::sync::RwLock<std::collections::HashMap<i64, std::sync::Arc<super::batch::Batches>>>,
+    /// In a cluster, one batcher per sale segment instead: calls stuck on a dead master must
+    /// not hold the call slots that the sales on the other masters need.
+    sale_batches: std::sync::RwLock<
+        std::collections::HashMap<(i64, i64), std::sync::Arc<super::batch::Batches>>,
+    >,
 }
 
 impl RedisGate {
@@ -118,6 +138,9 @@ impl RedisGate {
             unlock: Script::new(include_str!("unlock.lua")),
             confirm: Script::new(include_str!("confirm_written.lua")),
             forget_stale: Script::new(include_str!("forget_stale.lua")),
+            take_move: Script::new(include_str!("take_move.lua")),
+            give_move: Script::new(include_str!("give_move.lua")),
+            segments: Default::default(),
             rate: RateLimit {
                 per_sec: 0.0,
                 burst: 1,
@@ -236,6 +259,8 @@ impl RedisGate {
             &self.unlock,
             &self.confirm,
             &self.forget_stale,
+            &self.take_move,
+            &self.give_move,
         ] {
             script.prepare_invoke().load_async(&mut conn).await?;
         }
@@ -252,38 +277,91 @@ impl RedisGate {
         )
     }
 
-    fn sale_batches(&self, sale_id: i64) -> std::sync::Arc<super::batch::Batches> {
+    fn sale_batches(&self, sale_id: i64, segment: i64) -> std::sync::Arc<super::batch::Batches> {
         if let Some(b) = self
             .sale_batches
             .read()
             .unwrap_or_else(|p| p.into_inner())
-            .get(&sale_id)
+            .get(&(sale_id, segment))
         {
             return b.clone();
         }
         self.sale_batches
             .write()
             .unwrap_or_else(|p| p.into_inner())
-            .entry(sale_id)
+            .entry((sale_id, segment))
             .or_insert_with(|| std::sync::Arc::new(self.start_batches()))
             .clone()
     }
 
-    fn keys(&self, sale_id: i64) -> std::sync::Arc<SaleKeys> {
-        if let Some(k) = self
-            .keys
+    /// The keys of one segment of a sale of `segments` parts.
+    fn segment_keys(&self, sale_id: i64, segments: i64, segment: i64) -> std::sync::Arc<SaleKeys> {
+        let id = (sale_id, segments.max(1), segment);
+        if let Some(k) = self.keys.read().unwrap_or_else(|p| p.into_inner()).get(&id) {
+            return k.clone();
+        }
+        let k = std::sync::Arc::new(SaleKeys::for_segment(&self.prefix, id.0, id.1, id.2));
+        self.keys
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, k.clone());
+        k
+    }
+
+    /// The keys of every segment of a sale (one for an unsegmented sale).
+    async fn all_keys(&self, sale_id: i64) -> Result<Vec<std::sync::Arc<SaleKeys>>, GateError> {
+        let n = self.segments_of(sale_id).await?;
+        Ok((0..n).map(|s| self.segment_keys(sale_id, n, s)).collect())
+    }
+
+    /// How many segments a sale has: told by the scheduler from SQL, else read from the
+    /// key each load writes; 1 when neither knows (an unsegmented sale, or one not loaded).
+    async fn segments_of(&self, sale_id: i64) -> Result<i64, GateError> {
+        if let Some(n) = self
+            .segments
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .get(&sale_id)
         {
-            return k.clone();
+            return Ok(*n);
         }
-        let k = std::sync::Arc::new(SaleKeys::new(&self.prefix, sale_id));
-        self.keys
-            .write()
+        let mut conn = self.conn.clone();
+        let stored: Option<i64> = redis::cmd("GET")
+            .arg(&SaleKeys::new(&self.prefix, sale_id).segments)
+            .query_async(&mut conn)
+            .await?;
+        match stored {
+            Some(n) if n >= 1 => {
+                self.remember_segments(sale_id, n);
+                Ok(n)
+            }
+            _ => Ok(1),
+        }
+    }
+
+    fn remember_segments(&self, sale_id: i64, segments: i64) {
+        let known = self
+            .segments
+            .read()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(sale_id, k.clone());
-        k
+            .get(&sale_id)
+            == Some(&segments);
+        if !known {
+            self.segments
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(sale_id, segments);
+        }
+    }
+
+    /// The keys of the segment that holds this buyer.
+    async fn buyer_keys(
+        &self,
+        sale_id: i64,
+        user_id: i64,
+    ) -> Result<std::sync::Arc<SaleKeys>, GateError> {
+        let n = self.segments_of(sale_id).await?;
+        Ok(self.segment_keys(sale_id, n, crate::segments::segment_of(user_id, n)))
     }
 }
 
@@ -291,8 +369,20 @@ impl RedisGate {
     /// Stages the load in the loader's own keys, then makes it live in one script, all
     /// fenced by the ticket's lock.
     async fn install(&self, ticket: &LoadTicket, load: &SaleLoad) -> Result<bool, GateError> {
-        let k = self.keys(load.sale.id);
+        let segments = load.sale.segments.max(1);
+        let k = self.segment_keys(load.sale.id, segments, load.segment);
         let mut conn = self.conn.clone();
+        if segments > 1 {
+            // Before the segment opens: whoever names the sale without a buyer finds all
+            // of its segments.
+            let _: () = redis::cmd("SET")
+                .arg(&k.segments)
+                .arg(segments)
+                .arg("PXAT")
+                .arg(load.sale.ends_at.saturating_add(KEEP_AFTER_END_MS))
+                .query_async(&mut conn)
+                .await?;
+        }
         let staged_buyers = k.staged(ticket.fence, "buyers");
         let staged_counted = k.staged(ticket.fence, "counted");
         for chunk in load.buyers.chunks(STAGE_CHUNK) {
@@ -323,6 +413,7 @@ impl RedisGate {
             .key(&staged_counted)
             .key(&k.counted)
             .key(&k.confirms)
+            .key(&k.moves)
             .arg(&ticket.owner)
             .arg(load.remaining)
             .arg(s.per_user_limit)
@@ -336,6 +427,10 @@ impl RedisGate {
             .arg(load.released.len());
         for order_id in &load.released {
             call.arg(*order_id);
+        }
+        call.arg(load.moves.len());
+        for (id, mark) in &load.moves {
+            call.arg(*id).arg(mark.as_str());
         }
         match call.invoke_async::<i64>(&mut conn).await? {
             1 => Ok(true),
@@ -443,21 +538,27 @@ pub(super) fn verdicts_from_reply(v: &Value, attempts: usize) -> Result<Vec<Verd
 impl Gate for RedisGate {
     async fn purchase(&self, p: Purchase) -> Result<Verdict, GateError> {
         if self.conn.is_cluster() {
-            return self.sale_batches(p.sale_id).decide(p).await;
+            return self.sale_batches(p.sale_id, p.segment()).decide(p).await;
         }
         let batches = self.batches.get_or_init(|| self.start_batches());
         batches.decide(p).await
     }
 
     async fn load(&self, load: &SaleLoad) -> Result<bool, GateError> {
-        match self.begin_load(load.sale.id).await? {
+        self.remember_segments(load.sale.id, load.sale.segments.max(1));
+        match self.begin_segment_load(load.sale.id, load.segment).await? {
             LoadStart::Ticket(ticket) => self.finish_load(ticket, load).await,
             LoadStart::Loaded | LoadStart::Busy => Ok(false),
         }
     }
 
     async fn begin_load(&self, sale_id: i64) -> Result<LoadStart, GateError> {
-        let k = self.keys(sale_id);
+        self.begin_segment_load(sale_id, 0).await
+    }
+
+    async fn begin_segment_load(&self, sale_id: i64, segment: i64) -> Result<LoadStart, GateError> {
+        let n = self.segments_of(sale_id).await?;
+        let k = self.segment_keys(sale_id, n, segment);
         let mut conn = self.conn.clone();
         let owner = crate::edge::auth::hex(&rand::random::<[u8; 16]>());
         let fence: i64 = self
@@ -482,13 +583,15 @@ impl Gate for RedisGate {
                     sale_id,
                 ));
                 LoadStart::Ticket(
-                    LoadTicket::locked(sale_id, fence, owner).with_renewal(renewal.abort_handle()),
+                    LoadTicket::locked(sale_id, segment, fence, owner)
+                        .with_renewal(renewal.abort_handle()),
                 )
             }
         })
     }
 
     async fn finish_load(&self, ticket: LoadTicket, load: &SaleLoad) -> Result<bool, GateError> {
+        self.remember_segments(load.sale.id, load.sale.segments.max(1));
         let result = self.install(&ticket, load).await;
         if result.is_err() {
             self.abandon_load(ticket).await;
@@ -497,9 +600,16 @@ impl Gate for RedisGate {
     }
 
     async fn abandon_load(&self, ticket: LoadTicket) {
-        let k = self.keys(ticket.sale_id);
-        let mut conn = self.conn.clone();
         ticket.renewal_stopped();
+        let n = match self.segments_of(ticket.sale_id).await {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!(sale = ticket.sale_id, error = %e, "could not free a load lock; it lapses by itself");
+                return;
+            }
+        };
+        let k = self.segment_keys(ticket.sale_id, n, ticket.segment);
+        let mut conn = self.conn.clone();
         let freed: Result<i64, _> = self
             .unlock
             .key(&k.lock)
@@ -512,24 +622,40 @@ impl Gate for RedisGate {
     }
 
     async fn forget_if_stale(&self, sale_id: i64) -> Result<bool, GateError> {
+        self.forget_segment_if_stale(sale_id, 0).await
+    }
+
+    async fn forget_segment_if_stale(&self, sale_id: i64, segment: i64) -> Result<bool, GateError> {
+        let n = self.segments_of(sale_id).await?;
         let mut conn = self.conn.clone();
         let forgotten: i64 = self
             .forget_stale
-            .key(&self.keys(sale_id).sale)
+            .key(&self.segment_keys(sale_id, n, segment).sale)
             .invoke_async(&mut conn)
             .await?;
         Ok(forgotten == 1)
     }
 
+    fn know_segments(&self, sales: &[(i64, i64)]) {
+        for (sale_id, segments) in sales {
+            self.remember_segments(*sale_id, (*segments).max(1));
+        }
+    }
+
     async fn confirm_written(&self, orders: &[crate::model::NewOrder]) -> Result<(), GateError> {
-        let mut by_sale: std::collections::BTreeMap<i64, Vec<&crate::model::NewOrder>> =
+        let mut by_segment: std::collections::BTreeMap<(i64, i64), Vec<&crate::model::NewOrder>> =
             Default::default();
         for o in orders {
-            by_sale.entry(o.sale_id).or_default().push(o);
+            let n = self.segments_of(o.sale_id).await?;
+            by_segment
+                .entry((o.sale_id, crate::segments::segment_of(o.user_id, n)))
+                .or_default()
+                .push(o);
         }
         let mut conn = self.conn.clone();
-        for (sale_id, orders) in by_sale {
-            let k = self.keys(sale_id);
+        for ((sale_id, segment), orders) in by_segment {
+            let n = self.segments_of(sale_id).await?;
+            let k = self.segment_keys(sale_id, n, segment);
             for chunk in orders.chunks(STAGE_CHUNK) {
                 let mut call = self.confirm.key(&k.sale);
                 call.key(&k.buyers)
@@ -545,6 +671,7 @@ impl Gate for RedisGate {
                 if applied > 0 {
                     tracing::warn!(
                         sale = sale_id,
+                        segment,
                         applied,
                         "orders written after the gate's rebuild read SQL were added to it"
                     );
@@ -555,7 +682,7 @@ impl Gate for RedisGate {
     }
 
     async fn release(&self, r: Release) -> Result<Released, GateError> {
-        let k = self.keys(r.sale_id);
+        let k = self.buyer_keys(r.sale_id, r.user_id).await?;
         let mut conn = self.conn.clone();
         let done: i64 = self
             .release
@@ -579,7 +706,7 @@ impl Gate for RedisGate {
     async fn spend(&self, sale_id: i64, spend: Spend) -> Result<bool, GateError> {
         let mut conn = self.conn.clone();
         let set: Option<String> = redis::cmd("SET")
-            .arg(self.keys(sale_id).spent(spend.nonce))
+            .arg(SaleKeys::new(&self.prefix, sale_id).spent(spend.nonce))
             .arg("1")
             .arg("NX")
             .arg("PX")
@@ -591,54 +718,73 @@ impl Gate for RedisGate {
 
     async fn is_loaded(&self, sale_id: i64) -> Result<bool, GateError> {
         let mut conn = self.conn.clone();
-        let n: i64 = redis::cmd("EXISTS")
-            .arg(&self.keys(sale_id).sale)
-            .query_async(&mut conn)
-            .await?;
-        Ok(n == 1)
+        for k in self.all_keys(sale_id).await? {
+            let n: i64 = redis::cmd("EXISTS")
+                .arg(&k.sale)
+                .query_async(&mut conn)
+                .await?;
+            if n == 0 {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     async fn stock(&self, sale_id: i64) -> Result<Option<GateStock>, GateError> {
-        let k = self.keys(sale_id);
         let mut conn = self.conn.clone();
-        let (fields, buyers, accepted): ((Option<i64>, Option<String>), i64, i64) = redis::pipe()
-            .cmd("HMGET")
-            .arg(&k.sale)
-            .arg("stock")
-            .arg("paused")
-            .cmd("HLEN")
-            .arg(&k.buyers)
-            .cmd("HLEN")
-            .arg(&k.accepted)
-            .query_async(&mut conn)
-            .await?;
-        Ok(fields.0.map(|remaining| GateStock {
-            remaining,
-            paused: fields.1.as_deref() == Some("1"),
-            buyers,
-            accepted,
-        }))
+        let mut total: Option<GateStock> = None;
+        // A segmented sale's figures are the sum of its segments' (each on its own master).
+        for k in self.all_keys(sale_id).await? {
+            let (fields, buyers, accepted): ((Option<i64>, Option<String>), i64, i64) =
+                redis::pipe()
+                    .cmd("HMGET")
+                    .arg(&k.sale)
+                    .arg("stock")
+                    .arg("paused")
+                    .cmd("HLEN")
+                    .arg(&k.buyers)
+                    .cmd("HLEN")
+                    .arg(&k.accepted)
+                    .query_async(&mut conn)
+                    .await?;
+            let Some(remaining) = fields.0 else { continue };
+            let t = total.get_or_insert(GateStock {
+                remaining: 0,
+                paused: false,
+                buyers: 0,
+                accepted: 0,
+            });
+            t.remaining += remaining;
+            t.paused |= fields.1.as_deref() == Some("1");
+            t.buyers += buyers;
+            t.accepted += accepted;
+        }
+        Ok(total)
     }
 
     async fn end_early(&self, sale_id: i64, at: i64) -> Result<(), GateError> {
         let mut conn = self.conn.clone();
-        let _: i64 = self
-            .end_early
-            .key(&self.keys(sale_id).sale)
-            .arg(at)
-            .invoke_async(&mut conn)
-            .await?;
+        for k in self.all_keys(sale_id).await? {
+            let _: i64 = self
+                .end_early
+                .key(&k.sale)
+                .arg(at)
+                .invoke_async(&mut conn)
+                .await?;
+        }
         Ok(())
     }
 
     async fn set_paused(&self, sale_id: i64, paused: bool) -> Result<(), GateError> {
         let mut conn = self.conn.clone();
-        let _: i64 = self
-            .pause
-            .key(&self.keys(sale_id).sale)
-            .arg(if paused { "1" } else { "0" })
-            .invoke_async(&mut conn)
-            .await?;
+        for k in self.all_keys(sale_id).await? {
+            let _: i64 = self
+                .pause
+                .key(&k.sale)
+                .arg(if paused { "1" } else { "0" })
+                .invoke_async(&mut conn)
+                .await?;
+        }
         Ok(())
     }
 
@@ -648,16 +794,96 @@ impl Gate for RedisGate {
         order_id: i64,
     ) -> Result<Option<(i64, i64)>, GateError> {
         let mut conn = self.conn.clone();
-        let entry: Option<String> = redis::cmd("HGET")
-            .arg(&self.keys(sale_id).accepted)
-            .arg(order_id)
-            .query_async(&mut conn)
+        for k in self.all_keys(sale_id).await? {
+            let entry: Option<String> = redis::cmd("HGET")
+                .arg(&k.accepted)
+                .arg(order_id)
+                .query_async(&mut conn)
+                .await?;
+            let Some(entry) = entry else { continue };
+            let parsed = entry
+                .split_once(':')
+                .and_then(|(u, q)| Some((u.parse().ok()?, q.parse().ok()?)));
+            return parsed.map(Some).ok_or(GateError::BadReply(entry));
+        }
+        Ok(None)
+    }
+
+    async fn segment_stocks(
+        &self,
+        sale_id: i64,
+        segments: i64,
+    ) -> Result<Vec<Option<i64>>, GateError> {
+        self.remember_segments(sale_id, segments.max(1));
+        let reads = (0..segments.max(1)).map(|s| {
+            let k = self.segment_keys(sale_id, segments, s);
+            let mut conn = self.conn.clone();
+            async move {
+                redis::cmd("HGET")
+                    .arg(&k.sale)
+                    .arg("stock")
+                    .query_async::<Option<i64>>(&mut conn)
+                    .await
+            }
+        });
+        // Side by side: on a cluster each segment is on its own master.
+        futures_util::future::join_all(reads)
+            .await
+            .into_iter()
+            .map(|r| r.map_err(GateError::from))
+            .collect()
+    }
+
+    async fn take_for_move(
+        &self,
+        sale_id: i64,
+        segments: i64,
+        segment: i64,
+        move_id: i64,
+        quantity: i64,
+    ) -> Result<MoveStep, GateError> {
+        let k = self.segment_keys(sale_id, segments, segment);
+        let mut conn = self.conn.clone();
+        let taken: i64 = self
+            .take_move
+            .key(&k.sale)
+            .key(&k.moves)
+            .arg(move_id)
+            .arg(quantity)
+            .invoke_async(&mut conn)
             .await?;
-        let Some(entry) = entry else { return Ok(None) };
-        let parsed = entry
-            .split_once(':')
-            .and_then(|(u, q)| Some((u.parse().ok()?, q.parse().ok()?)));
-        parsed.map(Some).ok_or(GateError::BadReply(entry))
+        Ok(match taken {
+            1 => MoveStep::Done,
+            0 => MoveStep::Refused,
+            _ => MoveStep::NotLoaded,
+        })
+    }
+
+    async fn give_for_move(
+        &self,
+        sale_id: i64,
+        segments: i64,
+        segment: i64,
+        move_id: i64,
+        quantity: i64,
+    ) -> Result<MoveStep, GateError> {
+        let k = self.segment_keys(sale_id, segments, segment);
+        let mut conn = self.conn.clone();
+        let given: i64 = self
+            .give_move
+            .key(&k.sale)
+            .key(&k.moves)
+            .arg(move_id)
+            .arg(quantity)
+            .arg(super::soldout::stock_channel(&self.prefix))
+            .arg(sale_id)
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(if given < 0 {
+            MoveStep::NotLoaded
+        } else {
+            MoveStep::Done
+        })
     }
 }
 
@@ -682,6 +908,7 @@ mod tests {
             &k.fence,
             &k.counted,
             &k.confirms,
+            &k.moves,
             &k.staged(3, "buyers"),
             &k.staged(3, "counted"),
             &k.spent(77),

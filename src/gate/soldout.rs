@@ -133,6 +133,59 @@ impl Gate for SoldOutShortcut {
         self.inner.abandon_load(ticket).await
     }
 
+    async fn begin_segment_load(
+        &self,
+        sale_id: i64,
+        segment: i64,
+    ) -> Result<super::LoadStart, GateError> {
+        self.inner.begin_segment_load(sale_id, segment).await
+    }
+
+    async fn forget_segment_if_stale(&self, sale_id: i64, segment: i64) -> Result<bool, GateError> {
+        self.inner.forget_segment_if_stale(sale_id, segment).await
+    }
+
+    fn know_segments(&self, sales: &[(i64, i64)]) {
+        self.inner.know_segments(sales)
+    }
+
+    async fn segment_stocks(
+        &self,
+        sale_id: i64,
+        segments: i64,
+    ) -> Result<Vec<Option<i64>>, GateError> {
+        self.inner.segment_stocks(sale_id, segments).await
+    }
+
+    async fn take_for_move(
+        &self,
+        sale_id: i64,
+        segments: i64,
+        segment: i64,
+        move_id: i64,
+        quantity: i64,
+    ) -> Result<super::MoveStep, GateError> {
+        self.inner
+            .take_for_move(sale_id, segments, segment, move_id, quantity)
+            .await
+    }
+
+    async fn give_for_move(
+        &self,
+        sale_id: i64,
+        segments: i64,
+        segment: i64,
+        move_id: i64,
+        quantity: i64,
+    ) -> Result<super::MoveStep, GateError> {
+        let given = self
+            .inner
+            .give_for_move(sale_id, segments, segment, move_id, quantity)
+            .await?;
+        self.reopen(sale_id);
+        Ok(given)
+    }
+
     async fn confirm_written(&self, orders: &[crate::model::NewOrder]) -> Result<(), GateError> {
         self.inner.confirm_written(orders).await
     }

@@ -71,11 +71,15 @@ impl StreamLog {
         &self.consumer
     }
 
-    /// Reads the streams of these sales from now on (and makes sure their group exists).
-    pub async fn watch(&self, sale_ids: &[i64]) -> Result<(), LogError> {
-        let keys: Vec<String> = sale_ids
+    /// Reads the streams of these sales (`(sale id, segments)`: one stream per segment)
+    /// from now on, and makes sure their group exists.
+    pub async fn watch(&self, sales: &[(i64, i64)]) -> Result<(), LogError> {
+        let keys: Vec<String> = sales
             .iter()
-            .map(|id| SaleKeys::new(&self.prefix, *id).stream)
+            .flat_map(|(id, n)| {
+                let n = (*n).max(1);
+                (0..n).map(move |s| SaleKeys::for_segment(&self.prefix, *id, n, s).stream)
+            })
             .collect();
         let added: Vec<String> = {
             let current = self.streams.read().unwrap_or_else(|p| p.into_inner());
@@ -466,8 +470,26 @@ pub async fn unwritten(
     conn: &mut RedisConn,
     prefix: &str,
     sale_id: i64,
+    segments: i64,
 ) -> Result<(i64, Option<i64>), LogError> {
-    let k = SaleKeys::new(prefix, sale_id);
+    let mut total = 0;
+    let mut oldest: Option<i64> = None;
+    for s in 0..segments.max(1) {
+        let k = SaleKeys::for_segment(prefix, sale_id, segments, s);
+        let (len, first) = stream_unwritten(conn, &k).await?;
+        total += len;
+        oldest = match (oldest, first) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+    }
+    Ok((total, oldest))
+}
+
+async fn stream_unwritten(
+    conn: &mut RedisConn,
+    k: &SaleKeys,
+) -> Result<(i64, Option<i64>), LogError> {
     let (len, first): (i64, Value) = redis::pipe()
         .cmd("XLEN")
         .arg(&k.stream)
@@ -497,17 +519,18 @@ const QUEUED_SCAN: usize = 5000;
 
 /// A buyer's orders accepted and not yet written, as (order id, sale id, quantity): for
 /// each sale in `sales` where the gate holds more of the buyer's units than SQL's live
-/// orders do (`(sale id, units in SQL)`), the sale's stream is read for the buyer's entries
-/// (the stream keeps only unwritten orders, normally a few).
+/// orders do (`(sale id, units in SQL, segments)`), the stream of the buyer's segment is
+/// read for the buyer's entries (the stream keeps only unwritten orders, normally a few).
 pub async fn queued_of_user(
     conn: &mut RedisConn,
     prefix: &str,
-    sales: &[(i64, i64)],
+    sales: &[(i64, i64, i64)],
     user_id: i64,
 ) -> Result<Vec<(i64, i64, i64)>, LogError> {
     let mut out = Vec::new();
-    for (sale_id, in_sql) in sales {
-        let k = SaleKeys::new(prefix, *sale_id);
+    for (sale_id, in_sql, segments) in sales {
+        let segment = crate::segments::segment_of(user_id, *segments);
+        let k = SaleKeys::for_segment(prefix, *sale_id, *segments, segment);
         let held: Option<i64> = redis::cmd("HGET")
             .arg(&k.buyers)
             .arg(user_id)
@@ -543,8 +566,18 @@ pub async fn backlog(
     conn: &mut RedisConn,
     prefix: &str,
     sale_id: i64,
+    segments: i64,
 ) -> Result<(i64, i64, i64), LogError> {
-    let k = SaleKeys::new(prefix, sale_id);
+    let mut total = (0, 0, 0);
+    for s in 0..segments.max(1) {
+        let k = SaleKeys::for_segment(prefix, sale_id, segments, s);
+        let (len, pending, dead) = stream_backlog(conn, &k).await?;
+        total = (total.0 + len, total.1 + pending, total.2 + dead);
+    }
+    Ok(total)
+}
+
+async fn stream_backlog(conn: &mut RedisConn, k: &SaleKeys) -> Result<(i64, i64, i64), LogError> {
     let (len, dead): (i64, i64) = redis::pipe()
         .cmd("XLEN")
         .arg(&k.stream)

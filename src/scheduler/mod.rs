@@ -148,18 +148,50 @@ async fn load_under_lock(
     gate: &dyn Gate,
     sale: &Sale,
 ) -> Result<bool, SchedulerError> {
+    gate.know_segments(&[(sale.id, sale.segments)]);
+    // Each segment of a segmented sale is loaded (and lost, and rebuilt) on its own.
+    let mut loaded = false;
+    let mut first_error = None;
+    for segment in 0..sale.segments.max(1) {
+        match load_part(store, gate, sale, segment).await {
+            Ok(l) => loaded |= l,
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok(loaded),
+    }
+}
+
+async fn load_part(
+    store: &Store,
+    gate: &dyn Gate,
+    sale: &Sale,
+    segment: i64,
+) -> Result<bool, SchedulerError> {
     // The lock comes before the SQL read: a load's snapshot is never older than its lock,
     // so orders written after it reach the gate through `Gate::confirm_written`.
-    let ticket = match gate.begin_load(sale.id).await? {
+    let ticket = match gate.begin_segment_load(sale.id, segment).await? {
         LoadStart::Ticket(ticket) => ticket,
         LoadStart::Loaded | LoadStart::Busy => return Ok(false),
     };
     tracing::info!(
         sale = sale.id,
+        segment,
         fence = ticket.fence,
         "loading the sale into the gate"
     );
-    let snapshot = match store.load_snapshot(sale.id, WAIT_FOR_WRITERS).await {
+    let part = crate::store::lifecycle::Part {
+        segments: sale.segments.max(1),
+        segment,
+    };
+    let snapshot = match store
+        .load_part_snapshot(sale.id, part, WAIT_FOR_WRITERS)
+        .await
+    {
         Ok(snapshot) => snapshot,
         Err(e) => {
             gate.abandon_load(ticket).await;
@@ -172,12 +204,15 @@ async fn load_under_lock(
         buyers: snapshot.buyers,
         released: snapshot.released,
         counted: snapshot.counted,
+        segment,
+        moves: snapshot.moves,
     };
     let started = std::time::Instant::now();
     let loaded = gate.finish_load(ticket, &load).await?;
     if loaded {
         tracing::info!(
             sale = sale.id,
+            segment,
             remaining = load.remaining,
             buyers = load.buyers.len(),
             orders = load.counted.len(),
@@ -229,11 +264,15 @@ async fn preload_one(
     sale: &Sale,
     opens_before: i64,
 ) -> Result<bool, SchedulerError> {
-    if gate.forget_if_stale(sale.id).await? {
-        tracing::warn!(
-            sale = sale.id,
-            "the sale's gate was loaded into another Redis server (a failover, or a restart with older data): rebuilding it from SQL and its stream"
-        );
+    gate.know_segments(&[(sale.id, sale.segments)]);
+    for segment in 0..sale.segments.max(1) {
+        if gate.forget_segment_if_stale(sale.id, segment).await? {
+            tracing::warn!(
+                sale = sale.id,
+                segment,
+                "the sale's gate was loaded into another Redis server (a failover, or a restart with older data): rebuilding it from SQL and its stream"
+            );
+        }
     }
     Ok(sale.begins_at <= opens_before && load_sale(store, gate, cache, sale).await?)
 }
@@ -250,6 +289,13 @@ impl Scheduler {
     /// One pass of every duty.
     pub async fn tick(&self) -> Result<(), SchedulerError> {
         self.cache.refresh(&self.store).await?;
+        let segments: Vec<(i64, i64)> = self
+            .cache
+            .all()
+            .iter()
+            .map(|s| (s.id, s.segments))
+            .collect();
+        self.gate.know_segments(&segments);
         // Every duty runs whatever the others did: a failing one (a sale's Redis master
         // away) must not stop expiries, returns or the writer's streams.
         let mut first_error: Option<SchedulerError> = None;
@@ -277,6 +323,15 @@ impl Scheduler {
                 0
             }
         };
+        match crate::segments::rebalance::finish_stalled_moves(&self.store, self.gate.as_ref())
+            .await
+        {
+            Ok(0) => {}
+            Ok(moves) => tracing::info!(moves, "moves between segments finished for their mover"),
+            Err(e) => {
+                first_error.get_or_insert(e.into());
+            }
+        }
         if expired + returned > 0 {
             tracing::info!(
                 expired,
@@ -285,8 +340,13 @@ impl Scheduler {
             );
         }
         if let Some(streams) = &self.streams {
-            let ids: Vec<i64> = self.cache.all().iter().map(|s| s.id).collect();
-            if let Err(e) = streams.watch(&ids).await {
+            let sales: Vec<(i64, i64)> = self
+                .cache
+                .all()
+                .iter()
+                .map(|s| (s.id, s.segments))
+                .collect();
+            if let Err(e) = streams.watch(&sales).await {
                 first_error.get_or_insert(e.into());
             }
         }
@@ -339,6 +399,7 @@ mod tests {
             paused: false,
             updated_at: now,
             anti_bot: Default::default(),
+            segments: 1,
         };
         store.create_sale(&sale).await.unwrap();
         (store, sale)

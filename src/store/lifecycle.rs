@@ -29,6 +29,26 @@ pub struct LoadSnapshot {
     pub buyers: Vec<(i64, i64)>,
     /// Every order of the sale in SQL.
     pub counted: Vec<i64>,
+    /// Moves between segments this snapshot's stock counts (segmented sales only).
+    pub moves: Vec<(i64, crate::gate::MoveMark)>,
+}
+
+/// Which part of a sale a snapshot is of: one segment of `segments` (0 of 1: all of it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Part {
+    pub segments: i64,
+    pub segment: i64,
+}
+
+impl Part {
+    pub const WHOLE: Part = Part {
+        segments: 1,
+        segment: 0,
+    };
+
+    fn holds(&self, user_id: i64) -> bool {
+        crate::segments::segment_of(user_id, self.segments) == self.segment
+    }
 }
 
 /// Attempts of a lifecycle transaction that keeps losing deadlocks before giving up.
@@ -378,8 +398,25 @@ impl Store {
         sale_id: i64,
         wait_for_writers: std::time::Duration,
     ) -> Result<LoadSnapshot, StoreError> {
+        self.load_part_snapshot(sale_id, Part::WHOLE, wait_for_writers)
+            .await
+    }
+
+    /// [`Store::load_snapshot`] of one segment of a segmented sale: its allocation (even
+    /// share plus the moves that took effect) less its buyers' live units, and only its
+    /// buyers and orders. Moves out of it still only planned are refused here, in the
+    /// snapshot's transaction: the rebuilt segment never gives those units.
+    pub async fn load_part_snapshot(
+        &self,
+        sale_id: i64,
+        part: Part,
+        wait_for_writers: std::time::Duration,
+    ) -> Result<LoadSnapshot, StoreError> {
         if self.dialect != Dialect::Sqlite && !wait_for_writers.is_zero() {
-            match self.load_snapshot_fenced(sale_id, wait_for_writers).await {
+            match self
+                .load_snapshot_fenced(sale_id, part, wait_for_writers)
+                .await
+            {
                 Err(e) if is_lock_timeout(&e) => {
                     tracing::warn!(
                         sale = sale_id,
@@ -391,14 +428,15 @@ impl Store {
             }
         }
         let mut conn = self.begin_write().await?;
-        let read = self.load_snapshot_in_tx(&mut conn, sale_id).await;
-        Self::finish(conn, true).await?;
+        let read = self.load_snapshot_in_tx(&mut conn, sale_id, part).await;
+        Self::finish(conn, read.is_ok()).await?;
         read
     }
 
     async fn load_snapshot_fenced(
         &self,
         sale_id: i64,
+        part: Part,
         wait: std::time::Duration,
     ) -> Result<LoadSnapshot, StoreError> {
         let mut conn = self.begin_write().await?;
@@ -416,7 +454,7 @@ impl Store {
                 _ => "SELECT id FROM writer_fence WHERE id = 1 FOR UPDATE",
             };
             sqlx::query(exclusive).execute(&mut *conn).await?;
-            self.load_snapshot_in_tx(&mut conn, sale_id).await
+            self.load_snapshot_in_tx(&mut conn, sale_id, part).await
         }
         .await;
         match read {
@@ -466,31 +504,33 @@ impl Store {
         &self,
         conn: &mut sqlx::AnyConnection,
         sale_id: i64,
+        part: Part,
     ) -> Result<LoadSnapshot, StoreError> {
         let lock = match self.dialect {
             // BEGIN IMMEDIATE already holds SQLite's one write lock.
-            Dialect::Sqlite => "SELECT stock FROM sales WHERE id = ?",
-            _ => "SELECT stock FROM sales WHERE id = ? FOR UPDATE",
+            Dialect::Sqlite => "SELECT stock, initial_stock FROM sales WHERE id = ?",
+            _ => "SELECT stock, initial_stock FROM sales WHERE id = ? FOR UPDATE",
         };
         let row = sqlx::query(&self.sql(lock))
             .bind(sale_id)
             .fetch_optional(&mut *conn)
             .await?;
-        let stock: i64 = match row {
-            Some(r) => r.try_get(0)?,
+        let (stock, initial): (i64, i64) = match row {
+            Some(r) => (r.try_get(0)?, r.try_get(1)?),
             None => return Err(StoreError::UnknownSale(sale_id)),
         };
-        let rows =
-            sqlx::query(&self.sql(
-                "SELECT order_id FROM stock_returns WHERE sale_id = ? AND gate_done_at IS NULL",
-            ))
-            .bind(sale_id)
-            .fetch_all(&mut *conn)
-            .await?;
-        let released = rows
-            .iter()
-            .map(|r| r.try_get::<i64, _>(0))
-            .collect::<Result<Vec<_>, _>>()?;
+        let rows = sqlx::query(&self.sql(
+            "SELECT order_id, user_id FROM stock_returns WHERE sale_id = ? AND gate_done_at IS NULL",
+        ))
+        .bind(sale_id)
+        .fetch_all(&mut *conn)
+        .await?;
+        let mut released = Vec::with_capacity(rows.len());
+        for r in &rows {
+            if part.holds(r.try_get(1)?) {
+                released.push(r.try_get::<i64, _>(0)?);
+            }
+        }
         let rows = sqlx::query(
             &self.sql("SELECT id, user_id, quantity, status FROM orders WHERE sale_id = ?"),
         )
@@ -500,18 +540,81 @@ impl Store {
         let mut held: HashMap<i64, i64> = HashMap::new();
         let mut counted = Vec::with_capacity(rows.len());
         for r in &rows {
+            let user: i64 = r.try_get(1)?;
+            if !part.holds(user) {
+                continue;
+            }
             counted.push(r.try_get::<i64, _>(0)?);
             let status: String = r.try_get(3)?;
             if OrderStatus::LIVE.contains(&status.as_str()) {
-                *held.entry(r.try_get::<i64, _>(1)?).or_default() += r.try_get::<i64, _>(2)?;
+                *held.entry(user).or_default() += r.try_get::<i64, _>(2)?;
             }
         }
+        let (stock, moves) = if part.segments > 1 {
+            let (allocated, moves) = self
+                .segment_allocation(conn, sale_id, part, initial)
+                .await?;
+            (allocated - held.values().sum::<i64>(), moves)
+        } else {
+            (stock, Vec::new())
+        };
         Ok(LoadSnapshot {
             stock,
             released,
             buyers: held.into_iter().collect(),
             counted,
+            moves,
         })
+    }
+
+    /// A segment's allocation from SQL (its share of the initial stock, plus moves in, less
+    /// moves out, that took effect) and how it took part in each move. Planned moves out
+    /// of it are refused first, in the caller's transaction.
+    async fn segment_allocation(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        sale_id: i64,
+        part: Part,
+        initial: i64,
+    ) -> Result<(i64, Vec<(i64, crate::gate::MoveMark)>), StoreError> {
+        use crate::gate::MoveMark;
+        sqlx::query(&self.sql(
+            "UPDATE segment_moves SET state = 'refused', updated_at = ? \
+             WHERE sale_id = ? AND from_segment = ? AND state = 'planned'",
+        ))
+        .bind(crate::now_ms())
+        .bind(sale_id)
+        .bind(part.segment)
+        .execute(&mut *conn)
+        .await?;
+        let rows = sqlx::query(&self.sql(
+            "SELECT id, from_segment, to_segment, quantity, state FROM segment_moves \
+             WHERE sale_id = ? AND (from_segment = ? OR to_segment = ?)",
+        ))
+        .bind(sale_id)
+        .bind(part.segment)
+        .bind(part.segment)
+        .fetch_all(&mut *conn)
+        .await?;
+        let mut allocated = crate::segments::allocation(initial, part.segments, part.segment);
+        let mut marks = Vec::new();
+        for r in &rows {
+            let (id, from, qty): (i64, i64, i64) = (r.try_get(0)?, r.try_get(1)?, r.try_get(3)?);
+            let state: String = r.try_get(4)?;
+            let took_effect = state == "taken" || state == "done";
+            if from == part.segment {
+                if took_effect {
+                    allocated -= qty;
+                    marks.push((id, MoveMark::Taken));
+                } else if state == "refused" {
+                    marks.push((id, MoveMark::Refused));
+                }
+            } else if took_effect {
+                allocated += qty;
+                marks.push((id, MoveMark::Given));
+            }
+        }
+        Ok((allocated, marks))
     }
 
     // ---- payments -----------------------------------------------------------------------

@@ -4,6 +4,7 @@
 //! decides a purchase (that is the gate's job) and is never called on the purchase path.
 
 pub mod lifecycle;
+pub mod moves;
 mod schema;
 
 use std::collections::{HashMap, HashSet};
@@ -527,7 +528,7 @@ impl Store {
 
     const SALE_COLS: &'static str =
         "id, title, price_cents, initial_stock, stock, per_user_limit, begins_at, \
-         ends_at, payment_window_secs, status, paused, updated_at, anti_bot";
+         ends_at, payment_window_secs, status, paused, updated_at, anti_bot, segments";
 
     fn sale_from_row(row: &AnyRow) -> Result<Sale, sqlx::Error> {
         Ok(Sale {
@@ -545,13 +546,14 @@ impl Store {
             updated_at: row.try_get(11)?,
             anti_bot: crate::model::AntiBot::parse(&row.try_get::<String, _>(12)?)
                 .unwrap_or_default(),
+            segments: row.try_get(13)?,
         })
     }
 
     pub async fn create_sale(&self, s: &Sale) -> Result<(), StoreError> {
         let now = crate::now_ms();
         let q = format!(
-            "INSERT INTO sales ({}, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO sales ({}, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             Self::SALE_COLS
         );
         sqlx::query(&self.sql(&q))
@@ -568,6 +570,7 @@ impl Store {
             .bind(s.paused as i64)
             .bind(now)
             .bind(s.anti_bot.as_str())
+            .bind(s.segments)
             .bind(now)
             .execute(&self.pool)
             .await?;
@@ -597,7 +600,7 @@ impl Store {
         let done = sqlx::query(&self.sql(
             "UPDATE sales SET title = ?, price_cents = ?, initial_stock = ?, stock = ?, \
              per_user_limit = ?, begins_at = ?, ends_at = ?, payment_window_secs = ?, \
-             anti_bot = ?, updated_at = ? WHERE id = ? AND status = 'draft'",
+             anti_bot = ?, segments = ?, updated_at = ? WHERE id = ? AND status = 'draft'",
         ))
         .bind(s.title.as_str())
         .bind(s.price_cents)
@@ -608,6 +611,7 @@ impl Store {
         .bind(s.ends_at)
         .bind(s.payment_window_secs)
         .bind(s.anti_bot.as_str())
+        .bind(s.segments)
         .bind(crate::now_ms())
         .bind(s.id)
         .execute(&self.pool)

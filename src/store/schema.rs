@@ -131,5 +131,24 @@ pub fn migrations(d: Dialect) -> Vec<(i64, Vec<String>)> {
         format!("CREATE TABLE IF NOT EXISTS writer_fence (id {int} PRIMARY KEY){tail}"),
         "INSERT INTO writer_fence (id) VALUES (1)".to_string(),
     ];
-    vec![(1, v1), (2, v2), (3, v3), (4, v4)]
+    let v5 = vec![
+        format!("ALTER TABLE sales ADD COLUMN segments {int} NOT NULL DEFAULT 1"),
+        // Stock moved between the segments of a sale (see `segments`): each segment's
+        // allocation is its even share of the initial stock plus the moves in and out
+        // that took effect, so one lost segment is rebuilt from SQL alone.
+        format!(
+            "CREATE TABLE IF NOT EXISTS segment_moves (
+                id {int} PRIMARY KEY,
+                sale_id {int} NOT NULL,
+                from_segment {int} NOT NULL,
+                to_segment {int} NOT NULL,
+                quantity {int} NOT NULL,
+                state VARCHAR(16) NOT NULL,
+                created_at {int} NOT NULL,
+                updated_at {int} NOT NULL
+            ){tail}"
+        ),
+        "CREATE INDEX segment_moves_by_sale ON segment_moves (sale_id, state)".to_string(),
+    ];
+    vec![(1, v1), (2, v2), (3, v3), (4, v4), (5, v5)]
 }

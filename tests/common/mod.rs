@@ -156,6 +156,7 @@ pub fn sale(id: i64, stock: i64, limit: i64) -> Sale {
         paused: false,
         updated_at: now,
         anti_bot: seckill::model::AntiBot::Off,
+        segments: 1,
     }
 }
 

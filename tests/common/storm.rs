@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use seckill::model::OrderStatus;
 use seckill::store::Store;
 
 /// A `seckill worker` process of a test's deployment, SIGKILLed when dropped.
@@ -237,4 +238,74 @@ pub async fn check_sql(store: &Store, sale_id: i64, stock: i64, told: &HashMap<i
         stock - sold,
         "SQL stock + orders = initial stock"
     );
+}
+
+/// Bearer tokens for these users (any ids, e.g. chosen by segment).
+pub fn tokens_for(secret: &str, users: &[i64]) -> Vec<(i64, String)> {
+    let signer = seckill::edge::auth::TokenSigner::new(secret);
+    let exp = seckill::now_ms() / 1000 + 3600;
+    users.iter().map(|u| (*u, signer.sign(*u, exp))).collect()
+}
+
+/// `count` user ids from `from` on whose buyers a sale of `segments` pins to `segment`.
+pub fn users_of_segment(segments: i64, segment: i64, from: i64, count: usize) -> Vec<i64> {
+    (from..)
+        .filter(|u| seckill::segments::segment_of(*u, segments) == segment)
+        .take(count)
+        .collect()
+}
+
+/// The books of a segmented sale balance, segment by segment, once its orders are written:
+/// every move finished (done or refused), and each segment's gate stock plus its buyers'
+/// live units equals its allocation in SQL (even share, plus moves in, less moves out).
+/// Returns each segment's gate stock.
+pub async fn check_segments(
+    store: &Store,
+    redis_url: &str,
+    prefix: &str,
+    sale_id: i64,
+) -> Vec<i64> {
+    use seckill::gate::Gate;
+    let sale = store.sale(sale_id).await.unwrap().unwrap();
+    let n = sale.segments;
+    let (_, conn) = seckill::app::redis_manager(redis_url).await.unwrap();
+    let gate = seckill::gate::redis::RedisGate::new(conn, prefix);
+    let moves = store.moves_of_sale(sale_id).await.unwrap();
+    let unfinished: Vec<_> = moves
+        .iter()
+        .filter(|m| m.state != "done" && m.state != "refused")
+        .collect();
+    assert!(
+        unfinished.is_empty(),
+        "moves left unfinished: {unfinished:?}"
+    );
+    let orders = store.orders_of_sale(sale_id).await.unwrap();
+    let stocks = gate.segment_stocks(sale_id, n).await.unwrap();
+    let mut out = Vec::new();
+    for s in 0..n {
+        let live: i64 = orders
+            .iter()
+            .filter(|o| {
+                matches!(o.status, OrderStatus::PendingPayment | OrderStatus::Paid)
+                    && seckill::segments::segment_of(o.user_id, n) == s
+            })
+            .map(|o| o.quantity)
+            .sum();
+        let net: i64 = moves
+            .iter()
+            .filter(|m| m.state == "done")
+            .map(|m| {
+                i64::from(m.to_segment == s) * m.quantity
+                    - i64::from(m.from_segment == s) * m.quantity
+            })
+            .sum();
+        let stock = stocks[s as usize].expect("every segment is in the gate");
+        assert_eq!(
+            stock + live,
+            seckill::segments::allocation(sale.initial_stock, n, s) + net,
+            "segment {s}: gate stock {stock} + live units {live} = allocation + moves"
+        );
+        out.push(stock);
+    }
+    out
 }

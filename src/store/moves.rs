@@ -1,0 +1,122 @@
+//! SQL side of the moves of stock between the segments of a sale (see `segments`). A move
+//! is planned here before any unit leaves its donor, and each later step is a guarded
+//! state change, so a rebuild of either segment (which reads these rows) and the mover
+//! never disagree on whether the units moved: planned -> taken -> done, or -> refused.
+
+use sqlx::Row;
+
+use super::{Store, StoreError};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SegmentMove {
+    pub id: i64,
+    pub sale_id: i64,
+    pub from_segment: i64,
+    pub to_segment: i64,
+    pub quantity: i64,
+    /// planned | taken | done | refused
+    pub state: String,
+    pub updated_at: i64,
+}
+
+const MOVE_COLS: &str =
+    "id, sale_id, from_segment, to_segment, quantity, state, updated_at FROM segment_moves";
+
+fn move_from_row(r: &sqlx::any::AnyRow) -> Result<SegmentMove, sqlx::Error> {
+    Ok(SegmentMove {
+        id: r.try_get(0)?,
+        sale_id: r.try_get(1)?,
+        from_segment: r.try_get(2)?,
+        to_segment: r.try_get(3)?,
+        quantity: r.try_get(4)?,
+        state: r.try_get(5)?,
+        updated_at: r.try_get(6)?,
+    })
+}
+
+impl Store {
+    /// Records a move before its donor gives anything.
+    pub async fn plan_move(&self, m: &SegmentMove) -> Result<(), StoreError> {
+        let now = crate::now_ms();
+        sqlx::query(&self.sql(
+            "INSERT INTO segment_moves (id, sale_id, from_segment, to_segment, quantity, state, created_at, updated_at) \
+             VALUES (?, ?, ?, ?, ?, 'planned', ?, ?)",
+        ))
+        .bind(m.id)
+        .bind(m.sale_id)
+        .bind(m.from_segment)
+        .bind(m.to_segment)
+        .bind(m.quantity)
+        .bind(now)
+        .bind(now)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Moves a move from state `from` to `to`; false when it was not in `from` (a rebuild
+    /// of its donor refused it meanwhile, or another mover advanced it).
+    pub async fn advance_move(&self, id: i64, from: &str, to: &str) -> Result<bool, StoreError> {
+        let done =
+            sqlx::query(&self.sql(
+                "UPDATE segment_moves SET state = ?, updated_at = ? WHERE id = ? AND state = ?",
+            ))
+            .bind(to)
+            .bind(crate::now_ms())
+            .bind(id)
+            .bind(from)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    pub async fn segment_move(&self, id: i64) -> Result<Option<SegmentMove>, StoreError> {
+        let q = format!("SELECT {MOVE_COLS} WHERE id = ?");
+        self.one_by_key(&q, id, move_from_row).await
+    }
+
+    /// Units of a sale's moves not finished yet (planned or taken): in neither segment
+    /// for now, or about to leave one.
+    pub async fn units_moving(&self, sale_id: i64) -> Result<i64, StoreError> {
+        let q = format!(
+            "SELECT {} FROM segment_moves WHERE sale_id = ? AND state IN ('planned', 'taken')",
+            self.sum_int("quantity")
+        );
+        let row = sqlx::query(&self.sql(&q))
+            .bind(sale_id)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(row.try_get(0)?)
+    }
+
+    /// Unfinished moves last changed before `before` (their mover has died or stalled).
+    pub async fn stalled_moves(
+        &self,
+        before: i64,
+        limit: i64,
+    ) -> Result<Vec<SegmentMove>, StoreError> {
+        let q = format!(
+            "SELECT {MOVE_COLS} WHERE state IN ('planned', 'taken') AND updated_at < ? ORDER BY id LIMIT ?"
+        );
+        let rows = sqlx::query(&self.sql(&q))
+            .bind(before)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| move_from_row(r).map_err(Into::into))
+            .collect()
+    }
+
+    /// Every move of a sale, oldest first (for checks and the audit).
+    pub async fn moves_of_sale(&self, sale_id: i64) -> Result<Vec<SegmentMove>, StoreError> {
+        let q = format!("SELECT {MOVE_COLS} WHERE sale_id = ? ORDER BY id");
+        let rows = sqlx::query(&self.sql(&q))
+            .bind(sale_id)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| move_from_row(r).map_err(Into::into))
+            .collect()
+    }
+}
