@@ -296,3 +296,42 @@ async fn a_master_killed_mid_storm_loses_no_acknowledged_order() {
     );
     common::eventually(30, "both instances are ready again", || d.ready()).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_hot_sale_over_three_segments_on_three_masters_sells_exactly_its_stock() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    const STOCK: i64 = 500;
+    const BUYERS: i64 = 3000;
+    let d = Deployment::start().await;
+    let sale: i64 = common::open_sale_with(
+        &common::client(),
+        &d.instances[0],
+        STOCK,
+        1,
+        serde_json::json!({"segments": 3}),
+    )
+    .await
+    .parse()
+    .unwrap();
+    let mut masters = HashSet::new();
+    for s in 0..3 {
+        let k = seckill::gate::redis::SaleKeys::for_segment("seckill", sale, 3, s);
+        masters.insert(d.cluster.master_of(&k.sale).await);
+    }
+    assert_eq!(masters.len(), 3, "each segment on a master of its own");
+
+    let told = storm_on(
+        d.bases(),
+        sale.to_string(),
+        d.tokens(1..BUYERS + 1),
+        Arrival::Crowd(64),
+        Arc::default(),
+    )
+    .await;
+    assert_eq!(count(&told, "ok"), STOCK as usize, "exactly the stock");
+    assert_eq!(count(&told, "sold_out"), (BUYERS - STOCK) as usize);
+    check_sql(&d.store, sale, STOCK, &told).await;
+    // Nothing stranded: every segment is empty, and its books balance in SQL.
+    let stocks = common::storm::check_segments(&d.store, &d.cluster.url(), "seckill", sale).await;
+    assert_eq!(stocks, vec![0, 0, 0]);
+}
