@@ -373,3 +373,114 @@ async fn sqlite_is_created_on_first_use() {
     let store = Store::connect(&url, 2).await.unwrap();
     assert_eq!(store.migrate().await.unwrap(), vec![1, 2, 3, 4]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_segment_snapshot_counts_its_share_its_moves_and_its_buyers_only() {
+    use seckill::gate::MoveMark;
+    use seckill::segments::segment_of;
+    use seckill::store::lifecycle::Part;
+    use seckill::store::moves::SegmentMove;
+    for kind in ALL_SQL {
+        let (store, _) = common::fresh_store(kind).await;
+        let mut sale = common::sale(common::next_id(), 100, 1);
+        sale.segments = 3;
+        store.create_sale(&sale).await.unwrap();
+        // Two buyers in each segment.
+        let users: Vec<i64> = (0..3)
+            .flat_map(|s| (1..).filter(move |u| segment_of(*u, 3) == s).take(2))
+            .collect();
+        let batch: Vec<NewOrder> = users.iter().map(|u| order(sale.id, *u, 1)).collect();
+        store.write_orders(&batch).await.unwrap();
+        let mv = |id, from, to, quantity| SegmentMove {
+            id,
+            sale_id: sale.id,
+            from_segment: from,
+            to_segment: to,
+            quantity,
+            state: "planned".into(),
+            updated_at: 0,
+        };
+        // Done: 5 from 1 to 0. Taken: 3 from 2 to 0. Planned: 4 from 0 to 1 (refused by
+        // segment 0's snapshot) and 2 from 1 to 2 (untouched by segment 0's).
+        for (m, state) in [
+            (mv(1, 1, 0, 5), "done"),
+            (mv(2, 2, 0, 3), "taken"),
+            (mv(3, 0, 1, 4), ""),
+            (mv(4, 1, 2, 2), ""),
+        ] {
+            store.plan_move(&m).await.unwrap();
+            if state == "done" {
+                assert!(store.advance_move(m.id, "planned", "taken").await.unwrap());
+            }
+            if !state.is_empty() {
+                let from = if state == "done" { "taken" } else { "planned" };
+                assert!(
+                    store.advance_move(m.id, from, state).await.unwrap(),
+                    "{kind:?}"
+                );
+            }
+        }
+        assert_eq!(
+            store.units_moving(sale.id).await.unwrap(),
+            3 + 4 + 2,
+            "{kind:?}"
+        );
+        let snap = |segment| {
+            let store = store.clone();
+            async move {
+                store
+                    .load_part_snapshot(
+                        sale.id,
+                        Part {
+                            segments: 3,
+                            segment,
+                        },
+                        std::time::Duration::ZERO,
+                    )
+                    .await
+                    .unwrap()
+            }
+        };
+        let s0 = snap(0).await;
+        // 34 (share) + 5 + 3 (moves in that took effect) - 2 (its buyers' units).
+        assert_eq!(s0.stock, 34 + 5 + 3 - 2, "{kind:?}");
+        assert_eq!(s0.buyers.len(), 2, "{kind:?}: only its own buyers");
+        assert!(s0.buyers.iter().all(|(u, _)| segment_of(*u, 3) == 0));
+        assert_eq!(s0.counted.len(), 2, "{kind:?}");
+        let mut marks = s0.moves.clone();
+        marks.sort_by_key(|(id, _)| *id);
+        assert_eq!(
+            marks,
+            vec![
+                (1, MoveMark::Given),
+                (2, MoveMark::Given),
+                (3, MoveMark::Refused)
+            ],
+            "{kind:?}"
+        );
+        assert_eq!(
+            store.segment_move(3).await.unwrap().unwrap().state,
+            "refused",
+            "{kind:?}: a planned move out of a rebuilt segment is refused"
+        );
+        assert_eq!(
+            store.segment_move(4).await.unwrap().unwrap().state,
+            "planned",
+            "{kind:?}: moves between other segments are left alone"
+        );
+        // Segment 1: 33 - 5 (done out) - 2 buyers; move 4 (planned, out) refused now.
+        let s1 = snap(1).await;
+        assert_eq!(s1.stock, 33 - 5 - 2, "{kind:?}");
+        // Segment 2: 33 - 3 (taken out) - 2 buyers.
+        let s2 = snap(2).await;
+        assert_eq!(s2.stock, 33 - 3 - 2, "{kind:?}");
+        // The parts add up to SQL's stock of the whole sale (move 2 is taken, not given:
+        // segment 0's snapshot counts it given, as the give will).
+        assert_eq!(
+            s0.stock + s1.stock + s2.stock,
+            stock(&store, sale.id).await,
+            "{kind:?}"
+        );
+        assert_eq!(store.units_moving(sale.id).await.unwrap(), 3, "{kind:?}");
+    }
+}
