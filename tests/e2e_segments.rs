@@ -293,3 +293,63 @@ async fn a_move_whose_mover_died_after_taking_is_finished_by_the_scheduler() {
         vec![35, 20, 35]
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn instances_sigkilled_while_moving_stock_lose_no_order_and_strand_no_unit() {
+    const STOCK: i64 = 400;
+    let mut d = Deployment::start().await;
+    let sale: i64 = common::open_sale_with(
+        &common::client(),
+        &d.instances[0],
+        STOCK,
+        1,
+        serde_json::json!({"segments": 3}),
+    )
+    .await
+    .parse()
+    .unwrap();
+    // Most buyers in segment 0, so units keep moving there while the instances die.
+    let mut buyers = users_of_segment(3, 0, 1, 2400);
+    buyers.extend(users_of_segment(3, 1, 1, 300));
+    buyers.extend(users_of_segment(3, 2, 1, 300));
+    let order: Vec<i64> = {
+        // Interleaved, so every segment's buyers keep arriving.
+        let mut v = buyers.clone();
+        v.sort_by_key(|u| seckill::segments::segment_of(*u * 7919, 5));
+        v
+    };
+    let storm = tokio::spawn(storm_on(
+        d.bases(),
+        sale.to_string(),
+        tokens_for(&d.secret, &order),
+        Arrival::Every(std::time::Duration::from_millis(3)),
+        Arc::default(),
+    ));
+    for victim in [0, 1, 0] {
+        tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+        d.instances[victim].kill();
+        d.instances[victim].restart().await;
+    }
+    let mut told = storm.await.unwrap();
+    // Moves their movers left part-way are finished by the scheduler; buyers who come
+    // after that buy whatever they brought back.
+    let store = d.store.clone();
+    common::eventually(30, "no move is left half done", || {
+        let store = store.clone();
+        async move { store.units_moving(sale).await.unwrap() == 0 }
+    })
+    .await;
+    let late = users_of_segment(3, 0, 2_000_000, 200);
+    let later = d.storm(sale, &late).await;
+    common::storm::merge(&mut told, later.clone());
+    for (u, t) in later {
+        told.get_mut(&u).unwrap().last = t.last;
+    }
+    check_sql(&d.store, sale, STOCK, &told).await;
+    let sold = d.store.orders_of_sale(sale).await.unwrap().len() as i64;
+    assert_eq!(sold, STOCK, "every unit sold while buyers remained");
+    assert_eq!(
+        check_segments(&d.store, REDIS, &d.prefix, sale).await,
+        vec![0, 0, 0]
+    );
+}
