@@ -274,7 +274,7 @@ async fn migrations_are_idempotent_and_safe_to_race() {
         applied.sort();
         assert_eq!(
             applied,
-            vec![1, 2, 3, 4],
+            vec![1, 2, 3, 4, 5],
             "{kind:?}: each version applied by exactly one process"
         );
         let store = Store::connect(&url, 2).await.unwrap();
@@ -371,7 +371,7 @@ async fn users_codes_and_meta() {
 async fn sqlite_is_created_on_first_use() {
     let url = common::fresh_database(Sql::Sqlite).await;
     let store = Store::connect(&url, 2).await.unwrap();
-    assert_eq!(store.migrate().await.unwrap(), vec![1, 2, 3, 4]);
+    assert_eq!(store.migrate().await.unwrap(), vec![1, 2, 3, 4, 5]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
