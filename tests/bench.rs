@@ -158,6 +158,7 @@ fn bench_open_model_reports_latency_from_intended_send_times() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_compare_runs_every_gate_on_redis_and_postgres() {
     let db = common::fresh_database(Sql::Postgres).await;
+    let given = db.clone();
     let redis = common::redis_url();
     let (ok, r, stderr) = tokio::task::spawn_blocking(move || {
         bench(
@@ -192,6 +193,23 @@ async fn bench_compare_runs_every_gate_on_redis_and_postgres() {
     for g in r.as_array().unwrap() {
         assert_report(g, 1500, 30);
     }
+    // Each run had a scratch database of its own: the one given holds nothing.
+    sqlx::any::install_default_drivers();
+    let pool = sqlx::any::AnyPoolOptions::new()
+        .max_connections(1)
+        .connect(&given)
+        .await
+        .unwrap();
+    let tables: i64 = sqlx::Row::get(
+        &sqlx::query(
+            "SELECT CAST(COUNT(*) AS BIGINT) FROM information_schema.tables WHERE table_schema = 'public'",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap(),
+        0,
+    );
+    assert_eq!(tables, 0, "bench wrote into the database it was given");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -219,4 +237,8 @@ async fn bench_drives_a_running_target_through_the_api() {
     .unwrap();
     assert!(ok, "{stderr}");
     assert_report(&r, 500, 20);
+    assert_eq!(
+        r["gate"], "embedded",
+        "the target's own gate, read from its /metrics"
+    );
 }

@@ -24,6 +24,7 @@ use rand::seq::SliceRandom;
 use serde::Deserialize;
 
 use crate::config::{Config, GateKind};
+use crate::store::Store;
 use client::Connection;
 pub use report::Report;
 use storm::Model;
@@ -103,6 +104,65 @@ struct Target {
     /// Environment of the started server, to mint users against the same database.
     env: Vec<(String, String)>,
     workdir: Option<PathBuf>,
+    /// The scratch database a started server used: (the URL bench was given, its name).
+    scratch_database: Option<(String, String)>,
+    /// The Redis key prefix a started server used: (Redis URL, prefix).
+    scratch_prefix: Option<(String, String)>,
+}
+
+impl Target {
+    /// Stops a started server and removes what it left: its folder, its scratch database,
+    /// its Redis keys. A run leaves nothing in the database or Redis it was given.
+    async fn clean_up(mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if let Some((url, name)) = self.scratch_database.take() {
+            if let Err(e) = Store::drop_database(&url, &name).await {
+                eprintln!("warning: could not drop the scratch database {name}: {e}");
+            }
+        }
+        if let Some((url, prefix)) = self.scratch_prefix.take() {
+            if let Err(e) = delete_prefix(&url, &prefix).await {
+                eprintln!("warning: could not delete the Redis keys {prefix}:*: {e}");
+            }
+        }
+    }
+}
+
+/// Deletes every key under `prefix:` (on every node of a cluster).
+async fn delete_prefix(url: &str, prefix: &str) -> Result<(), redis::RedisError> {
+    let client = crate::redis_client::RedisClient::open(url)?;
+    let mut conn = client.connect().await?;
+    for node in client.subscription_nodes(&mut conn).await {
+        let Ok(mut node_conn) = node.get_multiplexed_async_connection().await else {
+            continue;
+        };
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(format!("{prefix}:*"))
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut node_conn)
+                .await?;
+            for key in keys {
+                // Through the client that routes by key (a replica refuses writes).
+                let _: i64 = redis::cmd("UNLINK")
+                    .arg(&key)
+                    .query_async(&mut conn)
+                    .await?;
+            }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+    }
+    Ok(())
 }
 
 impl Drop for Target {
@@ -145,7 +205,9 @@ pub async fn run(config: Config, args: BenchArgs) -> Result<(), BenchError> {
         let mut reports = Vec::new();
         for gate in gates {
             let target = start_server(&config, gate).await?;
-            reports.push(storm_once(&target, &args, gate.name()).await?);
+            let report = storm_once(&target, &args, gate.name()).await;
+            target.clean_up().await;
+            reports.push(report?);
         }
         reports
     } else {
@@ -154,11 +216,13 @@ pub async fn run(config: Config, args: BenchArgs) -> Result<(), BenchError> {
             None => start_server(&config, config.gate).await?,
         };
         let gate = if args.target.is_some() {
-            "target".to_string()
+            target_gate(&target).await
         } else {
             config.gate.name().to_string()
         };
-        vec![storm_once(&target, &args, &gate).await?]
+        let report = storm_once(&target, &args, &gate).await;
+        target.clean_up().await;
+        vec![report?]
     };
     if args.json {
         let json = if args.compare {
@@ -281,7 +345,31 @@ async fn remote(url: &str, config: &Config) -> Result<Target, BenchError> {
         child: None,
         env: Vec::new(),
         workdir: None,
+        scratch_database: None,
+        scratch_prefix: None,
     })
+}
+
+/// The gate a running target says it uses (`seckill_info` in its /metrics), for the
+/// report; "target" when it does not say.
+async fn target_gate(target: &Target) -> String {
+    let answer = match Connection::open(target.addr).await {
+        Ok(mut c) => c
+            .send(Method::GET, "/metrics", None, Bytes::new())
+            .await
+            .ok(),
+        Err(_) => None,
+    };
+    answer
+        .and_then(|(status, body)| (status == 200).then_some(body))
+        .and_then(|body| gate_of_metrics(&String::from_utf8_lossy(&body)))
+        .unwrap_or_else(|| "target".to_string())
+}
+
+fn gate_of_metrics(metrics: &str) -> Option<String> {
+    let line = metrics.lines().find(|l| l.starts_with("seckill_info{"))?;
+    let gate = line.split("gate=\"").nth(1)?.split('"').next()?;
+    Some(gate.to_string())
 }
 
 async fn start_server(config: &Config, gate: GateKind) -> Result<Target, BenchError> {
@@ -292,11 +380,22 @@ async fn start_server(config: &Config, gate: GateKind) -> Result<Target, BenchEr
         .map_err(|e| setup(format!("no free port: {e}")))?
         .port();
     let admin = crate::edge::auth::hex(&rand::random::<[u8; 16]>());
-    let database = if config.database_url.starts_with("sqlite:") {
-        format!("sqlite://{}/bench.db", workdir.display())
+    // Its own database (dropped afterwards), beside the one bench was given: a run leaves
+    // no users, sales or orders behind.
+    let (database, scratch_database) = if config.database_url.starts_with("sqlite:") {
+        (format!("sqlite://{}/bench.db", workdir.display()), None)
     } else {
-        config.database_url.clone()
+        let name = format!("seckill_bench_{:08x}", rand::random::<u32>());
+        let url = Store::create_database(&config.database_url, &name)
+            .await
+            .map_err(|e| {
+                setup(format!(
+                    "cannot create a scratch database beside the one given: {e}"
+                ))
+            })?;
+        (url, Some((config.database_url.clone(), name)))
     };
+    let mut scratch_prefix = None;
     let mut env = vec![
         ("SECKILL_DATABASE_URL".to_string(), database),
         (
@@ -329,11 +428,10 @@ async fn start_server(config: &Config, gate: GateKind) -> Result<Target, BenchEr
             .redis_url
             .clone()
             .ok_or_else(|| setup("the redis gate needs --redis"))?;
-        env.push(("SECKILL_REDIS_URL".to_string(), redis));
-        env.push((
-            "SECKILL_REDIS_PREFIX".to_string(),
-            format!("seckill-bench-{:08x}", rand::random::<u32>()),
-        ));
+        let prefix = format!("seckill-bench-{:08x}", rand::random::<u32>());
+        env.push(("SECKILL_REDIS_URL".to_string(), redis.clone()));
+        env.push(("SECKILL_REDIS_PREFIX".to_string(), prefix.clone()));
+        scratch_prefix = Some((redis, prefix));
     }
     let exe = std::env::current_exe()
         .map_err(|e| setup(format!("cannot find the seckill binary: {e}")))?;
@@ -362,6 +460,8 @@ async fn start_server(config: &Config, gate: GateKind) -> Result<Target, BenchEr
         child: Some(child),
         env,
         workdir: Some(workdir),
+        scratch_database,
+        scratch_prefix,
     };
     for _ in 0..300 {
         if let Ok(mut c) = Connection::open(target.addr).await {
@@ -370,13 +470,16 @@ async fn start_server(config: &Config, gate: GateKind) -> Result<Target, BenchEr
             }
         }
         if let Some(Ok(Some(status))) = target.child.as_mut().map(|c| c.try_wait()) {
+            // Its log is kept for the reader; the scratch database and keys are not.
+            let log = target.workdir.take();
+            target.clean_up().await;
             return Err(setup(format!(
-                "the server exited ({status}); see its log in {:?}",
-                target.workdir
+                "the server exited ({status}); see its log in {log:?}"
             )));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    target.clean_up().await;
     Err(setup("the server did not become ready"))
 }
 
@@ -500,6 +603,28 @@ async fn buyer_tokens(target: &Target, args: &BenchArgs) -> Result<Vec<String>, 
     login_through_api(target.addr, n).await
 }
 
+/// A POST of the login flow, tried again while the target answers 503 or 429 (a busy
+/// server under a test suite's load); any other failure names the target's answer.
+async fn call_retrying(c: &mut Connection, path: &str, body: Bytes) -> Result<Bytes, BenchError> {
+    let mut tries = 0;
+    loop {
+        let (status, answer) = c.send(Method::POST, path, None, body.clone()).await?;
+        match status {
+            200..=299 => return Ok(answer),
+            429 | 503 if tries < 20 => {
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(100 * tries)).await;
+            }
+            _ => {
+                return Err(setup(format!(
+                    "{path} answered {status}: {}",
+                    String::from_utf8_lossy(&answer)
+                )))
+            }
+        }
+    }
+}
+
 async fn login_through_api(addr: SocketAddr, n: usize) -> Result<Vec<String>, BenchError> {
     #[derive(Deserialize)]
     struct Code {
@@ -524,13 +649,13 @@ async fn login_through_api(addr: SocketAddr, n: usize) -> Result<Vec<String>, Be
                     }
                     let phone = format!("+{}", base + i as u64);
                     let body = Bytes::from(serde_json::json!({ "phone": phone }).to_string());
-                    let (_, answer) = c.send(Method::POST, "/api/auth/code", None, body).await?;
+                    let answer = call_retrying(&mut c, "/api/auth/code", body).await?;
                     let code: Code = serde_json::from_slice(&answer).map_err(|e| setup(e.to_string()))?;
                     let code = code.dev_code.ok_or_else(|| {
                         setup("the target does not return login codes (not in dev mode): pass --tokens from `seckill users mint`")
                     })?;
                     let body = Bytes::from(serde_json::json!({ "phone": phone, "code": code }).to_string());
-                    let (_, answer) = c.send(Method::POST, "/api/auth/login", None, body).await?;
+                    let answer = call_retrying(&mut c, "/api/auth/login", body).await?;
                     let token: Token = serde_json::from_slice(&answer).map_err(|e| setup(e.to_string()))?;
                     tokens.lock().unwrap_or_else(|p| p.into_inner())[i] = token.token;
                 }
@@ -735,4 +860,14 @@ async fn storm_once(target: &Target, args: &BenchArgs, gate: &str) -> Result<Rep
         errors: observed.errors,
         checks,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_gate_is_read_from_seckill_info() {
+        let metrics = "# TYPE seckill_info gauge\nseckill_info{version=\"0.1.0\",gate=\"redis\",durability=\"none\"} 1\n";
+        assert_eq!(super::gate_of_metrics(metrics).as_deref(), Some("redis"));
+        assert_eq!(super::gate_of_metrics("nginx_up 1\n"), None);
+    }
 }

@@ -338,6 +338,13 @@ async fn metrics(State(st): State<Arc<AppState>>) -> Response {
         let n = st.metrics.purchases[i].get();
         out.push_str(&format!("seckill_purchases_total{{code=\"{code}\"}} {n}\n"));
     }
+    // What this instance runs, for dashboards and `seckill bench --target`.
+    out.push_str(&format!(
+        "# HELP seckill_info This instance's version and gate.\n# TYPE seckill_info gauge\nseckill_info{{version=\"{}\",gate=\"{}\",durability=\"{}\"}} 1\n",
+        env!("CARGO_PKG_VERSION"),
+        st.config.gate.name(),
+        st.config.redis_durability.name()
+    ));
     let m = &st.metrics;
     m.request_seconds.render(
         "seckill_purchase_request_seconds",

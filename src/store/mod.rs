@@ -258,6 +258,37 @@ impl Store {
         Ok(Store { pool, dialect })
     }
 
+    /// Creates an empty database named `name` on the server of `url` (same credentials and
+    /// options) and returns its URL: for runs that must leave nothing in the database they
+    /// were given (`seckill bench`). `name` must be a plain identifier.
+    pub async fn create_database(url: &str, name: &str) -> Result<String, StoreError> {
+        let sibling = sibling_url(url, name)
+            .ok_or_else(|| StoreError::BadUrl(crate::config::mask_url(url)))?;
+        let store = Store::connect(url, 2).await?;
+        if store.dialect == Dialect::Sqlite {
+            return Err(StoreError::BadUrl(
+                "a SQLite file is not a database server".into(),
+            ));
+        }
+        sqlx::query(&format!("CREATE DATABASE {name}"))
+            .execute(&store.pool)
+            .await?;
+        store.pool.close().await;
+        Ok(sibling)
+    }
+
+    /// Drops a database made by [`Store::create_database`], even with clients still on it.
+    pub async fn drop_database(url: &str, name: &str) -> Result<(), StoreError> {
+        let store = Store::connect(url, 2).await?;
+        let drop = match store.dialect {
+            Dialect::Postgres => format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+            _ => format!("DROP DATABASE IF EXISTS {name}"),
+        };
+        sqlx::query(&drop).execute(&store.pool).await?;
+        store.pool.close().await;
+        Ok(())
+    }
+
     pub fn dialect(&self) -> Dialect {
         self.dialect
     }
@@ -1095,6 +1126,20 @@ impl Store {
 }
 
 /// `a = ? AND b = ?` becomes `a = $1 AND b = $2`. Our queries hold no literal `?`.
+/// The URL of database `name` on the server of `url`, with its credentials and options.
+fn sibling_url(url: &str, name: &str) -> Option<String> {
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, format!("?{q}")),
+        None => (url, String::new()),
+    };
+    let host_start = base.find("://")? + 3;
+    let server = match base[host_start..].find('/') {
+        Some(i) => &base[..host_start + i],
+        None => base,
+    };
+    Some(format!("{server}/{name}{query}"))
+}
+
 fn numbered_placeholders(q: &str) -> String {
     let mut out = String::with_capacity(q.len() + 16);
     let mut n = 0;
@@ -1129,6 +1174,19 @@ fn is_already_exists(e: &sqlx::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sibling_database_keeps_server_credentials_and_options() {
+        assert_eq!(
+            super::sibling_url("postgres://u:p@h:5432/shop?sslmode=disable", "b").as_deref(),
+            Some("postgres://u:p@h:5432/b?sslmode=disable")
+        );
+        assert_eq!(
+            super::sibling_url("mysql://root@127.0.0.1", "b").as_deref(),
+            Some("mysql://root@127.0.0.1/b")
+        );
+        assert_eq!(super::sibling_url("nonsense", "b"), None);
+    }
 
     #[test]
     fn postgres_placeholders_are_numbered() {
