@@ -103,6 +103,11 @@ fn bad_configuration_is_refused_clearly() {
         "{err}"
     );
     assert!(err.contains("listening at that host and port"), "{err}");
+    // With its cause, not the pool's "timed out" after its 5 s wait.
+    assert!(
+        err.contains("refused") && !err.contains("timed out"),
+        "{err}"
+    );
     let missing = std::env::temp_dir().join(common::unique("no-such-folder"));
     let url = format!("sqlite://{}/s.db", missing.display());
     let out = seckill(&[("SECKILL_DATABASE_URL", &url)], &["migrate"]);

@@ -233,6 +233,19 @@ impl Store {
         let wait = wait.unwrap_or(std::time::Duration::from_secs(
             if dialect == Dialect::Sqlite { 30 } else { 5 },
         ));
+        if dialect != Dialect::Sqlite {
+            // One direct connection first: a closed port, an unknown host or a refused
+            // password is told at once and with its cause, not as the pool's "timed out"
+            // after its wait. A server merely slow to answer still gets the whole wait.
+            use sqlx::Connection;
+            match tokio::time::timeout(wait, sqlx::AnyConnection::connect_with(&options)).await {
+                Ok(Ok(conn)) => {
+                    let _ = conn.close().await;
+                }
+                Ok(Err(e)) => return Err(failed(e)),
+                Err(_) => {}
+            }
+        }
         let mut pool = AnyPoolOptions::new()
             .max_connections(max_connections.max(2))
             .min_connections(1)
