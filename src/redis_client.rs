@@ -90,6 +90,17 @@ impl RedisClient {
     pub async fn connect(&self) -> Result<RedisConn, RedisError> {
         match self {
             RedisClient::Single(client) => {
+                // One plain connection first: the manager retries a refused connection for
+                // about 10 s before it reports anything; a start-up (which retries with its
+                // own log line) must hear at once that Redis is not there.
+                let probe = redis::AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(COMMAND_TIMEOUT))
+                    .set_response_timeout(Some(COMMAND_TIMEOUT));
+                drop(
+                    client
+                        .get_multiplexed_async_connection_with_config(&probe)
+                        .await?,
+                );
                 let config = redis::aio::ConnectionManagerConfig::new()
                     .set_response_timeout(Some(COMMAND_TIMEOUT))
                     .set_connection_timeout(Some(COMMAND_TIMEOUT));

@@ -297,3 +297,51 @@ async fn a_second_server_deciding_in_memory_on_the_same_database_is_refused() {
         drop(again);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_redis_is_named_at_once_not_after_the_clients_retries() {
+    let db = common::fresh_database(Sql::Postgres).await;
+    let port = common::free_port();
+    let redis = format!("redis://127.0.0.1:{port}/");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_seckill"))
+        .args([
+            "serve",
+            "--no-writer",
+            "--listen",
+            &format!("127.0.0.1:{}", common::free_port()),
+        ])
+        .env("SECKILL_DATABASE_URL", &db)
+        .env("SECKILL_REDIS_URL", &redis)
+        .env_remove("SECKILL_CONFIG")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // The log goes to standard output.
+    let log = child.stdout.take().unwrap();
+    let (lines, got) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(log).lines().map_while(Result::ok) {
+            if lines.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    // Migrations and the configuration print take a moment; the redis crate's own
+    // retries took about 10 s before anything was said.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let mut seen = Vec::new();
+    let found = loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match got.recv_timeout(left) {
+            Ok(line) if line.contains("not reachable yet") => break Some(line),
+            Ok(line) => seen.push(line),
+            Err(_) => break None,
+        }
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    let line = found.unwrap_or_else(|| panic!("no word of Redis within 5 s: {seen:#?}"));
+    assert!(line.contains(&redis) && line.contains("refused"), "{line}");
+}
