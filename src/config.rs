@@ -28,6 +28,9 @@ pub enum ConfigError {
 /// flag can fall through to the file and then to the default.
 #[derive(Debug, Clone, Default, Args, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[command(
+    next_help_heading = "Settings of every subcommand (flags, SECKILL_* variables or --config)"
+)]
 pub struct ConfigArgs {
     /// TOML file with any of these settings (snake_case keys).
     #[arg(long, env = "SECKILL_CONFIG", global = true)]

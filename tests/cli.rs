@@ -345,3 +345,27 @@ async fn an_unreachable_redis_is_named_at_once_not_after_the_clients_retries() {
     let line = found.unwrap_or_else(|| panic!("no word of Redis within 5 s: {seen:#?}"));
     assert!(line.contains(&redis) && line.contains("refused"), "{line}");
 }
+
+#[test]
+fn help_puts_each_subcommands_own_options_apart_from_the_shared_settings() {
+    let out = seckill(&[], &["bench", "--help"]);
+    let help = String::from_utf8_lossy(&out.stdout);
+    let own = help
+        .find("Bench options:")
+        .expect("a heading of bench's own");
+    let shared = help
+        .find("Settings of every subcommand")
+        .expect("a heading of the shared settings");
+    let buyers = help.find("--buyers").unwrap();
+    let writer_batch = help.find("--writer-batch").unwrap();
+    assert!(
+        own < buyers && buyers < shared && shared < writer_batch,
+        "{help}"
+    );
+    let out = seckill(&[], &["users", "mint", "--help"]);
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        help.find("--count").unwrap() < help.find("Settings of every subcommand").unwrap(),
+        "{help}"
+    );
+}

@@ -30,6 +30,7 @@ pub use report::Report;
 use storm::Model;
 
 #[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "Bench options")]
 pub struct BenchArgs {
     /// A running server to storm (http://HOST:PORT); without it, bench starts its own.
     #[arg(long)]
