@@ -68,7 +68,7 @@ impl AppError {
                 SchedulerError::Store(e) => e.is_transient(),
                 SchedulerError::Gate(e) => gate(e),
                 SchedulerError::Log(e) => log(e),
-                SchedulerError::Lifecycle(_) => true,
+                SchedulerError::Lifecycle(_) | SchedulerError::LoadStuck(..) => true,
             },
             _ => false,
         }
@@ -406,6 +406,7 @@ pub async fn assemble(config: Config, role: Role) -> Result<App, AppError> {
         local_log,
         writer_stats: Arc::new(WriterStats::default()),
         metrics: Metrics::default(),
+        audit: Default::default(),
     });
     Ok(App {
         state,
@@ -424,6 +425,32 @@ impl App {
             streams: self.streams.clone(),
             preload_ahead_ms: self.state.config.preload_ahead_secs as i64 * 1000,
         }
+    }
+
+    /// The continuous audit, unless turned off; one instance at a time holds its lease.
+    pub fn auditor(&self) -> Option<crate::reconcile::auditor::Auditor> {
+        let st = &self.state;
+        let every = st.config.audit_every_secs;
+        if every == 0 {
+            return None;
+        }
+        let lease = st
+            .redis
+            .as_ref()
+            .map(|conn| crate::reconcile::auditor::Lease {
+                conn: conn.clone(),
+                key: format!("{}:{{audit}}:lease", st.config.redis_prefix),
+                token: format!("{:016x}", rand::random::<u64>()),
+            });
+        Some(crate::reconcile::auditor::Auditor {
+            store: st.store.clone(),
+            gate: st.gate.clone(),
+            in_flight: st.in_flight(),
+            cache: st.sales.clone(),
+            board: st.audit.clone(),
+            every: Duration::from_secs(every),
+            lease,
+        })
     }
 
     pub fn writer(&self) -> Writer {
@@ -456,6 +483,9 @@ impl App {
         .await?;
         let (stop_tx, stop_rx) = watch::channel(false);
         let mut handles = vec![tokio::spawn(scheduler.run(stop_rx.clone()))];
+        if let Some(auditor) = self.auditor() {
+            handles.push(tokio::spawn(auditor.run(stop_rx.clone())));
+        }
         if run_writer {
             // The local log has one consumer by nature (and SQLite one writer at a time).
             let loops = if self.streams.is_some() {

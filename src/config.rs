@@ -135,6 +135,10 @@ pub struct ConfigArgs {
     /// written to SQL (no writer running, or writers falling behind) [default: 30].
     #[arg(long, env = "SECKILL_WRITER_LAG_NOT_READY_SECS", global = true)]
     pub writer_lag_not_ready_secs: Option<u64>,
+    /// Compare each live sale's gate with SQL this often (one instance at a time); 0 turns
+    /// the continuous audit off [default: 2].
+    #[arg(long, env = "SECKILL_AUDIT_EVERY_SECS", global = true)]
+    pub audit_every_secs: Option<u64>,
     /// Lifetime of a user token [default: 604800].
     #[arg(long, env = "SECKILL_TOKEN_TTL_SECS", global = true)]
     pub token_ttl_secs: Option<u64>,
@@ -252,6 +256,7 @@ pub struct Config {
     pub trusted_proxies: Vec<std::net::IpAddr>,
     pub preload_ahead_secs: u64,
     pub writer_lag_not_ready_secs: u64,
+    pub audit_every_secs: u64,
     pub token_ttl_secs: u64,
     pub db_max_connections: u32,
     pub max_connections: usize,
@@ -357,6 +362,7 @@ impl Config {
                 .writer_lag_not_ready_secs
                 .or(f.writer_lag_not_ready_secs)
                 .unwrap_or(30),
+            audit_every_secs: a.audit_every_secs.or(f.audit_every_secs).unwrap_or(2),
             token_ttl_secs: a.token_ttl_secs.or(f.token_ttl_secs).unwrap_or(7 * 86400),
             db_max_connections: a.db_max_connections.or(f.db_max_connections).unwrap_or(16),
             max_connections: a
@@ -598,6 +604,7 @@ impl Config {
                 "writer_lag_not_ready_secs = {}",
                 self.writer_lag_not_ready_secs
             ),
+            format!("audit_every_secs   = {}", self.audit_every_secs),
             format!("token_ttl_secs     = {}", self.token_ttl_secs),
             format!("db_max_connections = {}", self.db_max_connections),
             format!("max_connections    = {}", self.max_connections),

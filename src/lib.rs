@@ -33,6 +33,7 @@ pub mod logline;
 pub mod metrics;
 pub mod model;
 pub mod orderlog;
+pub mod reconcile;
 pub mod redis_client;
 pub mod scheduler;
 pub mod segments;

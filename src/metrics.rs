@@ -106,6 +106,21 @@ impl Histogram {
         self.total(|s| &s.count)
     }
 
+    /// (upper bound, observations at or under it) per bound, cumulative, then the count.
+    pub fn cumulative(&self) -> (Vec<(f64, u64)>, u64) {
+        let mut cumulative = 0;
+        let buckets = self
+            .bounds
+            .iter()
+            .enumerate()
+            .map(|(i, bound)| {
+                cumulative += self.total(|s| &s.buckets[i]);
+                (*bound, cumulative)
+            })
+            .collect();
+        (buckets, self.count())
+    }
+
     /// Appends the histogram in Prometheus text format (cumulative buckets).
     pub fn render(&self, name: &str, help: &str, out: &mut String) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");

@@ -259,6 +259,7 @@ async fn run_deployment(mut d: Deployment) {
         answers.by_code
     );
     check_database(&d, &sale, STOCK, &ok_ids, STOCK as usize).await;
+    common::check_reconciled(&c, &d.server, &sale).await;
 
     // 2. The same storm on a new sale, with the server SIGKILLed mid-storm, then restarted.
     let sale = common::open_sale(&c, &d.server, STOCK, 1).await;
@@ -302,6 +303,7 @@ async fn run_deployment(mut d: Deployment) {
     // Requests cut by the kill may have been accepted without their answer arriving: the
     // database holds every ok order and sells exactly the stock in all.
     check_database(&d, &sale, STOCK, &all_ok, STOCK as usize).await;
+    common::check_reconciled(&c, &d.server, &sale).await;
     let orders = d.store.orders_of_sale(sale.parse().unwrap()).await.unwrap();
     for o in &orders {
         assert!(

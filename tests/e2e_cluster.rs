@@ -6,6 +6,9 @@
 //! - The master holding a sale is SIGKILLed mid-storm: no buyer told `ok` loses the order,
 //!   nobody buys twice, the sales go on once the replica has taken over (the killed node
 //!   comes back as that replica's replica, as a supervisor would restart it).
+//! - A hot sale over 3 segments on 3 masters sells exactly its stock, nothing stranded.
+//! - Drift injected by hand into two segments on different masters is reported by the
+//!   continuous audit and `seckill reconcile`, and `--repair` rebuilds the sale exactly.
 
 mod common;
 
@@ -29,6 +32,7 @@ struct Deployment {
     _workers: Vec<Worker>,
     store: Store,
     secret: String,
+    env: Vec<(String, String)>,
 }
 
 impl Deployment {
@@ -41,13 +45,14 @@ impl Deployment {
             ("SECKILL_REDIS_URL".to_string(), cluster.url()),
             ("SECKILL_TOKEN_SECRET".to_string(), secret.clone()),
         ];
-        let (instances, workers) = common::storm::instances_and_workers(env).await;
+        let (instances, workers) = common::storm::instances_and_workers(env.clone()).await;
         Deployment {
             cluster,
             instances,
             _workers: workers,
             store: Store::connect(&db, 4).await.unwrap(),
             secret,
+            env,
         }
     }
 
@@ -161,6 +166,7 @@ async fn sales_on_every_master_are_sold_written_expired_and_resold() {
         );
         assert_eq!(count(told, "sold_out"), (BUYERS - STOCK) as usize);
         check_sql(&d.store, *sale, STOCK, told).await;
+        common::check_reconciled(&common::client(), &d.instances[1], &sale.to_string()).await;
     }
 
     // Nobody pays: the orders expire and every unit goes back to its sale's gate.
@@ -332,6 +338,134 @@ async fn a_hot_sale_over_three_segments_on_three_masters_sells_exactly_its_stock
     assert_eq!(count(&told, "sold_out"), (BUYERS - STOCK) as usize);
     check_sql(&d.store, sale, STOCK, &told).await;
     // Nothing stranded: every segment is empty, and its books balance in SQL.
+    let stocks = common::storm::check_segments(&d.store, &d.cluster.url(), "seckill", sale).await;
+    assert_eq!(stocks, vec![0, 0, 0]);
+}
+
+/// Reconciliation on a cluster, for a segmented sale: after a storm the gate matches SQL;
+/// then a buyer is removed from one segment and units are added to another (on another
+/// master): the audit reports both in `/metrics`, `seckill reconcile` names them, and
+/// `--repair` rebuilds every segment from SQL with a journal row; the removed buyer cannot
+/// buy again and the rest of the stock sells exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn drift_in_two_segments_on_two_masters_is_reported_and_repaired() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    const STOCK: i64 = 300;
+    let d = Deployment::start().await;
+    let c = common::client();
+    let sale: i64 = common::open_sale_with(
+        &c,
+        &d.instances[0],
+        STOCK,
+        1,
+        serde_json::json!({"segments": 3}),
+    )
+    .await
+    .parse()
+    .unwrap();
+    let told = storm_on(
+        d.bases(),
+        sale.to_string(),
+        d.tokens(1..201),
+        Arrival::Crowd(64),
+        Arc::default(),
+    )
+    .await;
+    assert_eq!(count(&told, "ok"), 200);
+    common::check_reconciled(&c, &d.instances[0], &sale.to_string()).await;
+
+    // A buyer of segment `a` vanishes from its gate; segment `b`, on another master,
+    // gains 2 units from nowhere.
+    let removed = 7;
+    let a = seckill::segments::segment_of(removed, 3);
+    let b = (a + 1) % 3;
+    let keys = |s| seckill::gate::redis::SaleKeys::for_segment("seckill", sale, 3, s);
+    let (ka, kb) = (keys(a), keys(b));
+    assert_ne!(
+        d.cluster.master_of(&ka.sale).await,
+        d.cluster.master_of(&kb.sale).await,
+        "the two segments are on different masters"
+    );
+    let client = seckill::redis_client::RedisClient::open(&d.cluster.url()).unwrap();
+    let mut redis = client.connect().await.unwrap();
+    let gone: i64 = redis::cmd("HDEL")
+        .arg(&ka.buyers)
+        .arg(removed)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(gone, 1, "buyer {removed} held a unit in segment {a}");
+    let _: i64 = redis::cmd("HINCRBY")
+        .arg(&kb.sale)
+        .arg("stock")
+        .arg(2)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+
+    let expected: HashMap<String, i64> = [("stock", 2), ("buyers_missing", 1)]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+    let started = std::time::Instant::now();
+    let mut seen = HashMap::new();
+    while started.elapsed() < Duration::from_secs(20) {
+        seen.clear();
+        for s in &d.instances {
+            let m = common::metrics(&c, s).await;
+            seen.extend(
+                common::drift_in(&m, sale)
+                    .into_iter()
+                    .filter(|(_, v)| *v != 0),
+            );
+        }
+        if seen == expected {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert_eq!(seen, expected, "drift in /metrics");
+    eprintln!("drift reported in /metrics after {:?}", started.elapsed());
+    let (code, out) = common::reconcile_cli(&d.env, &["--sale", &sale.to_string()]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("stock +2, buyers missing 1"), "{out}");
+
+    let (code, out) = common::reconcile_cli(
+        &d.env,
+        &[
+            "--sale",
+            &sale.to_string(),
+            "--repair",
+            "--reason",
+            "cluster test",
+        ],
+    );
+    assert_eq!(code, 0, "{out}");
+    common::check_reconciled(&c, &d.instances[1], &sale.to_string()).await;
+
+    // The removed buyer holds its unit again; the 100 left sell once each.
+    let again = storm_on(
+        d.bases(),
+        sale.to_string(),
+        d.tokens(removed..removed + 1),
+        Arrival::Crowd(1),
+        Arc::default(),
+    )
+    .await;
+    assert_eq!(again[&removed].last, "already_purchased");
+    let rest = storm_on(
+        d.bases(),
+        sale.to_string(),
+        d.tokens(1001..1401),
+        Arrival::Crowd(64),
+        Arc::default(),
+    )
+    .await;
+    assert_eq!(count(&rest, "ok"), (STOCK - 200) as usize);
+    let mut all = told;
+    common::storm::merge(&mut all, rest);
+    check_sql(&d.store, sale, STOCK, &all).await;
+    common::check_reconciled(&c, &d.instances[0], &sale.to_string()).await;
     let stocks = common::storm::check_segments(&d.store, &d.cluster.url(), "seckill", sale).await;
     assert_eq!(stocks, vec![0, 0, 0]);
 }

@@ -299,6 +299,33 @@ async fn run(d: Deployment) {
         "{}: outbox drained",
         d.name
     );
+    // After payments, cancels, expiries and a resale: the gate matches SQL, the journal
+    // sums to the stock, and it holds one row per step of every unit.
+    common::check_reconciled(&c, &d.server, &sale).await;
+    let journal = common::get_json(
+        &c,
+        format!("{base}/api/admin/sales/{sale}/journal?limit=10000"),
+        Some(&d.server.admin),
+    )
+    .await;
+    let rows = journal["rows"].as_array().unwrap();
+    let count = |cause: &str| rows.iter().filter(|r| r["cause"] == cause).count();
+    let by_status = check_invariants(&d, sale_id).await;
+    let returned_orders = by_status.get(&OrderStatus::Cancelled).copied().unwrap_or(0)
+        + by_status.get(&OrderStatus::Expired).copied().unwrap_or(0);
+    assert_eq!(
+        count("written"),
+        STOCK as usize + returned as usize,
+        "{}",
+        d.name
+    );
+    assert_eq!(
+        count("cancelled") + count("expired"),
+        returned_orders,
+        "{}",
+        d.name
+    );
+    assert_eq!(count("returned_to_gate"), returned_orders, "{}", d.name);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -130,6 +130,7 @@ async fn a_hot_sale_over_three_segments_sells_exactly_its_stock_and_rebuilds_one
         "every buyer ends with ok or sold_out"
     );
     check_sql(&d.store, sale, STOCK, &told).await;
+    common::check_reconciled(&c, &d.instances[1], &sale.to_string()).await;
     let stocks = check_segments(&d.store, REDIS, &d.prefix, sale).await;
     assert_eq!(stocks, vec![0, 0, 0], "nothing stranded in any segment");
     let into_crowded: i64 = d

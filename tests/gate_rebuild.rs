@@ -310,3 +310,58 @@ async fn a_gate_from_another_redis_server_is_rebuilt_once() {
         "kept from now on"
     );
 }
+
+/// A repair or an approval reads the gate right after loading it: when another process
+/// holds the load lock, the waiting load returns only once that process's load is in
+/// place, never while the sale is still missing from the gate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_load_returns_once_another_processs_load_is_in_place() {
+    let (store, _) = common::fresh_store(common::Sql::Sqlite).await;
+    let prefix = common::unique("waitload");
+    let sale = sale_with_buyers(&store, 100, 10).await;
+    let (other, here) = (gate(&prefix).await, gate(&prefix).await);
+    let LoadStart::Ticket(ticket) = other.begin_load(sale.id).await.unwrap() else {
+        panic!("the other process gets the lock");
+    };
+    let waiting = {
+        let (store, sale, here) = (store.clone(), sale.clone(), here.clone());
+        tokio::spawn(async move {
+            scheduler::load_sale_and_wait(&store, here.as_ref(), &SaleCache::default(), &sale).await
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(
+        !waiting.is_finished(),
+        "returned while the sale was not loaded"
+    );
+    // The plain load does not wait: it returns with nothing loaded.
+    assert!(
+        !scheduler::load_sale(&store, here.as_ref(), &SaleCache::default(), &sale)
+            .await
+            .unwrap()
+    );
+    assert!(!here.is_loaded(sale.id).await.unwrap());
+
+    let snapshot = store
+        .load_snapshot(sale.id, std::time::Duration::ZERO)
+        .await
+        .unwrap();
+    let load = SaleLoad {
+        sale: sale.clone(),
+        remaining: snapshot.stock,
+        buyers: snapshot.buyers,
+        released: vec![],
+        counted: snapshot.counted,
+        segment: 0,
+        moves: Vec::new(),
+    };
+    assert!(other.finish_load(ticket, &load).await.unwrap());
+    let installed_here = tokio::time::timeout(std::time::Duration::from_secs(5), waiting)
+        .await
+        .expect("the waiting load ends once the other is in place")
+        .unwrap()
+        .unwrap();
+    assert!(!installed_here, "the other process's load is kept");
+    let stock = here.stock(sale.id).await.unwrap().unwrap();
+    assert_eq!((stock.remaining, stock.buyers), (90, 10));
+}

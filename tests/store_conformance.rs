@@ -274,7 +274,7 @@ async fn migrations_are_idempotent_and_safe_to_race() {
         applied.sort();
         assert_eq!(
             applied,
-            vec![1, 2, 3, 4, 5],
+            vec![1, 2, 3, 4, 5, 6],
             "{kind:?}: each version applied by exactly one process"
         );
         let store = Store::connect(&url, 2).await.unwrap();
@@ -371,7 +371,7 @@ async fn users_codes_and_meta() {
 async fn sqlite_is_created_on_first_use() {
     let url = common::fresh_database(Sql::Sqlite).await;
     let store = Store::connect(&url, 2).await.unwrap();
-    assert_eq!(store.migrate().await.unwrap(), vec![1, 2, 3, 4, 5]);
+    assert_eq!(store.migrate().await.unwrap(), vec![1, 2, 3, 4, 5, 6]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -482,5 +482,116 @@ async fn a_segment_snapshot_counts_its_share_its_moves_and_its_buyers_only() {
             "{kind:?}"
         );
         assert_eq!(store.units_moving(sale.id).await.unwrap(), 3, "{kind:?}");
+    }
+}
+
+/// Every movement of a sale's stock leaves one journal row in its own transaction: the
+/// rows sum to the stock after each step, whatever the step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_journal_sums_to_the_stock_after_every_movement() {
+    use seckill::store::lifecycle::{Outcome, SqlDecision};
+    use seckill::store::moves::SegmentMove;
+
+    async fn balanced(store: &Store, sale: i64, kind: Sql, step: &str) -> i64 {
+        let (sum, stock) = store.journal_balance(sale).await.unwrap();
+        assert_eq!(
+            Some(sum),
+            stock,
+            "{kind:?} after {step}: journal sum != stock"
+        );
+        sum
+    }
+    async fn causes(store: &Store, sale: i64) -> Vec<(String, i64)> {
+        let rows = store.journal(sale, 0, 1000).await.unwrap();
+        rows.into_iter().map(|e| (e.cause, e.delta)).collect()
+    }
+
+    for kind in ALL_SQL {
+        let (store, _) = common::fresh_store(kind).await;
+        // A draft, edited, then deleted: its stock comes and goes with it.
+        let mut draft = common::sale(common::next_id(), 10, 1);
+        draft.approved = false;
+        store.create_sale(&draft).await.unwrap();
+        balanced(&store, draft.id, kind, "a draft created").await;
+        draft.initial_stock = 25;
+        draft.stock = 25;
+        assert!(store.update_draft(&draft).await.unwrap());
+        assert_eq!(balanced(&store, draft.id, kind, "a draft edited").await, 25);
+        assert!(store.delete_draft(draft.id).await.unwrap());
+        assert_eq!(store.journal_balance(draft.id).await.unwrap(), (0, None));
+        assert_eq!(
+            causes(&store, draft.id).await,
+            [
+                ("created".into(), 10),
+                ("edited".into(), 15),
+                ("deleted".into(), -25)
+            ]
+        );
+
+        // A sale sells through the writer and a SQL gate, then orders are cancelled,
+        // expire, go back to the gate, and units move between segments.
+        let mut sale = common::sale(common::next_id(), 100, 2);
+        sale.segments = 2;
+        store.create_sale(&sale).await.unwrap();
+        let batch: Vec<NewOrder> = (0..30).map(|u| order(sale.id, u, 1 + u % 2)).collect();
+        store.write_orders(&batch).await.unwrap();
+        store.write_orders(&batch).await.unwrap();
+        balanced(&store, sale.id, kind, "a batch written twice").await;
+        let direct = order(sale.id, 500, 1);
+        store
+            .sql_purchase(&direct, SqlDecision::Conditional)
+            .await
+            .unwrap();
+        balanced(&store, sale.id, kind, "a SQL gate's purchase").await;
+        let now = seckill::now_ms();
+        store
+            .transition(
+                batch[0].id,
+                Some(batch[0].user_id),
+                Outcome::Cancelled,
+                now,
+                "t",
+            )
+            .await
+            .unwrap();
+        store
+            .transition(batch[1].id, None, Outcome::Paid, now, "t")
+            .await
+            .unwrap();
+        balanced(&store, sale.id, kind, "a cancel and a payment").await;
+        store.mark_returned(batch[0].id, now).await.unwrap();
+        store.mark_returned(batch[0].id, now).await.unwrap();
+        let m = SegmentMove {
+            id: common::next_id(),
+            sale_id: sale.id,
+            from_segment: 1,
+            to_segment: 0,
+            quantity: 7,
+            state: "planned".into(),
+            updated_at: now,
+        };
+        store.plan_move(&m).await.unwrap();
+        assert!(store.advance_move(m.id, "planned", "taken").await.unwrap());
+        assert!(store.advance_move(m.id, "taken", "done").await.unwrap());
+        let stock = balanced(&store, sale.id, kind, "a move").await;
+        let sold: i64 = batch.iter().map(|o| o.quantity).sum::<i64>() + 1;
+        assert_eq!(stock, 100 - sold + batch[0].quantity, "{kind:?}");
+
+        let rows = causes(&store, sale.id).await;
+        let count = |c: &str| rows.iter().filter(|(cause, _)| cause == c).count();
+        assert_eq!(count("created"), 1, "{kind:?}");
+        assert_eq!(count("written"), 30, "{kind:?}: one row per order, once");
+        assert_eq!(count("accepted"), 1, "{kind:?}");
+        assert_eq!(count("cancelled"), 1, "{kind:?}");
+        assert_eq!(count("returned_to_gate"), 1, "{kind:?}: handed back once");
+        assert_eq!(count("moved_out") + count("moved_in"), 2, "{kind:?}");
+        let sql = store.sql_account(sale.id).await.unwrap().unwrap();
+        assert_eq!(sql.journal_sum, sql.stock, "{kind:?}");
+        assert_eq!(sql.returns_owed_orders, 0, "{kind:?}");
+        assert_eq!(sql.units_in_transit, 0, "{kind:?}");
+        assert_eq!(
+            sql.live_buyers, 30,
+            "{kind:?}: 29 of the batch and the direct buyer"
+        );
     }
 }

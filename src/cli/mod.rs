@@ -32,6 +32,19 @@ enum Command {
     Migrate,
     /// Storm a sale and report throughput, latency and the database's checks.
     Bench(crate::bench::BenchArgs),
+    /// Compare sales' gates with SQL and what is in flight; with --repair, rebuild a
+    /// drifted gate from SQL (journaled). Exit code 1 when drift remains.
+    Reconcile {
+        /// One sale; without it, every approved sale not ended more than an hour ago.
+        #[arg(long)]
+        sale: Option<i64>,
+        /// Rebuild each drifted sale's gate from SQL and the order log.
+        #[arg(long)]
+        repair: bool,
+        /// Why, for the journal row a repair leaves.
+        #[arg(long, default_value = "repair asked with `seckill reconcile --repair`")]
+        reason: String,
+    },
     /// Manage users.
     Users {
         #[command(subcommand)]
@@ -106,6 +119,20 @@ async fn run(command: Command, config: Config) -> ExitCode {
         Command::Users {
             command: UsersCommand::Mint { count, out },
         } => mint(config, count, out).await,
+        Command::Reconcile {
+            sale,
+            repair,
+            reason,
+        } => {
+            return match reconcile(config, sale, repair, &reason).await {
+                Ok(true) => ExitCode::SUCCESS,
+                Ok(false) => ExitCode::FAILURE,
+                Err(e) => {
+                    eprintln!("seckill: {e}");
+                    ExitCode::from(2)
+                }
+            }
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -192,7 +219,10 @@ fn bind(addr: std::net::SocketAddr) -> std::io::Result<tokio::net::TcpListener> 
     socket.listen(LISTEN_BACKLOG)
 }
 
-async fn worker(config: Config) -> Result<(), AppError> {
+async fn worker(mut config: Config) -> Result<(), AppError> {
+    // The audit's findings are read through the instances' /metrics and admin API: the
+    // instances run it, workers have no HTTP to show it.
+    config.audit_every_secs = 0;
     tracing::info!("configuration:\n{}", config.describe());
     let app = app::assemble(config, Role::Worker).await?;
     let (stop, tasks) = app.start_background(true).await?;
@@ -214,6 +244,103 @@ async fn migrate(config: Config) -> Result<(), AppError> {
         println!("applied migrations {applied:?}");
     }
     Ok(())
+}
+
+/// Prints each sale's account; repairs drifted ones when asked. True when every sale
+/// checked ends exact.
+async fn reconcile(
+    config: Config,
+    only: Option<i64>,
+    repair: bool,
+    reason: &str,
+) -> Result<bool, AppError> {
+    if config.embedded() {
+        return Err(AppError::Other(
+            "the embedded gate lives in the server's memory: ask the server instead \
+             (GET /api/admin/sales/{id}/reconcile, POST the same to repair)"
+                .into(),
+        ));
+    }
+    let app = app::assemble(config, Role::Tool).await?;
+    let st = &app.state;
+    st.sales
+        .refresh(&st.store)
+        .await
+        .map_err(|e| AppError::Other(e.to_string()))?;
+    let since = crate::now_ms() - 3_600_000;
+    let sales: Vec<crate::model::Sale> = match only {
+        Some(id) => vec![st
+            .store
+            .sale(id)
+            .await?
+            .ok_or_else(|| AppError::Other(format!("sale {id} does not exist")))?],
+        None => st
+            .store
+            .all_sales(10_000)
+            .await?
+            .into_iter()
+            .filter(|s| s.approved && s.ends_at > since)
+            .collect(),
+    };
+    let in_flight = st.in_flight();
+    let mut all_exact = true;
+    for sale in &sales {
+        let account = crate::reconcile::account(&st.store, st.gate.as_ref(), &in_flight, sale.id)
+            .await
+            .map_err(|e| AppError::Other(e.to_string()))?;
+        print_account(&account);
+        if account.exact() {
+            continue;
+        }
+        if !repair {
+            all_exact = false;
+            continue;
+        }
+        let done = crate::reconcile::repair(
+            &st.store,
+            st.gate.as_ref(),
+            &in_flight,
+            &st.sales,
+            sale,
+            "seckill reconcile",
+            reason,
+        )
+        .await
+        .map_err(|e| AppError::Other(e.to_string()))?;
+        println!("  repaired: the gate was rebuilt from SQL and the order log; now:");
+        print_account(&done.after);
+        all_exact &= done.after.exact();
+    }
+    if sales.is_empty() {
+        println!("no sale to reconcile");
+    }
+    Ok(all_exact)
+}
+
+fn print_account(a: &crate::reconcile::Account) {
+    let verdict = match (a.exact(), a.gate_loaded) {
+        (true, true) => "exact".to_string(),
+        (true, false) => "exact (no gate state apart from SQL: the journal alone compared)".into(),
+        (false, _) => format!(
+            "DRIFT: stock {:+}, buyers missing {}, buyers unknown {}, journal {:+}",
+            a.stock_drift, a.buyers_missing, a.buyers_unknown, a.journal_drift
+        ),
+    };
+    println!(
+        "sale {}: {verdict}\n  gate stock {} (expected {} = SQL {} - unwritten {} - returns owed {} - in transit {}), \
+         gate buyers {} (SQL live {}), journal sum {}, dead letters {}",
+        a.sale_id,
+        a.gate_stock.map_or("-".into(), |s| s.to_string()),
+        a.expected_gate_stock,
+        a.sql_stock,
+        a.unwritten_units,
+        a.returns_owed_units,
+        a.units_in_transit,
+        a.gate_buyers.map_or("-".into(), |b| b.to_string()),
+        a.sql_live_buyers,
+        a.journal_sum,
+        a.dead_letters,
+    );
 }
 
 async fn mint(config: Config, count: usize, out: PathBuf) -> Result<(), AppError> {

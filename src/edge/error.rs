@@ -291,6 +291,23 @@ impl From<crate::scheduler::SchedulerError> for ApiError {
     }
 }
 
+impl From<crate::reconcile::ReconcileError> for ApiError {
+    fn from(e: crate::reconcile::ReconcileError) -> Self {
+        use crate::reconcile::ReconcileError as R;
+        match e {
+            R::Store(e) => e.into(),
+            R::Gate(GateError::Misconfigured(why)) => ApiError::Conflict(why),
+            R::Gate(e) => e.into(),
+            R::Scheduler(e) => e.into(),
+            R::Log(e) => ApiError::Unavailable(format!("order log: {e}")),
+            R::NoSuchSale(id) => ApiError::NotFound(format!("sale {id} does not exist")),
+            R::TooMuchInFlight(_) => {
+                ApiError::Unavailable(format!("{e}; retry when the writers have caught up"))
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

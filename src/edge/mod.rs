@@ -1,5 +1,6 @@
 //! The HTTP edge: routes, input parsing, authentication, and the mapping of every error to
-//! the contract (see `error`). Handlers live per resource: `auth`, `sales`, `orders`.
+//! the contract (see `error`). Handlers live per resource: `auth`, `sales`, `orders`,
+//! `payments`; the web pages that use them live in `pages`.
 //! The edge never writes SQL on the purchase path and never decides a purchase itself
 //! beyond shortcuts the gate would answer the same way.
 
@@ -12,6 +13,7 @@ pub mod error;
 pub mod front;
 pub mod limits;
 pub mod orders;
+pub mod pages;
 pub mod payments;
 pub mod sales;
 
@@ -66,6 +68,22 @@ pub struct AppState {
     /// The gate's sold-out shortcut (also inside `gate`), for its metrics.
     pub sold_out: Arc<crate::gate::soldout::SoldOutShortcut>,
     pub metrics: Metrics,
+    /// Drift the continuous audit found (filled on the instance holding the audit lease).
+    pub audit: Arc<crate::reconcile::auditor::Board>,
+}
+
+impl AppState {
+    /// Where this deployment's accepted orders wait before SQL has them.
+    pub fn in_flight(&self) -> crate::reconcile::InFlight {
+        match (&self.redis, &self.local_log) {
+            (Some(conn), _) => crate::reconcile::InFlight::Streams {
+                conn: conn.clone(),
+                prefix: self.config.redis_prefix.clone(),
+            },
+            (None, Some(log)) => crate::reconcile::InFlight::Local(log.clone()),
+            (None, None) => crate::reconcile::InFlight::Nothing,
+        }
+    }
 }
 
 /// What the edge measures, for `/metrics`.
@@ -133,6 +151,20 @@ pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     serde_json::from_slice(body).map_err(|e| ApiError::invalid(format!("invalid JSON body: {e}")))
 }
 
+/// A strong ETag for a body: the first 12 bytes of its SHA-256, quoted.
+pub fn etag_of(body: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    format!("\"{}\"", auth::hex(&Sha256::digest(body)[..12]))
+}
+
+/// Whether the request's If-None-Match names `etag` (or `*`): the client holds it.
+pub fn client_holds(headers: &HeaderMap, etag: &str) -> bool {
+    headers
+        .get(header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.split(',').any(|t| t.trim() == etag || t.trim() == "*"))
+}
+
 /// Ids in paths are positive 64-bit integers.
 pub fn parse_id(s: &str, what: &str) -> Result<i64, ApiError> {
     // No leading zeros: one id has one spelling, as the published pattern says.
@@ -175,6 +207,12 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/orders/{id}/cancel", post(payments::cancel))
         .route("/api/payments/notify", post(payments::notify))
         .route(
+            "/api/simulated-pay/{id}",
+            get(payments::simulated_intent).post(payments::simulated_pay),
+        )
+        .route("/api/time", get(server_time))
+        .route("/api/admin/live", get(live))
+        .route(
             "/api/admin/payments/{id}/simulate",
             post(payments::simulate),
         )
@@ -193,6 +231,11 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/admin/sales/{id}/stats", get(sales::sale_stats))
         .route("/api/admin/sales/{id}/audit", get(sales::sale_audit))
         .route(
+            "/api/admin/sales/{id}/reconcile",
+            get(sales::reconcile).post(sales::repair),
+        )
+        .route("/api/admin/sales/{id}/journal", get(sales::journal))
+        .route(
             "/api/admin/sales/{id}/order-ids",
             get(sales::sale_order_ids),
         )
@@ -200,6 +243,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi))
+        .merge(pages::routes())
         .fallback(|| async { ApiError::NotFound("no such endpoint".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed });
     // The per-address limit is applied by the front door, to this router's calls too.
@@ -331,6 +375,51 @@ async fn oldest_unwritten(st: &AppState) -> Result<Option<(i64, i64)>, ApiError>
         .max_by_key(|(_, age)| *age))
 }
 
+#[derive(serde::Serialize)]
+struct ServerTime {
+    now: String,
+    now_ms: i64,
+}
+
+/// `GET /api/time`: the server's clock, so that pages count down to an opening by the
+/// clock that decides it, not by the visitor's.
+async fn server_time() -> Response {
+    let now = crate::now_ms();
+    sales::no_store(ServerTime {
+        now: sales::rfc3339(now),
+        now_ms: now,
+    })
+}
+
+#[derive(serde::Serialize)]
+struct Live {
+    now_ms: i64,
+    /// Purchase answers of this instance since it started, by code.
+    purchases: std::collections::BTreeMap<&'static str, u64>,
+    /// Purchase request latency of this instance: (upper bound in seconds, requests at or
+    /// under it), cumulative; differences between two readings give the interval's.
+    latency_buckets: Vec<(f64, u64)>,
+    latency_count: u64,
+    writer_orders_written: u64,
+}
+
+/// `GET /api/admin/live`: this instance's counters for the dashboard, which turns two
+/// readings a second apart into rates and the interval's p99.
+async fn live(_: auth::Admin, State(st): State<Arc<AppState>>) -> Response {
+    let (latency_buckets, latency_count) = st.metrics.request_seconds.cumulative();
+    sales::no_store(Live {
+        now_ms: crate::now_ms(),
+        purchases: PURCHASE_CODES
+            .iter()
+            .zip(&st.metrics.purchases)
+            .map(|(code, n)| (*code, n.get()))
+            .collect(),
+        latency_buckets,
+        latency_count,
+        writer_orders_written: st.writer_stats.written.load(Ordering::Relaxed),
+    })
+}
+
 async fn metrics(State(st): State<Arc<AppState>>) -> Response {
     let mut out = String::new();
     out.push_str("# HELP seckill_purchases_total Purchase answers by code.\n# TYPE seckill_purchases_total counter\n");
@@ -414,6 +503,34 @@ async fn metrics(State(st): State<Arc<AppState>>) -> Response {
             b.refused.load(Ordering::Relaxed),
             &mut out,
         );
+    }
+    let audit = &st.audit;
+    render_counter(
+        "seckill_reconcile_audits_total",
+        "Rounds of the continuous audit of gate against SQL run by this instance.",
+        audit.audits.load(Ordering::Relaxed),
+        &mut out,
+    );
+    out.push_str(&format!(
+        "# HELP seckill_reconcile_auditing Whether this instance holds the audit lease.\n# TYPE seckill_reconcile_auditing gauge\nseckill_reconcile_auditing {}\n",
+        audit.auditing.load(Ordering::Relaxed) as u8
+    ));
+    let drift = audit.drift();
+    if !drift.is_empty() {
+        out.push_str("# HELP seckill_reconcile_drift Confirmed differences between a sale's gate and SQL plus what is in flight, by kind (stock units; buyers missing from or unknown to SQL; journal minus stock).\n# TYPE seckill_reconcile_drift gauge\n");
+        for (sale, f) in &drift {
+            let a = &f.account;
+            for (kind, v) in [
+                ("stock", a.stock_drift),
+                ("buyers_missing", a.buyers_missing),
+                ("buyers_unknown", a.buyers_unknown),
+                ("journal", a.journal_drift),
+            ] {
+                out.push_str(&format!(
+                    "seckill_reconcile_drift{{sale=\"{sale}\",kind=\"{kind}\"}} {v}\n"
+                ));
+            }
+        }
     }
     if let Ok(lag) = order_log_lag(&st).await {
         if !lag.is_empty() {

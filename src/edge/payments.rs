@@ -227,23 +227,100 @@ pub async fn simulate(
 ) -> Result<(StatusCode, Json<Scheduled>), ApiError> {
     let intent_id = parse_id(&id, "intent id")?;
     let req: SimulateRequest = parse_json(&body)?;
-    let payment =
-        st.store.payment(intent_id).await?.ok_or_else(|| {
-            ApiError::NotFound(format!("payment intent {intent_id} does not exist"))
-        })?;
+    let payment = st
+        .store
+        .payment(intent_id)
+        .await?
+        .ok_or_else(|| no_such_intent(intent_id))?;
+    schedule_callback(&st, &payment, req.outcome).await
+}
+
+fn no_such_intent(intent_id: i64) -> ApiError {
+    ApiError::NotFound(format!("payment intent {intent_id} does not exist"))
+}
+
+/// The buyer's own intent; another buyer's is answered as missing, never shown.
+async fn own_intent(st: &AppState, user_id: i64, id: &str) -> Result<Payment, ApiError> {
+    let intent_id = parse_id(id, "intent id")?;
+    match st.store.payment(intent_id).await? {
+        Some(p) if p.user_id == user_id => Ok(p),
+        _ => Err(no_such_intent(intent_id)),
+    }
+}
+
+#[derive(Serialize)]
+pub struct SimulatedIntent {
+    intent_id: String,
+    order_id: String,
+    amount_cents: i64,
+    /// `created` until the provider called back: then `paid`, `failed` or `refund_due`.
+    status: String,
+    order_status: OrderStatus,
+    pay_deadline: String,
+}
+
+/// `GET /api/simulated-pay/{id}`: what the simulated provider's pay page shows the buyer.
+pub async fn simulated_intent(
+    AuthUser(user_id): AuthUser,
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<axum::response::Response, ApiError> {
+    let payment = own_intent(&st, user_id, &id).await?;
+    let order = st
+        .store
+        .order(payment.order_id)
+        .await?
+        .ok_or_else(|| no_such_intent(payment.intent_id))?;
+    Ok(super::sales::no_store(SimulatedIntent {
+        intent_id: payment.intent_id.to_string(),
+        order_id: payment.order_id.to_string(),
+        amount_cents: payment.amount_cents,
+        status: payment.status,
+        order_status: order.status,
+        pay_deadline: rfc3339(order.pay_deadline),
+    }))
+}
+
+/// `POST /api/simulated-pay/{id}`: the buyer, on the simulated provider's pay page, pays
+/// (or fails to, or pays too late); the provider then calls back as a real one would.
+pub async fn simulated_pay(
+    AuthUser(user_id): AuthUser,
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<(StatusCode, Json<Scheduled>), ApiError> {
+    let req: SimulateRequest = parse_json(&body)?;
+    let payment = own_intent(&st, user_id, &id).await?;
+    if payment.status != "created" {
+        return Err(ApiError::Conflict(format!(
+            "this payment is {} already",
+            payment.status
+        )));
+    }
+    schedule_callback(&st, &payment, req.outcome).await
+}
+
+/// Has the simulated provider call back for `payment`: now, or one second after the
+/// order's payment deadline.
+async fn schedule_callback(
+    st: &AppState,
+    payment: &Payment,
+    outcome: SimulatedOutcome,
+) -> Result<(StatusCode, Json<Scheduled>), ApiError> {
+    let intent_id = payment.intent_id;
     let order = st
         .store
         .order(payment.order_id)
         .await?
         .ok_or_else(|| ApiError::NotFound("order".into()))?;
     let now = crate::now_ms();
-    let deliver_at = match req.outcome {
+    let deliver_at = match outcome {
         SimulatedOutcome::PayLate => order.pay_deadline.max(now) + 1000,
         _ => now,
     };
     let notification = Notification {
         intent_id: intent_id.to_string(),
-        status: if matches!(req.outcome, SimulatedOutcome::Fail) {
+        status: if matches!(outcome, SimulatedOutcome::Fail) {
             NotifiedStatus::Failed
         } else {
             NotifiedStatus::Paid

@@ -9,7 +9,6 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
@@ -77,13 +76,8 @@ fn cacheable<T: Serialize>(headers: &HeaderMap, value: &T) -> Response {
                 .into_response()
         }
     };
-    let digest = Sha256::digest(&body);
-    let etag = format!("\"{}\"", super::auth::hex(&digest[..12]));
-    let matches = headers
-        .get(header::IF_NONE_MATCH)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.split(',').any(|t| t.trim() == etag || t.trim() == "*"));
-    let mut response = if matches {
+    let etag = super::etag_of(&body);
+    let mut response = if super::client_holds(headers, &etag) {
         StatusCode::NOT_MODIFIED.into_response()
     } else {
         ([(header::CONTENT_TYPE, "application/json")], body).into_response()
@@ -335,7 +329,7 @@ pub async fn approve_sale(
     let now = crate::now_ms();
     let opens_soon = sale.begins_at <= now + st.config.preload_ahead_secs as i64 * 1000;
     let loaded = if sale.ends_at > now && opens_soon {
-        crate::scheduler::load_sale(&st.store, st.gate.as_ref(), &st.sales, &sale).await?;
+        crate::scheduler::load_sale_and_wait(&st.store, st.gate.as_ref(), &st.sales, &sale).await?;
         true
     } else {
         false
@@ -723,6 +717,158 @@ pub async fn sale_order_ids(
         .flatten();
     Ok(Json(OrderIds {
         order_ids: ids.iter().map(|i| i.to_string()).collect(),
+        next,
+    }))
+}
+
+// ---- reconciliation -----------------------------------------------------------------------
+
+#[derive(Serialize)]
+pub struct Reconciliation {
+    #[serde(flatten)]
+    account: crate::reconcile::Account,
+    exact: bool,
+    /// Drift the continuous audit confirmed (on the instance holding the audit lease).
+    drift_confirmed_since: Option<String>,
+}
+
+/// `GET /api/admin/sales/{id}/reconcile`: the sale's gate against SQL and what is in flight.
+pub async fn reconcile(
+    _: Admin,
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let id = parse_id(&id, "sale id")?;
+    let account =
+        crate::reconcile::account(&st.store, st.gate.as_ref(), &st.in_flight(), id).await?;
+    Ok(no_store(Reconciliation {
+        exact: account.exact(),
+        account,
+        drift_confirmed_since: st.audit.finding(id).map(|f| rfc3339(f.since_ms)),
+    }))
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RepairRequest {
+    reason: Option<String>,
+}
+
+/// `POST /api/admin/sales/{id}/reconcile {reason?}`: rebuilds the sale's gate from SQL
+/// and the order log, and journals who asked and why.
+pub async fn repair(
+    _: Admin,
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    let id = parse_id(&id, "sale id")?;
+    let req: RepairRequest = if body.iter().all(crate::is_json_space) {
+        RepairRequest::default()
+    } else {
+        parse_json(&body)?
+    };
+    let reason = req
+        .reason
+        .unwrap_or_else(|| "repair asked through the admin API".into());
+    if reason.chars().count() > 200 {
+        return Err(ApiError::invalid("reason must be at most 200 characters"));
+    }
+    let sale = st
+        .store
+        .sale(id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("sale {id} does not exist")))?;
+    if !sale.approved {
+        return Err(ApiError::Conflict(format!(
+            "sale {id} is a draft: it has no gate to repair"
+        )));
+    }
+    let done = crate::reconcile::repair(
+        &st.store,
+        st.gate.as_ref(),
+        &st.in_flight(),
+        &st.sales,
+        &sale,
+        "admin api",
+        &reason,
+    )
+    .await?;
+    Ok(no_store(done))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JournalPage {
+    after: Option<i64>,
+    limit: Option<i64>,
+}
+
+#[derive(Serialize)]
+struct JournalRow {
+    id: String,
+    segment: Option<i64>,
+    delta: i64,
+    cause: String,
+    order_id: Option<String>,
+    actor: Option<String>,
+    detail: Option<String>,
+    at: String,
+}
+
+#[derive(Serialize)]
+struct Journal {
+    sale_id: String,
+    /// The sum of every row's delta, and the sale's stock: equal, always.
+    sum: i64,
+    stock: i64,
+    rows: Vec<JournalRow>,
+    /// Pass as `after` for the next page; absent on the last page.
+    next: Option<String>,
+}
+
+/// `GET /api/admin/sales/{id}/journal?after=&limit=`: the sale's stock movements, oldest first.
+pub async fn journal(
+    _: Admin,
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    query: Result<axum::extract::Query<JournalPage>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    let axum::extract::Query(page) = query.map_err(|e| ApiError::invalid(e.body_text()))?;
+    let id = parse_id(&id, "sale id")?;
+    let limit = page.limit.unwrap_or(1000);
+    if !(1..=10_000).contains(&limit) {
+        return Err(ApiError::invalid("limit must be between 1 and 10000"));
+    }
+    let after = page.after.unwrap_or(0);
+    if after < 0 {
+        return Err(ApiError::invalid(
+            "after must be a journal row id (0 or more)",
+        ));
+    }
+    let (sum, stock) = st.store.journal_balance(id).await?;
+    let stock = stock.ok_or_else(|| ApiError::NotFound(format!("sale {id} does not exist")))?;
+    let entries = st.store.journal(id, after, limit).await?;
+    let next = (entries.len() as i64 == limit)
+        .then(|| entries.last().map(|e| e.id.to_string()))
+        .flatten();
+    Ok(no_store(Journal {
+        sale_id: id.to_string(),
+        sum,
+        stock,
+        rows: entries
+            .into_iter()
+            .map(|e| JournalRow {
+                id: e.id.to_string(),
+                segment: e.segment,
+                delta: e.delta,
+                cause: e.cause,
+                order_id: e.order_id.map(|o| o.to_string()),
+                actor: e.actor,
+                detail: e.detail,
+                at: rfc3339(e.at),
+            })
+            .collect(),
         next,
     }))
 }

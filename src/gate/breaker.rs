@@ -244,6 +244,24 @@ impl Gate for Breaker {
         .await
     }
 
+    async fn holders(
+        &self,
+        sale_id: i64,
+        cap: usize,
+    ) -> Result<Option<Vec<(i64, i64)>>, GateError> {
+        self.call(sale_id, self.inner.holders(sale_id, cap), CALL_TIMEOUT)
+            .await
+    }
+
+    async fn forget_segment_for_repair(&self, sale_id: i64, segment: i64) -> Result<(), GateError> {
+        self.call(
+            sale_id,
+            self.inner.forget_segment_for_repair(sale_id, segment),
+            CALL_TIMEOUT,
+        )
+        .await
+    }
+
     async fn forget_segment_if_stale(&self, sale_id: i64, segment: i64) -> Result<bool, GateError> {
         self.call(
             sale_id,

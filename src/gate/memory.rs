@@ -232,6 +232,17 @@ impl Gate for MemoryGate {
         }))
     }
 
+    async fn holders(
+        &self,
+        sale_id: i64,
+        cap: usize,
+    ) -> Result<Option<Vec<(i64, i64)>>, GateError> {
+        Ok(self.sale(sale_id).and_then(|state| {
+            let s = state.lock().unwrap_or_else(|e| e.into_inner());
+            (s.held.len() <= cap).then(|| s.held.iter().map(|(u, q)| (*u, *q)).collect())
+        }))
+    }
+
     async fn set_paused(&self, sale_id: i64, paused: bool) -> Result<(), GateError> {
         if let Some(state) = self.sale(sale_id) {
             state.lock().unwrap_or_else(|e| e.into_inner()).paused = paused;

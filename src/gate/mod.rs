@@ -409,6 +409,30 @@ pub trait Gate: Send + Sync {
         Ok(false)
     }
 
+    /// Every buyer the gate holds units for, with the units, when it keeps them apart from
+    /// SQL and they are at most `cap`; `None` otherwise (not loaded, too many to compare,
+    /// or a gate that is SQL itself). For reconciliation, never on the purchase path.
+    async fn holders(
+        &self,
+        sale_id: i64,
+        cap: usize,
+    ) -> Result<Option<Vec<(i64, i64)>>, GateError> {
+        let _ = (sale_id, cap);
+        Ok(None)
+    }
+
+    /// Forgets one segment of a sale so that the next load rebuilds it from SQL and the
+    /// order log (a repair of a gate that drifted from SQL; see `reconcile`). Gates that
+    /// keep no state apart from what they can rebuild at once answer `Misconfigured`.
+    async fn forget_segment_for_repair(&self, sale_id: i64, segment: i64) -> Result<(), GateError> {
+        let _ = (sale_id, segment);
+        Err(GateError::Misconfigured(
+            "this gate cannot be rebuilt while it runs: the embedded gate lives in the \
+             server's memory and is rebuilt from SQL at every start (restart the server)"
+                .into(),
+        ))
+    }
+
     /// [`Gate::forget_if_stale`] for one segment of a segmented sale.
     async fn forget_segment_if_stale(&self, sale_id: i64, segment: i64) -> Result<bool, GateError> {
         let _ = segment;

@@ -625,6 +625,47 @@ impl Gate for RedisGate {
         self.forget_segment_if_stale(sale_id, 0).await
     }
 
+    async fn holders(
+        &self,
+        sale_id: i64,
+        cap: usize,
+    ) -> Result<Option<Vec<(i64, i64)>>, GateError> {
+        let n = self.segments_of(sale_id).await?;
+        let mut conn = self.conn.clone();
+        let mut all = Vec::new();
+        for segment in 0..n {
+            let k = self.segment_keys(sale_id, n, segment);
+            let (loaded, count): (i64, usize) = redis::pipe()
+                .cmd("EXISTS")
+                .arg(&k.sale)
+                .cmd("HLEN")
+                .arg(&k.buyers)
+                .query_async(&mut conn)
+                .await?;
+            if loaded == 0 || all.len() + count > cap {
+                return Ok(None);
+            }
+            let held: Vec<(i64, i64)> = redis::cmd("HGETALL")
+                .arg(&k.buyers)
+                .query_async(&mut conn)
+                .await?;
+            all.extend(held);
+        }
+        Ok(Some(all))
+    }
+
+    async fn forget_segment_for_repair(&self, sale_id: i64, segment: i64) -> Result<(), GateError> {
+        // The sale's hash alone, as when a failover leaves it stale: the load stages and
+        // replaces the buyers and counts the stream's unwritten orders; the stream stays.
+        let n = self.segments_of(sale_id).await?;
+        let mut conn = self.conn.clone();
+        let _: i64 = redis::cmd("DEL")
+            .arg(&self.segment_keys(sale_id, n, segment).sale)
+            .query_async(&mut conn)
+            .await?;
+        Ok(())
+    }
+
     async fn forget_segment_if_stale(&self, sale_id: i64, segment: i64) -> Result<bool, GateError> {
         let n = self.segments_of(sale_id).await?;
         let mut conn = self.conn.clone();

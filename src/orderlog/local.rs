@@ -258,6 +258,15 @@ impl LocalLog {
             .collect()
     }
 
+    /// (user, quantity) of every order of `sale_id` in the log and not yet in SQL.
+    pub fn unwritten(&self, sale_id: i64) -> Vec<(i64, i64)> {
+        lock(&self.shared.queued)
+            .values()
+            .filter(|(sale, _, _)| *sale == sale_id)
+            .map(|(_, user, quantity)| (*user, *quantity))
+            .collect()
+    }
+
     /// Orders of `sale_id` in the log and not yet in SQL.
     pub fn backlog(&self, sale_id: i64) -> i64 {
         lock(&self.shared.queued)

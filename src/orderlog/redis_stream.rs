@@ -560,6 +560,54 @@ pub async fn queued_of_user(
     Ok(out)
 }
 
+/// What a sale's order log holds that SQL does not: (user, quantity) per unwritten order
+/// and the dead letters, or `None` when a stream holds more than `cap` entries (too much
+/// in flight to count).
+pub async fn unwritten_orders(
+    conn: &mut RedisConn,
+    prefix: &str,
+    sale_id: i64,
+    segments: i64,
+    cap: usize,
+) -> Result<Option<(Vec<(i64, i64)>, i64)>, LogError> {
+    let mut orders = Vec::new();
+    let mut dead_letters = 0;
+    for s in 0..segments.max(1) {
+        let k = SaleKeys::for_segment(prefix, sale_id, segments, s);
+        let (entries, dead): (Value, i64) = redis::pipe()
+            .cmd("XRANGE")
+            .arg(&k.stream)
+            .arg("-")
+            .arg("+")
+            .arg("COUNT")
+            .arg(cap + 1)
+            .cmd("XLEN")
+            .arg(&k.dead)
+            .query_async(conn)
+            .await?;
+        let mut batch = Batch::default();
+        collect_entries(&k.stream, &entries, &mut batch);
+        let read = match &entries {
+            Value::Array(e) => e.len(),
+            _ => 0,
+        };
+        if read > cap {
+            return Ok(None);
+        }
+        // An entry that does not parse is in the stream (and in the gate) but can never be
+        // written: count it with the dead letters.
+        let unreadable = (read - batch.deliveries.len()) as i64;
+        orders.extend(
+            batch
+                .deliveries
+                .iter()
+                .map(|d| (d.order.user_id, d.order.quantity)),
+        );
+        dead_letters += dead + unreadable;
+    }
+    Ok(Some((orders, dead_letters)))
+}
+
 /// Backlog of a sale's order log: (entries not yet written, of which pending in a
 /// consumer, dead letters).
 pub async fn backlog(

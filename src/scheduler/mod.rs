@@ -15,6 +15,7 @@ use tokio::sync::watch;
 use crate::gate::{Gate, GateError, LoadStart, SaleLoad};
 use crate::model::{BySale, Sale};
 use crate::orderlog::redis_stream::StreamLog;
+use crate::store::journal::{Cause, Movement};
 use crate::store::{Store, StoreError};
 
 /// Sales ended longer ago than this drop out of caches and stream watching.
@@ -30,6 +31,10 @@ pub enum SchedulerError {
     Log(#[from] crate::orderlog::LogError),
     #[error(transparent)]
     Lifecycle(#[from] crate::lifecycle::LifecycleError),
+    #[error(
+        "sale {0} segment {1}: another process has been loading it into the gate for too long"
+    )]
+    LoadStuck(i64, i64),
 }
 
 /// Each instance's copy of the approved sales, so that the edge answers sale lookups and
@@ -69,7 +74,7 @@ impl SaleCache {
         v
     }
 
-    fn load_lock(&self, id: i64) -> Arc<tokio::sync::Mutex<()>> {
+    pub fn load_lock(&self, id: i64) -> Arc<tokio::sync::Mutex<()>> {
         self.loading
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -128,6 +133,49 @@ pub async fn load_sale(
     load_under_lock(store, gate, sale).await
 }
 
+/// Like [`load_sale`], but when another process holds a segment's load lock, waits until
+/// that load is installed (or its lease lapses and the load is done here): for callers that
+/// read the gate right after, a repair or an approval, and must not see a half-built sale.
+pub async fn load_sale_and_wait(
+    store: &Store,
+    gate: &dyn Gate,
+    cache: &SaleCache,
+    sale: &Sale,
+) -> Result<bool, SchedulerError> {
+    let lock = cache.load_lock(sale.id);
+    let _one_at_a_time = lock.lock().await;
+    gate.know_segments(&[(sale.id, sale.segments)]);
+    let mut loaded = false;
+    for segment in 0..sale.segments.max(1) {
+        loaded |= load_part_waiting(store, gate, sale, segment).await?;
+    }
+    Ok(loaded)
+}
+
+/// A loader elsewhere renews its lease while it works and loses it when it dies, so the
+/// wait ends by the lease at the latest; the bound only guards against a Redis that keeps
+/// answering busy for another reason.
+const WAIT_FOR_OTHER_LOADER: Duration = Duration::from_secs(40);
+
+async fn load_part_waiting(
+    store: &Store,
+    gate: &dyn Gate,
+    sale: &Sale,
+    segment: i64,
+) -> Result<bool, SchedulerError> {
+    let started = std::time::Instant::now();
+    loop {
+        match load_part(store, gate, sale, segment).await? {
+            PartLoad::Installed => return Ok(true),
+            PartLoad::AlreadyLoaded => return Ok(false),
+            PartLoad::LoadingElsewhere if started.elapsed() < WAIT_FOR_OTHER_LOADER => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            PartLoad::LoadingElsewhere => return Err(SchedulerError::LoadStuck(sale.id, segment)),
+        }
+    }
+}
+
 /// Like [`load_sale`], but returns at once if another task is loading the sale: for the
 /// purchase path, whose caller is answered `not_loaded` and retries anyway.
 pub async fn load_sale_unless_loading(
@@ -154,7 +202,7 @@ async fn load_under_lock(
     let mut first_error = None;
     for segment in 0..sale.segments.max(1) {
         match load_part(store, gate, sale, segment).await {
-            Ok(l) => loaded |= l,
+            Ok(l) => loaded |= l == PartLoad::Installed,
             Err(e) => {
                 first_error.get_or_insert(e);
             }
@@ -166,17 +214,26 @@ async fn load_under_lock(
     }
 }
 
+#[derive(Debug, PartialEq, Eq)]
+enum PartLoad {
+    Installed,
+    AlreadyLoaded,
+    /// Another process holds the segment's load lock.
+    LoadingElsewhere,
+}
+
 async fn load_part(
     store: &Store,
     gate: &dyn Gate,
     sale: &Sale,
     segment: i64,
-) -> Result<bool, SchedulerError> {
+) -> Result<PartLoad, SchedulerError> {
     // The lock comes before the SQL read: a load's snapshot is never older than its lock,
     // so orders written after it reach the gate through `Gate::confirm_written`.
     let ticket = match gate.begin_segment_load(sale.id, segment).await? {
         LoadStart::Ticket(ticket) => ticket,
-        LoadStart::Loaded | LoadStart::Busy => return Ok(false),
+        LoadStart::Loaded => return Ok(PartLoad::AlreadyLoaded),
+        LoadStart::Busy => return Ok(PartLoad::LoadingElsewhere),
     };
     tracing::info!(
         sale = sale.id,
@@ -219,8 +276,19 @@ async fn load_part(
             ms = started.elapsed().as_millis() as u64,
             "sale loaded into the gate"
         );
+        // The trail only (no stock moves): a failure to note it is logged, not fatal.
+        let detail = format!("remaining {}, buyers {}", load.remaining, load.buyers.len());
+        let note = Movement::new(sale.id, 0, Cause::Loaded)
+            .segment(segment)
+            .by("scheduler", &detail);
+        if let Err(e) = store.journal_note(&[note]).await {
+            tracing::warn!(sale = sale.id, error = %e, "could not journal the load");
+        }
+        Ok(PartLoad::Installed)
+    } else {
+        // Fenced out: a newer load (or a forget) came after this one took its lock.
+        Ok(PartLoad::LoadingElsewhere)
     }
-    Ok(loaded)
 }
 
 /// How long a rebuild waits for order writers holding batches read from Redis.

@@ -291,6 +291,18 @@ impl Gate for Rebalancer {
         self.inner.forget_if_stale(sale_id).await
     }
 
+    async fn holders(
+        &self,
+        sale_id: i64,
+        cap: usize,
+    ) -> Result<Option<Vec<(i64, i64)>>, GateError> {
+        self.inner.holders(sale_id, cap).await
+    }
+
+    async fn forget_segment_for_repair(&self, sale_id: i64, segment: i64) -> Result<(), GateError> {
+        self.inner.forget_segment_for_repair(sale_id, segment).await
+    }
+
     async fn forget_segment_if_stale(&self, sale_id: i64, segment: i64) -> Result<bool, GateError> {
         self.inner.forget_segment_if_stale(sale_id, segment).await
     }

@@ -6,6 +6,7 @@ use sqlx::Row;
 
 use std::collections::HashMap;
 
+use super::journal::{Cause, Movement};
 use super::{Dialect, Store, StoreError};
 use crate::model::{Order, OrderStatus};
 
@@ -285,6 +286,13 @@ impl Store {
             .bind(now)
             .execute(&mut *conn)
             .await?;
+            let cause = if outcome == Outcome::Cancelled {
+                Cause::Cancelled
+            } else {
+                Cause::Expired
+            };
+            let back = Movement::new(order.sale_id, order.quantity, cause).order(order_id);
+            self.journal_in(conn, &[back], now).await?;
         }
         Ok(order)
     }
@@ -374,14 +382,29 @@ impl Store {
     }
 
     pub async fn mark_returned(&self, order_id: i64, now: i64) -> Result<(), StoreError> {
-        sqlx::query(&self.sql(
-            "UPDATE stock_returns SET gate_done_at = ? WHERE order_id = ? AND gate_done_at IS NULL",
-        ))
-        .bind(now)
-        .bind(order_id)
-        .execute(&self.pool)
-        .await?;
-        Ok(())
+        let mut conn = self.begin_write().await?;
+        let done = async {
+            let marked = sqlx::query(&self.sql(
+                "UPDATE stock_returns SET gate_done_at = ? WHERE order_id = ? AND gate_done_at IS NULL",
+            ))
+            .bind(now)
+            .bind(order_id)
+            .execute(&mut *conn)
+            .await?;
+            if marked.rows_affected() == 0 {
+                return Ok(());
+            }
+            let row = sqlx::query(&self.sql("SELECT sale_id FROM stock_returns WHERE order_id = ?"))
+                .bind(order_id)
+                .fetch_one(&mut *conn)
+                .await?;
+            let sale_id: i64 = row.try_get(0)?;
+            let handed = Movement::new(sale_id, 0, Cause::ReturnedToGate).order(order_id);
+            self.journal_in(&mut conn, &[handed], now).await
+        }
+        .await;
+        Self::finish(conn, done.is_ok()).await?;
+        done
     }
 
     /// What the gate is rebuilt from, read in one snapshot while the sale's row is locked
@@ -992,6 +1015,8 @@ impl Store {
         .bind(now)
         .execute(&mut *conn)
         .await?;
+        let taken = Movement::new(p.sale_id, -p.quantity, Cause::Accepted).order(p.id);
+        self.journal_in(conn, &[taken], now).await?;
         Ok(SqlVerdict::Accepted {
             remaining: remaining - p.quantity,
         })

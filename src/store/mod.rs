@@ -3,6 +3,9 @@
 //! the few statements that differ). Owns the schema and every SQL statement; never
 //! decides a purchase (that is the gate's job) and is never called on the purchase path.
 
+pub mod journal;
+
+use journal::{Cause, Movement};
 pub mod lifecycle;
 pub mod moves;
 mod schema;
@@ -596,6 +599,18 @@ impl Store {
 
     pub async fn create_sale(&self, s: &Sale) -> Result<(), StoreError> {
         let now = crate::now_ms();
+        let mut conn = self.begin_write().await?;
+        let done = self.create_sale_in_tx(&mut conn, s, now).await;
+        Self::finish(conn, done.is_ok()).await?;
+        done
+    }
+
+    async fn create_sale_in_tx(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        s: &Sale,
+        now: i64,
+    ) -> Result<(), StoreError> {
         let q = format!(
             "INSERT INTO sales ({}, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             Self::SALE_COLS
@@ -616,9 +631,10 @@ impl Store {
             .bind(s.anti_bot.as_str())
             .bind(s.segments)
             .bind(now)
-            .execute(&self.pool)
+            .execute(&mut *conn)
             .await?;
-        Ok(())
+        let created = Movement::new(s.id, s.stock, Cause::Created);
+        self.journal_in(conn, &[created], now).await
     }
 
     /// Marks a sale approved; returns false when it was approved already.
@@ -641,6 +657,44 @@ impl Store {
 
     /// Replaces a draft's settings; false when the sale is not a draft (or does not exist).
     pub async fn update_draft(&self, s: &Sale) -> Result<bool, StoreError> {
+        let mut conn = self.begin_write().await?;
+        let done = self.update_draft_in_tx(&mut conn, s).await;
+        Self::finish(conn, done.is_ok()).await?;
+        done
+    }
+
+    /// A draft's stock, locked; None when the sale is not a draft.
+    async fn draft_stock_in(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        id: i64,
+    ) -> Result<Option<i64>, StoreError> {
+        let lock = if self.dialect == Dialect::Sqlite {
+            ""
+        } else {
+            " FOR UPDATE"
+        };
+        let row = sqlx::query(&self.sql(&format!(
+            "SELECT stock FROM sales WHERE id = ? AND status = 'draft'{lock}"
+        )))
+        .bind(id)
+        .fetch_optional(&mut *conn)
+        .await?;
+        Ok(match row {
+            Some(r) => Some(r.try_get(0)?),
+            None => None,
+        })
+    }
+
+    async fn update_draft_in_tx(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        s: &Sale,
+    ) -> Result<bool, StoreError> {
+        let Some(old_stock) = self.draft_stock_in(conn, s.id).await? else {
+            return Ok(false);
+        };
+        let now = crate::now_ms();
         let done = sqlx::query(&self.sql(
             "UPDATE sales SET title = ?, price_cents = ?, initial_stock = ?, stock = ?, \
              per_user_limit = ?, begins_at = ?, ends_at = ?, payment_window_secs = ?, \
@@ -656,21 +710,40 @@ impl Store {
         .bind(s.payment_window_secs)
         .bind(s.anti_bot.as_str())
         .bind(s.segments)
-        .bind(crate::now_ms())
+        .bind(now)
         .bind(s.id)
-        .execute(&self.pool)
+        .execute(&mut *conn)
         .await?;
-        Ok(done.rows_affected() == 1)
+        if done.rows_affected() != 1 {
+            return Ok(false);
+        }
+        if s.initial_stock != old_stock {
+            let edited = Movement::new(s.id, s.initial_stock - old_stock, Cause::Edited);
+            self.journal_in(conn, &[edited], now).await?;
+        }
+        Ok(true)
     }
 
     /// Deletes a draft; false when the sale is not a draft (or does not exist). A draft was
-    /// never in a gate and has no orders.
+    /// never in a gate and has no orders; its stock leaves the journal with it.
     pub async fn delete_draft(&self, id: i64) -> Result<bool, StoreError> {
-        let done = sqlx::query(&self.sql("DELETE FROM sales WHERE id = ? AND status = 'draft'"))
-            .bind(id)
-            .execute(&self.pool)
-            .await?;
-        Ok(done.rows_affected() == 1)
+        let mut conn = self.begin_write().await?;
+        let done = async {
+            let Some(stock) = self.draft_stock_in(&mut conn, id).await? else {
+                return Ok(false);
+            };
+            sqlx::query(&self.sql("DELETE FROM sales WHERE id = ? AND status = 'draft'"))
+                .bind(id)
+                .execute(&mut *conn)
+                .await?;
+            let deleted = Movement::new(id, -stock, Cause::Deleted);
+            self.journal_in(&mut conn, &[deleted], crate::now_ms())
+                .await?;
+            Ok(true)
+        }
+        .await;
+        Self::finish(conn, done.is_ok()).await?;
+        done
     }
 
     /// Moves an approved sale's end to `at` when that is earlier (never later); the sale
@@ -757,8 +830,21 @@ impl Store {
 
     /// Units each user holds in live orders of a sale: what the gate must remember.
     pub async fn live_buyers(&self, sale_id: i64) -> Result<Vec<(i64, i64)>, StoreError> {
+        self.units_by_buyer(
+            "orders WHERE sale_id = ? AND status IN ('pending_payment', 'paid')",
+            sale_id,
+        )
+        .await
+    }
+
+    /// (user, summed quantity) over `from_where`, whose one placeholder is the sale.
+    pub(crate) async fn units_by_buyer(
+        &self,
+        from_where: &str,
+        sale_id: i64,
+    ) -> Result<Vec<(i64, i64)>, StoreError> {
         let q = format!(
-            "SELECT user_id, {} FROM orders WHERE sale_id = ? AND status IN ('pending_payment', 'paid') GROUP BY user_id",
+            "SELECT user_id, {} FROM {from_where} GROUP BY user_id",
             self.sum_int("quantity")
         );
         let rows = sqlx::query(&self.sql(&q))
@@ -953,6 +1039,11 @@ impl Store {
         if inserted != fresh.len() as u64 {
             return Err(StoreError::ConcurrentWrite);
         }
+        let written: Vec<Movement> = fresh
+            .iter()
+            .map(|o| Movement::new(o.sale_id, -o.quantity, Cause::Written).order(o.id))
+            .collect();
+        self.journal_in(conn, &written, now).await?;
 
         let mut per_sale: HashMap<i64, i64> = HashMap::new();
         for o in &fresh {

@@ -5,6 +5,7 @@
 
 use sqlx::Row;
 
+use super::journal::{Cause, Movement};
 use super::{Store, StoreError};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,17 +58,61 @@ impl Store {
     /// Moves a move from state `from` to `to`; false when it was not in `from` (a rebuild
     /// of its donor refused it meanwhile, or another mover advanced it).
     pub async fn advance_move(&self, id: i64, from: &str, to: &str) -> Result<bool, StoreError> {
+        let mut conn = self.begin_write().await?;
+        let done = self.advance_move_in_tx(&mut conn, id, from, to).await;
+        Self::finish(conn, done.is_ok()).await?;
+        done
+    }
+
+    /// A move takes effect in SQL's account when it is `taken`: its two journal rows (out
+    /// of the donor, into the recipient) commit with that step, so the sale's total is
+    /// never off by the units in transit.
+    async fn advance_move_in_tx(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        id: i64,
+        from: &str,
+        to: &str,
+    ) -> Result<bool, StoreError> {
+        let now = crate::now_ms();
         let done =
             sqlx::query(&self.sql(
                 "UPDATE segment_moves SET state = ?, updated_at = ? WHERE id = ? AND state = ?",
             ))
             .bind(to)
-            .bind(crate::now_ms())
+            .bind(now)
             .bind(id)
             .bind(from)
-            .execute(&self.pool)
+            .execute(&mut *conn)
             .await?;
-        Ok(done.rows_affected() == 1)
+        if done.rows_affected() != 1 {
+            return Ok(false);
+        }
+        if to == "taken" {
+            let row = sqlx::query(&self.sql(
+                "SELECT sale_id, from_segment, to_segment, quantity FROM segment_moves WHERE id = ?",
+            ))
+            .bind(id)
+            .fetch_one(&mut *conn)
+            .await?;
+            let (sale, out_of, into, q): (i64, i64, i64, i64) = (
+                row.try_get(0)?,
+                row.try_get(1)?,
+                row.try_get(2)?,
+                row.try_get(3)?,
+            );
+            let detail = format!("move {id}");
+            let rows = [
+                Movement::new(sale, -q, Cause::MovedOut)
+                    .segment(out_of)
+                    .by("rebalancer", &detail),
+                Movement::new(sale, q, Cause::MovedIn)
+                    .segment(into)
+                    .by("rebalancer", &detail),
+            ];
+            self.journal_in(conn, &rows, now).await?;
+        }
+        Ok(true)
     }
 
     pub async fn segment_move(&self, id: i64) -> Result<Option<SegmentMove>, StoreError> {

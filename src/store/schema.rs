@@ -150,5 +150,13 @@ pub fn migrations(d: Dialect) -> Vec<(i64, Vec<String>)> {
         ),
         "CREATE INDEX segment_moves_by_sale ON segment_moves (sale_id, state)".to_string(),
     ];
-    vec![(1, v1), (2, v2), (3, v3), (4, v4), (5, v5)]
+    let v6 = vec![
+        // The stock journal (see `journal`); existing sales open it with their stock.
+        super::journal::table(d, int, tail),
+        "CREATE INDEX stock_journal_by_sale ON stock_journal (sale_id, id)".to_string(),
+        "INSERT INTO stock_journal (sale_id, delta, cause, detail, at) \
+         SELECT id, stock, 'opening_balance', 'the stock when the journal began', updated_at FROM sales"
+            .to_string(),
+    ];
+    vec![(1, v1), (2, v2), (3, v3), (4, v4), (5, v5), (6, v6)]
 }

@@ -554,3 +554,72 @@ pub async fn metrics(c: &reqwest::Client, s: &Server) -> String {
         .await
         .unwrap()
 }
+
+// ---- reconciliation --------------------------------------------------------------------------
+
+/// Waits until the sale's gate matches SQL plus what is in flight with nothing in flight
+/// (`GET /api/admin/sales/{id}/reconcile`), and checks that its journal sums to its stock.
+pub async fn check_reconciled(c: &reqwest::Client, s: &Server, sale: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let r = get_json(
+            c,
+            format!("{}/api/admin/sales/{sale}/reconcile", s.base),
+            Some(&s.admin),
+        )
+        .await;
+        let quiet = r["unwritten_orders"] == 0 && r["returns_owed_orders"] == 0;
+        if r["exact"] == true && quiet && r["gate_loaded"] == true {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "sale {sale}: the gate never matched SQL: {r}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let j = get_json(
+        c,
+        format!("{}/api/admin/sales/{sale}/journal?limit=1", s.base),
+        Some(&s.admin),
+    )
+    .await;
+    assert_eq!(
+        j["sum"], j["stock"],
+        "sale {sale}: journal sum != stock: {j}"
+    );
+}
+
+/// The confirmed drift of a sale in an instance's /metrics, by kind.
+pub fn drift_in(metrics: &str, sale: i64) -> std::collections::HashMap<String, i64> {
+    let prefix = format!("seckill_reconcile_drift{{sale=\"{sale}\",kind=\"");
+    metrics
+        .lines()
+        .filter_map(|l| l.strip_prefix(&prefix))
+        .filter_map(|rest| {
+            let (kind, value) = rest.split_once("\"} ")?;
+            Some((kind.to_string(), value.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// Runs `seckill reconcile ARGS` with this deployment's settings: (exit code, output).
+pub fn reconcile_cli(env: &[(String, String)], args: &[&str]) -> (i32, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_seckill"));
+    cmd.arg("reconcile").args(args).stdin(Stdio::null());
+    for key in [
+        "SECKILL_REDIS_URL",
+        "SECKILL_DATABASE_URL",
+        "SECKILL_CONFIG",
+    ] {
+        cmd.env_remove(key);
+    }
+    cmd.envs(env.iter().cloned()).env("SECKILL_LOG", "warn");
+    let out = cmd.output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code().unwrap_or(-1), text)
+}

@@ -31,12 +31,17 @@ pub async fn instances_and_workers(
             super::Server::start(env.clone(), vec!["serve".into(), "--no-writer".into()]).await,
         );
     }
-    let mut worker_env = env;
-    worker_env.push(("SECKILL_LOG".into(), "warn".into()));
-    let workers = (0..2)
-        .map(|_| Worker(super::spawn(&worker_env, &["worker".to_string()])))
-        .collect();
+    let workers = start_workers(&env);
     (instances, workers)
+}
+
+/// Two more `worker`s for a deployment started by [`instances_and_workers`].
+pub fn start_workers(env: &[(String, String)]) -> Vec<Worker> {
+    let mut worker_env = env.to_vec();
+    worker_env.push(("SECKILL_LOG".into(), "warn".into()));
+    (0..2)
+        .map(|_| Worker(super::spawn(&worker_env, &["worker".to_string()])))
+        .collect()
 }
 
 /// Bearer tokens (signed with the deployment's `secret`, valid an hour) for these users.

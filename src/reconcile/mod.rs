@@ -1,0 +1,294 @@
+//! Reconciliation: a sale's gate compared with SQL's account of it plus what is on its
+//! way between them, continuously (`Auditor`, one instance at a time) and on request
+//! (`seckill reconcile`, `GET /api/admin/sales/{id}/reconcile`), and the repair of a gate
+//! that drifted: a fenced rebuild from SQL and the order log, with a journal row naming
+//! who asked and why. It never changes SQL's orders or stock, and repairs only when asked.
+//!
+//! The balance it checks, per sale, when nothing is lost:
+//! gate stock = SQL stock - units accepted and not yet written (the order log)
+//!              - units SQL took back and the gate not yet (returns owed)
+//!              - units between two segments;
+//! SQL's live buyers <= gate buyers <= live buyers + unwritten orders + returns owed;
+//! the journal's sum = SQL stock.
+//! Reads of the gate, the log and SQL are not one snapshot, so a busy sale shows passing
+//! differences; only one that stays the same over `CONFIRM_ROUNDS` audits is drift.
+
+pub mod auditor;
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+
+use crate::gate::{Gate, GateError};
+use crate::model::Sale;
+use crate::orderlog::LogError;
+use crate::redis_client::RedisConn;
+use crate::scheduler::{SaleCache, SchedulerError};
+use crate::store::journal::{Cause, Movement};
+use crate::store::{Store, StoreError};
+
+/// Most unwritten entries read from one stream to count them; past it, too much is in
+/// flight for an audit to mean anything (the writers are far behind: readiness says so).
+pub const MAX_IN_FLIGHT: usize = 20_000;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Gate(#[from] GateError),
+    #[error(transparent)]
+    Log(#[from] LogError),
+    #[error(transparent)]
+    Scheduler(#[from] SchedulerError),
+    #[error("sale {0} does not exist")]
+    NoSuchSale(i64),
+    #[error("more than {MAX_IN_FLIGHT} orders of sale {0} wait in a stream: too much in flight to audit")]
+    TooMuchInFlight(i64),
+}
+
+/// Where orders accepted by the gate wait before SQL has them.
+#[derive(Clone)]
+pub enum InFlight {
+    /// The sales' Redis streams.
+    Streams { conn: RedisConn, prefix: String },
+    /// The embedded order log of this process.
+    Local(crate::orderlog::local::LocalLog),
+    /// The gate writes SQL itself (the SQL gates): nothing waits.
+    Nothing,
+}
+
+impl InFlight {
+    /// (user, quantity) of each order of the sale not in SQL yet, and the dead letters.
+    async fn unwritten(
+        &self,
+        sale: i64,
+        segments: i64,
+    ) -> Result<(Vec<(i64, i64)>, i64), ReconcileError> {
+        match self {
+            InFlight::Streams { conn, prefix } => crate::orderlog::redis_stream::unwritten_orders(
+                &mut conn.clone(),
+                prefix,
+                sale,
+                segments,
+                MAX_IN_FLIGHT,
+            )
+            .await?
+            .ok_or(ReconcileError::TooMuchInFlight(sale)),
+            InFlight::Local(log) => Ok((log.unwritten(sale), 0)),
+            InFlight::Nothing => Ok((Vec::new(), 0)),
+        }
+    }
+}
+
+/// Most buyers compared one by one; past it, only their numbers are compared.
+pub const MAX_BUYERS_COMPARED: usize = 50_000;
+
+/// One sale's gate against SQL and what is in flight.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Account {
+    pub sale_id: String,
+    /// False when the gate holds no state for the sale apart from SQL (not loaded yet, or
+    /// lost, and loaded by the scheduler; or a SQL gate, which is SQL): only the journal
+    /// is compared.
+    pub gate_loaded: bool,
+    pub gate_stock: Option<i64>,
+    pub gate_buyers: Option<i64>,
+    pub sql_stock: i64,
+    pub sql_live_units: i64,
+    pub sql_live_buyers: i64,
+    pub unwritten_orders: i64,
+    pub unwritten_units: i64,
+    /// Entries set aside as unwritable: accepted by the gate, never to reach SQL.
+    pub dead_letters: i64,
+    pub returns_owed_orders: i64,
+    pub returns_owed_units: i64,
+    pub units_in_transit: i64,
+    pub journal_sum: i64,
+    /// What the gate's stock should be.
+    pub expected_gate_stock: i64,
+    /// Gate stock minus what it should be: below 0 the gate sells less than it may (lost
+    /// units, or orders it counted that never reached SQL); above 0 it may oversell.
+    pub stock_drift: i64,
+    /// Buyers for whom the gate holds fewer units than SQL and the log account for (a
+    /// buyer forgotten by the gate could buy again past the limit).
+    pub buyers_missing: i64,
+    /// Buyers for whom the gate holds more units than SQL and the log account for.
+    pub buyers_unknown: i64,
+    /// Whether buyers were compared one by one (else by number only: too many).
+    pub buyers_compared_each: bool,
+    /// The journal's sum minus SQL's stock: anything but 0 means SQL was changed by hand.
+    pub journal_drift: i64,
+}
+
+impl Account {
+    /// The differences that make drift, in one comparable value.
+    pub fn differences(&self) -> (i64, i64, i64, i64) {
+        (
+            self.stock_drift,
+            self.buyers_missing,
+            self.buyers_unknown,
+            self.journal_drift,
+        )
+    }
+
+    pub fn exact(&self) -> bool {
+        self.differences() == (0, 0, 0, 0)
+    }
+}
+
+/// Reads the gate, then the log, then SQL, and compares them.
+pub async fn account(
+    store: &Store,
+    gate: &dyn Gate,
+    in_flight: &InFlight,
+    sale_id: i64,
+) -> Result<Account, ReconcileError> {
+    let segments = store
+        .sale(sale_id)
+        .await?
+        .ok_or(ReconcileError::NoSuchSale(sale_id))?
+        .segments;
+    // A SQL gate decides in SQL itself: nothing apart from SQL to compare, only the journal.
+    let gate_now = match in_flight {
+        InFlight::Nothing => None,
+        _ => gate.stock(sale_id).await?,
+    };
+    let holders = match gate_now {
+        Some(_) => gate.holders(sale_id, MAX_BUYERS_COMPARED).await?,
+        None => None,
+    };
+    let (in_flight_orders, dead_letters) = in_flight.unwritten(sale_id, segments).await?;
+    let sql = store
+        .sql_account(sale_id)
+        .await?
+        .ok_or(ReconcileError::NoSuchSale(sale_id))?;
+    let unwritten_orders = in_flight_orders.len() as i64;
+    let unwritten_units: i64 = in_flight_orders.iter().map(|(_, q)| q).sum();
+    let expected_gate_stock =
+        sql.stock - unwritten_units - sql.returns_owed_units - sql.units_in_transit;
+    let (buyers_missing, buyers_unknown) = match (&gate_now, &holders) {
+        (Some(_), Some(holders)) => {
+            // What each buyer should hold in the gate: live units in SQL, units on their
+            // way to SQL, units SQL took back that the gate has not yet.
+            let mut owed: HashMap<i64, i64> = HashMap::new();
+            for (user, units) in store.live_buyers(sale_id).await? {
+                *owed.entry(user).or_default() += units;
+            }
+            for (user, units) in &in_flight_orders {
+                *owed.entry(*user).or_default() += units;
+            }
+            for (user, units) in store.returns_owed_by_buyer(sale_id).await? {
+                *owed.entry(user).or_default() += units;
+            }
+            compare_buyers(&owed, holders)
+        }
+        (Some(g), None) => (
+            (sql.live_buyers - g.buyers).max(0),
+            (g.buyers - (sql.live_buyers + unwritten_orders + sql.returns_owed_orders)).max(0),
+        ),
+        (None, _) => (0, 0),
+    };
+    let stock_drift = gate_now.map_or(0, |g| g.remaining - expected_gate_stock);
+    Ok(Account {
+        sale_id: sale_id.to_string(),
+        gate_loaded: gate_now.is_some(),
+        gate_stock: gate_now.map(|g| g.remaining),
+        gate_buyers: gate_now.map(|g| g.buyers),
+        sql_stock: sql.stock,
+        sql_live_units: sql.live_units,
+        sql_live_buyers: sql.live_buyers,
+        unwritten_orders,
+        unwritten_units,
+        dead_letters,
+        returns_owed_orders: sql.returns_owed_orders,
+        returns_owed_units: sql.returns_owed_units,
+        units_in_transit: sql.units_in_transit,
+        journal_sum: sql.journal_sum,
+        expected_gate_stock,
+        stock_drift,
+        buyers_missing,
+        buyers_unknown,
+        buyers_compared_each: holders.is_some(),
+        journal_drift: sql.journal_sum - sql.stock,
+    })
+}
+
+/// (buyers the gate holds fewer units for than owed, buyers it holds more for).
+fn compare_buyers(owed: &HashMap<i64, i64>, holders: &[(i64, i64)]) -> (i64, i64) {
+    let held: HashMap<i64, i64> = holders.iter().copied().filter(|(_, q)| *q > 0).collect();
+    let missing = owed
+        .iter()
+        .filter(|(user, units)| **units > 0 && held.get(user).copied().unwrap_or(0) < **units)
+        .count();
+    let unknown = held
+        .iter()
+        .filter(|(user, units)| **units > owed.get(user).copied().unwrap_or(0))
+        .count();
+    (missing as i64, unknown as i64)
+}
+
+/// What a repair did.
+#[derive(Debug, Clone, Serialize)]
+pub struct Repair {
+    pub before: Account,
+    pub after: Account,
+}
+
+/// Brings a sale's gate back to SQL's account: each segment forgotten and rebuilt from
+/// SQL and the order log under the sale's load lock (the same fenced rebuild as after a
+/// Redis loss), then a journal row saying who asked, why, and what was off.
+pub async fn repair(
+    store: &Store,
+    gate: &dyn Gate,
+    in_flight: &InFlight,
+    cache: &SaleCache,
+    sale: &Sale,
+    actor: &str,
+    reason: &str,
+) -> Result<Repair, ReconcileError> {
+    let before = account(store, gate, in_flight, sale.id).await?;
+    {
+        let lock = cache.load_lock(sale.id);
+        let _one_at_a_time = lock.lock().await;
+        for segment in 0..sale.segments.max(1) {
+            gate.forget_segment_for_repair(sale.id, segment).await?;
+        }
+    }
+    crate::scheduler::load_sale_and_wait(store, gate, cache, sale).await?;
+    let after = account(store, gate, in_flight, sale.id).await?;
+    let detail = format!(
+        "{reason}: gate stock {} -> {} (expected {}), buyers missing {} -> {}, unknown {} -> {}",
+        before.gate_stock.map_or("-".into(), |s| s.to_string()),
+        after.gate_stock.map_or("-".into(), |s| s.to_string()),
+        after.expected_gate_stock,
+        before.buyers_missing,
+        after.buyers_missing,
+        before.buyers_unknown,
+        after.buyers_unknown,
+    );
+    store
+        .journal_note(&[Movement::new(sale.id, 0, Cause::Repaired).by(actor, &detail)])
+        .await?;
+    tracing::warn!(sale = sale.id, actor, %detail, "gate repaired from SQL");
+    Ok(Repair { before, after })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buyers_are_compared_one_by_one_so_that_faults_do_not_cancel_out() {
+        let owed: HashMap<i64, i64> = [(1, 1), (2, 2), (3, 1)].into_iter().collect();
+        // The gate forgot buyer 1 and holds buyer 9 nobody accounts for: as many buyers
+        // as owed, yet two differences.
+        let held = [(2, 2), (3, 1), (9, 1)];
+        assert_eq!(compare_buyers(&owed, &held), (1, 1));
+        // One unit short for buyer 2, one over for buyer 3.
+        assert_eq!(compare_buyers(&owed, &[(1, 1), (2, 1), (3, 2)]), (1, 1));
+        assert_eq!(compare_buyers(&owed, &[(1, 1), (2, 2), (3, 1)]), (0, 0));
+        // Buyers at zero are no buyers.
+        assert_eq!(compare_buyers(&HashMap::new(), &[(4, 0)]), (0, 0));
+    }
+}

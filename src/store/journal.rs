@@ -1,0 +1,294 @@
+//! The stock journal: one row per movement of a sale's stock, with its cause and order,
+//! written inside the transaction that moves `sales.stock`, so that a sale's rows always
+//! sum to its stock (a movement without its row, or a row without its movement, cannot
+//! commit). Rows with no delta keep the trail of what happened to the gate beside SQL:
+//! loaded, units handed back, a repair by whom and why. Nothing here moves stock itself.
+
+use sqlx::Row;
+
+use super::{Dialect, Store, StoreError};
+
+/// Why a sale's stock moved (or, with no delta, what happened to its gate).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cause {
+    /// The stock a sale had when the journal began (databases older than the journal).
+    OpeningBalance,
+    /// A sale created with its initial stock.
+    Created,
+    /// A draft's stock changed.
+    Edited,
+    /// A draft deleted: its stock leaves with it.
+    Deleted,
+    /// An order the gate accepted, written to SQL.
+    Written,
+    /// An order accepted and written at once by a SQL gate.
+    Accepted,
+    /// An order cancelled by its buyer: its units are on sale again.
+    Cancelled,
+    /// An order not paid in time.
+    Expired,
+    /// A cancelled or expired order's units handed back to the gate (no delta: SQL counted
+    /// them at the cancellation).
+    ReturnedToGate,
+    /// Units taken from one segment of a sale for another (the sale's total is unchanged).
+    MovedOut,
+    MovedIn,
+    /// The gate loaded (or rebuilt) from SQL (no delta).
+    Loaded,
+    /// The gate brought back to SQL's account by an operator (no delta).
+    Repaired,
+}
+
+impl Cause {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Cause::OpeningBalance => "opening_balance",
+            Cause::Created => "created",
+            Cause::Edited => "edited",
+            Cause::Deleted => "deleted",
+            Cause::Written => "written",
+            Cause::Accepted => "accepted",
+            Cause::Cancelled => "cancelled",
+            Cause::Expired => "expired",
+            Cause::ReturnedToGate => "returned_to_gate",
+            Cause::MovedOut => "moved_out",
+            Cause::MovedIn => "moved_in",
+            Cause::Loaded => "loaded",
+            Cause::Repaired => "repaired",
+        }
+    }
+}
+
+/// One row of the journal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    pub id: i64,
+    pub sale_id: i64,
+    pub segment: Option<i64>,
+    pub delta: i64,
+    pub cause: String,
+    pub order_id: Option<i64>,
+    pub actor: Option<String>,
+    pub detail: Option<String>,
+    pub at: i64,
+}
+
+/// A row to add: everything but its id.
+#[derive(Debug, Clone)]
+pub struct Movement<'a> {
+    pub sale_id: i64,
+    pub segment: Option<i64>,
+    pub delta: i64,
+    pub cause: Cause,
+    pub order_id: Option<i64>,
+    pub actor: Option<&'a str>,
+    pub detail: Option<&'a str>,
+}
+
+impl<'a> Movement<'a> {
+    pub fn new(sale_id: i64, delta: i64, cause: Cause) -> Self {
+        Movement {
+            sale_id,
+            segment: None,
+            delta,
+            cause,
+            order_id: None,
+            actor: None,
+            detail: None,
+        }
+    }
+
+    pub fn order(mut self, order_id: i64) -> Self {
+        self.order_id = Some(order_id);
+        self
+    }
+
+    pub fn segment(mut self, segment: i64) -> Self {
+        self.segment = Some(segment);
+        self
+    }
+
+    pub fn by(mut self, actor: &'a str, detail: &'a str) -> Self {
+        self.actor = Some(actor);
+        self.detail = Some(detail);
+        self
+    }
+}
+
+const COLS: &str = "sale_id, segment, delta, cause, order_id, actor, detail, at";
+
+/// The migration's table, per dialect (an id that counts up, in commit order per sale).
+pub(super) fn table(d: Dialect, int: &str, tail: &str) -> String {
+    let id = match d {
+        Dialect::Sqlite => "id INTEGER PRIMARY KEY AUTOINCREMENT",
+        Dialect::Postgres => "id BIGSERIAL PRIMARY KEY",
+        Dialect::MySql => "id BIGINT AUTO_INCREMENT PRIMARY KEY",
+    };
+    format!(
+        "CREATE TABLE IF NOT EXISTS stock_journal (
+            {id},
+            sale_id {int} NOT NULL,
+            segment {int},
+            delta {int} NOT NULL,
+            cause VARCHAR(24) NOT NULL,
+            order_id {int},
+            actor VARCHAR(64),
+            detail VARCHAR(300),
+            at {int} NOT NULL
+        ){tail}"
+    )
+}
+
+impl Store {
+    /// Adds rows inside the caller's transaction (the one that moves the stock).
+    pub(crate) async fn journal_in(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        rows: &[Movement<'_>],
+        at: i64,
+    ) -> Result<(), StoreError> {
+        for chunk in rows.chunks(400) {
+            let values = vec!["(?, ?, ?, ?, ?, ?, ?, ?)"; chunk.len()].join(",");
+            let q = self.sql(&format!(
+                "INSERT INTO stock_journal ({COLS}) VALUES {values}"
+            ));
+            // One statement shape per batch size: not worth a prepared statement each.
+            let mut query = sqlx::query(&q).persistent(false);
+            for m in chunk {
+                query = query
+                    .bind(m.sale_id)
+                    .bind(m.segment)
+                    .bind(m.delta)
+                    .bind(m.cause.as_str())
+                    .bind(m.order_id)
+                    .bind(m.actor.map(|a| a.chars().take(64).collect::<String>()))
+                    .bind(m.detail.map(|d| d.chars().take(300).collect::<String>()))
+                    .bind(at);
+            }
+            query.execute(&mut *conn).await?;
+        }
+        Ok(())
+    }
+
+    /// Adds rows in a transaction of their own: only for rows with no delta (the gate's
+    /// trail), which move no stock.
+    pub async fn journal_note(&self, rows: &[Movement<'_>]) -> Result<(), StoreError> {
+        debug_assert!(rows.iter().all(|m| m.delta == 0));
+        let mut conn = self.begin_write().await?;
+        let done = self.journal_in(&mut conn, rows, crate::now_ms()).await;
+        Self::finish(conn, done.is_ok()).await?;
+        done
+    }
+
+    /// A sale's rows after `after_id`, oldest first, at most `limit`.
+    pub async fn journal(
+        &self,
+        sale_id: i64,
+        after_id: i64,
+        limit: i64,
+    ) -> Result<Vec<Entry>, StoreError> {
+        let q = self.sql(&format!(
+            "SELECT id, {COLS} FROM stock_journal WHERE sale_id = ? AND id > ? ORDER BY id LIMIT ?"
+        ));
+        let rows = sqlx::query(&q)
+            .bind(sale_id)
+            .bind(after_id)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(Entry {
+                    id: r.try_get(0)?,
+                    sale_id: r.try_get(1)?,
+                    segment: r.try_get(2)?,
+                    delta: r.try_get(3)?,
+                    cause: r.try_get(4)?,
+                    order_id: r.try_get(5)?,
+                    actor: r.try_get(6)?,
+                    detail: r.try_get(7)?,
+                    at: r.try_get(8)?,
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(Into::into)
+    }
+
+    /// (sum of a sale's deltas, the sale's stock), read in one statement.
+    pub async fn journal_balance(&self, sale_id: i64) -> Result<(i64, Option<i64>), StoreError> {
+        let q = self.sql(&format!(
+            "SELECT (SELECT {} FROM stock_journal WHERE sale_id = ?), \
+             (SELECT stock FROM sales WHERE id = ?)",
+            self.sum_int("delta")
+        ));
+        let row = sqlx::query(&q)
+            .bind(sale_id)
+            .bind(sale_id)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok((row.try_get(0)?, row.try_get(1)?))
+    }
+}
+
+/// SQL's account of a sale, for reconciliation with its gate (read in one statement).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SqlAccount {
+    pub stock: i64,
+    pub segments: i64,
+    /// Units and distinct buyers of live orders (pending payment or paid).
+    pub live_units: i64,
+    pub live_buyers: i64,
+    /// Cancelled or expired orders whose units SQL counts back and the gate has not
+    /// taken back yet.
+    pub returns_owed_orders: i64,
+    pub returns_owed_units: i64,
+    /// Units taken out of one segment and not yet given to another.
+    pub units_in_transit: i64,
+    pub journal_sum: i64,
+}
+
+impl Store {
+    /// Units per buyer of the sale's cancelled or expired orders the gate has not taken
+    /// back yet (the gate still counts them for the buyer).
+    pub async fn returns_owed_by_buyer(&self, sale_id: i64) -> Result<Vec<(i64, i64)>, StoreError> {
+        self.units_by_buyer(
+            "stock_returns WHERE sale_id = ? AND gate_done_at IS NULL",
+            sale_id,
+        )
+        .await
+    }
+
+    pub async fn sql_account(&self, sale_id: i64) -> Result<Option<SqlAccount>, StoreError> {
+        let live = "sale_id = ? AND status IN ('pending_payment', 'paid')";
+        let owed = "sale_id = ? AND gate_done_at IS NULL";
+        let q = self.sql(&format!(
+            "SELECT s.stock, s.segments, \
+             (SELECT {units} FROM orders WHERE {live}), \
+             (SELECT COUNT(DISTINCT user_id) FROM orders WHERE {live}), \
+             (SELECT COUNT(*) FROM stock_returns WHERE {owed}), \
+             (SELECT {units} FROM stock_returns WHERE {owed}), \
+             (SELECT {units} FROM segment_moves WHERE sale_id = ? AND state = 'taken'), \
+             (SELECT {delta} FROM stock_journal WHERE sale_id = ?) \
+             FROM sales s WHERE s.id = ?",
+            units = self.sum_int("quantity"),
+            delta = self.sum_int("delta"),
+        ));
+        let mut query = sqlx::query(&q);
+        for _ in 0..7 {
+            query = query.bind(sale_id);
+        }
+        let Some(r) = query.fetch_optional(&self.pool).await? else {
+            return Ok(None);
+        };
+        Ok(Some(SqlAccount {
+            stock: r.try_get(0)?,
+            segments: r.try_get(1)?,
+            live_units: r.try_get(2)?,
+            live_buyers: r.try_get(3)?,
+            returns_owed_orders: r.try_get(4)?,
+            returns_owed_units: r.try_get(5)?,
+            units_in_transit: r.try_get(6)?,
+            journal_sum: r.try_get(7)?,
+        }))
+    }
+}

@@ -1,0 +1,478 @@
+//! Reconciliation end to end: the stock journal, the continuous audit of each gate
+//! against SQL plus what is in flight, and the repair.
+//!
+//! - Redis + PostgreSQL (two instances, two workers): a storm, cancels, payments and
+//!   expiries end with gate = SQL + in flight and journal sum = stock; then three faults
+//!   injected by hand in Redis (a buyer removed from the gate, stock changed, an order
+//!   deleted from the stream before it was written) are reported by the audit in
+//!   `/metrics` within seconds and by `seckill reconcile`; `reconcile --repair` restores
+//!   exactness, journaled; the removed buyer still cannot buy past the limit and the rest
+//!   of the stock sells exactly.
+//! - Embedded (memory gate, SQLite): the same storm ends exact; repair is refused with the
+//!   reason (the gate is the server's memory, rebuilt from SQL at every start).
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::storm::{storm_on, tokens, Arrival, Told};
+use common::{client, Server, Sql};
+use seckill::gate::redis::SaleKeys;
+use seckill::store::Store;
+use serde_json::{json, Value};
+
+const REDIS: &str = "redis://127.0.0.1:6379/";
+
+fn ok_orders(told: &HashMap<i64, Told>) -> Vec<(i64, i64)> {
+    told.iter()
+        .flat_map(|(u, t)| t.ok.iter().map(move |o| (*u, *o)))
+        .collect()
+}
+
+/// Cancels as the buyer, retrying while the order is still being written.
+async fn cancel(c: &reqwest::Client, base: &str, token: &str, order: i64) {
+    for _ in 0..100 {
+        let r = c
+            .post(format!("{base}/api/orders/{order}/cancel"))
+            .bearer_auth(token)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        let body: Value = r.json().await.unwrap();
+        if status == 200 {
+            return;
+        }
+        assert!(
+            body["code"] == "order_queued" || status == 503,
+            "cancel {order}: {status} {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("order {order} could not be cancelled");
+}
+
+/// Pays as the buyer through the simulated provider.
+async fn pay(c: &reqwest::Client, s: &Server, token: &str, order: i64) {
+    let mut intent = Value::Null;
+    for _ in 0..100 {
+        let r = c
+            .post(format!("{}/api/orders/{order}/pay", s.base))
+            .bearer_auth(token)
+            .send()
+            .await
+            .unwrap();
+        if r.status() == 200 {
+            intent = r.json().await.unwrap();
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let id = intent["intent_id"].as_str().expect("a payment intent");
+    let r = c
+        .post(format!("{}/api/admin/payments/{id}/simulate", s.base))
+        .bearer_auth(&s.admin)
+        .json(&json!({"outcome": "pay"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+}
+
+async fn reconciliation(c: &reqwest::Client, s: &Server, sale: i64) -> Value {
+    common::get_json(
+        c,
+        format!("{}/api/admin/sales/{sale}/reconcile", s.base),
+        Some(&s.admin),
+    )
+    .await
+}
+
+async fn journal(c: &reqwest::Client, s: &Server, sale: i64) -> Value {
+    common::get_json(
+        c,
+        format!("{}/api/admin/sales/{sale}/journal?limit=10000", s.base),
+        Some(&s.admin),
+    )
+    .await
+}
+
+fn count_cause(journal: &Value, cause: &str) -> usize {
+    journal["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["cause"] == cause)
+        .count()
+}
+
+/// A storm with cancels, payments and expiries; returns (orders answered ok, paid, cancelled).
+async fn storm_with_lifecycle(
+    bases: Vec<String>,
+    admin: &Server,
+    sale: i64,
+    buyers: Vec<(i64, String)>,
+) -> (usize, Vec<(i64, i64)>, usize) {
+    let c = client();
+    let token_of: HashMap<i64, String> = buyers.iter().cloned().collect();
+    let told = storm_on(
+        bases.clone(),
+        sale.to_string(),
+        buyers,
+        Arrival::Crowd(64),
+        Arc::default(),
+    )
+    .await;
+    let ok = ok_orders(&told);
+    // 30 pay, 40 cancel; the rest expire unpaid.
+    let paid: Vec<(i64, i64)> = ok[..30].to_vec();
+    for (user, order) in &paid {
+        pay(&c, admin, &token_of[user], *order).await;
+    }
+    for (user, order) in &ok[30..70] {
+        cancel(&c, &bases[0], &token_of[user], *order).await;
+    }
+    (ok.len(), paid, 40)
+}
+
+/// Waits until the sale's account is exact, nothing is in flight and `live_units` units
+/// are live in SQL (the unpaid orders have expired).
+async fn settled(c: &reqwest::Client, s: &Server, sale: i64, live_units: i64, secs: u64) -> Value {
+    let deadline = std::time::Instant::now() + Duration::from_secs(secs);
+    loop {
+        let r = reconciliation(c, s, sale).await;
+        let quiet = r["unwritten_orders"] == 0 && r["returns_owed_orders"] == 0;
+        if r["exact"] == true && quiet && r["sql_live_units"] == live_units {
+            return r;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never exact and quiet: {r}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn drift_injected_in_redis_is_reported_and_repaired_with_a_trail() {
+    const STOCK: i64 = 300;
+    let db = common::fresh_database(Sql::Postgres).await;
+    let secret = common::unique("secret");
+    let prefix = common::unique("rec");
+    let env = vec![
+        ("SECKILL_DATABASE_URL".to_string(), db.clone()),
+        ("SECKILL_REDIS_URL".to_string(), REDIS.to_string()),
+        ("SECKILL_REDIS_PREFIX".to_string(), prefix.clone()),
+        ("SECKILL_TOKEN_SECRET".to_string(), secret.clone()),
+        ("SECKILL_AUDIT_EVERY_SECS".to_string(), "1".to_string()),
+    ];
+    let (instances, workers) = common::storm::instances_and_workers(env.clone()).await;
+    let store = Store::connect(&db, 4).await.unwrap();
+    let c = client();
+    let bases: Vec<String> = instances.iter().map(|s| s.base.clone()).collect();
+    let sale: i64 = common::open_sale_with(
+        &c,
+        &instances[0],
+        STOCK,
+        1,
+        json!({"payment_window_secs": 4}),
+    )
+    .await
+    .parse()
+    .unwrap();
+
+    // 1,000 buyers take the 300; 30 pay, 40 cancel, 230 expire; 400 more take what came back.
+    let (first_ok, paid, cancelled) =
+        storm_with_lifecycle(bases.clone(), &instances[0], sale, tokens(&secret, 1..1001)).await;
+    assert_eq!(first_ok as i64, STOCK);
+    common::eventually(30, "expired units back in the gate", || {
+        let c = c.clone();
+        let s = &instances[1];
+        async move { reconciliation(&c, s, sale).await["gate_stock"] == STOCK - 30 }
+    })
+    .await;
+    let second = storm_on(
+        bases.clone(),
+        sale.to_string(),
+        tokens(&secret, 1001..1401),
+        Arrival::Crowd(64),
+        Arc::default(),
+    )
+    .await;
+    assert_eq!(ok_orders(&second).len() as i64, STOCK - 30);
+
+    // Everything settled: gate = SQL + in flight, journal = stock, on both instances.
+    let account = settled(&c, &instances[0], sale, 30, 60).await;
+    assert_eq!(account["sql_live_buyers"], 30, "{account}");
+    assert_eq!(account["gate_buyers"], 30, "{account}");
+    assert_eq!(account["journal_sum"], account["sql_stock"], "{account}");
+    settled(&c, &instances[1], sale, 30, 10).await;
+    let j = journal(&c, &instances[0], sale).await;
+    assert_eq!(j["sum"], j["stock"], "{j}");
+    let sold = (STOCK + STOCK - 30) as usize;
+    assert_eq!(
+        count_cause(&j, "written"),
+        sold,
+        "one row per order written"
+    );
+    assert_eq!(count_cause(&j, "cancelled"), cancelled);
+    assert_eq!(count_cause(&j, "expired"), sold - 30 - cancelled, "{j}");
+    assert_eq!(
+        count_cause(&j, "returned_to_gate"),
+        sold - 30,
+        "every unit handed back to the gate"
+    );
+    assert!(count_cause(&j, "loaded") >= 1);
+    let (code, out) = common::reconcile_cli(&env, &["--sale", &sale.to_string()]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("exact"), "{out}");
+    // One instance audits; the other holds no lease.
+    let mut auditing = 0;
+    for s in &instances {
+        let m = common::metrics(&c, s).await;
+        auditing += common::metric(&m, "seckill_reconcile_auditing");
+        assert!(
+            common::drift_in(&m, sale).is_empty(),
+            "drift reported while exact: {m}"
+        );
+    }
+    assert_eq!(auditing, 1, "exactly one instance audits");
+
+    // Three faults, by hand, in Redis. The writers stop first, so that an order can be
+    // deleted from the stream before any writer reads it.
+    drop(workers);
+    let keys = SaleKeys::new(&prefix, sale);
+    let (_, mut redis) = seckill::app::redis_manager(REDIS).await.unwrap();
+    let (removed_buyer, _) = paid[0];
+    let _: i64 = redis::cmd("HDEL")
+        .arg(&keys.buyers)
+        .arg(removed_buyer)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let _: i64 = redis::cmd("HINCRBY")
+        .arg(&keys.sale)
+        .arg("stock")
+        .arg(5)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let lost_buyer = tokens(&secret, 5000..5001).remove(0);
+    let (status, body) = common::buy(&c, &bases[0], &sale.to_string(), &lost_buyer.1).await;
+    assert_eq!(status, 200, "{body}");
+    let entries: Vec<(String, HashMap<String, String>)> = redis::cmd("XRANGE")
+        .arg(&keys.stream)
+        .arg("-")
+        .arg("+")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(entries.len(), 1, "only the new order waits: {entries:?}");
+    let _: i64 = redis::cmd("XDEL")
+        .arg(&keys.stream)
+        .arg(&entries[0].0)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+
+    // The audit reports each within seconds: +5 - 1 units, one buyer missing, one unknown.
+    let expected: HashMap<String, i64> = [
+        ("stock", 4),
+        ("buyers_missing", 1),
+        ("buyers_unknown", 1),
+        ("journal", 0),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    let started = std::time::Instant::now();
+    let mut seen = HashMap::new();
+    while started.elapsed() < Duration::from_secs(15) && seen != expected {
+        seen.clear();
+        for s in &instances {
+            seen.extend(common::drift_in(&common::metrics(&c, s).await, sale));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(seen, expected, "drift in /metrics");
+    eprintln!("drift reported in /metrics after {:?}", started.elapsed());
+    let (code, out) = common::reconcile_cli(&env, &["--sale", &sale.to_string()]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("DRIFT: stock +4, buyers missing 1, buyers unknown 1, journal +0"),
+        "{out}"
+    );
+
+    // The repair: exact again, journaled with who and why.
+    let (code, out) = common::reconcile_cli(
+        &env,
+        &[
+            "--sale",
+            &sale.to_string(),
+            "--repair",
+            "--reason",
+            "test: injected faults",
+        ],
+    );
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("repaired"), "{out}");
+    let after = reconciliation(&c, &instances[1], sale).await;
+    assert_eq!(after["exact"], true, "{after}");
+    assert_eq!(after["gate_stock"], STOCK - 30, "{after}");
+    assert_eq!(after["gate_buyers"], 30, "{after}");
+    let j = journal(&c, &instances[0], sale).await;
+    let repaired: Vec<&Value> = j["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["cause"] == "repaired")
+        .collect();
+    assert_eq!(repaired.len(), 1, "{j}");
+    assert_eq!(repaired[0]["actor"], "seckill reconcile");
+    assert!(
+        repaired[0]["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("test: injected faults"),
+        "{j}"
+    );
+    common::eventually(15, "the drift cleared from /metrics", || {
+        let c = c.clone();
+        let instances = &instances;
+        async move {
+            let mut any = false;
+            for s in instances {
+                any |= !common::drift_in(&common::metrics(&c, s).await, sale).is_empty();
+            }
+            !any
+        }
+    })
+    .await;
+
+    // The removed buyer is known again: no second unit. The rest of the stock sells to new
+    // buyers exactly, with writers back.
+    let removed_token = tokens(&secret, removed_buyer..removed_buyer + 1)
+        .remove(0)
+        .1;
+    let (_, body) = common::buy(&c, &bases[1], &sale.to_string(), &removed_token).await;
+    assert_eq!(body["code"], "already_purchased", "{body}");
+    let _workers = common::storm::start_workers(&env);
+    let last = storm_on(
+        bases.clone(),
+        sale.to_string(),
+        tokens(&secret, 6000..6400),
+        Arrival::Crowd(64),
+        Arc::default(),
+    )
+    .await;
+    assert_eq!(
+        ok_orders(&last).len() as i64,
+        STOCK - 30,
+        "the rest sold exactly"
+    );
+    settled(&c, &instances[0], sale, 30, 60).await;
+    // Every order ever written, by buyer: one each (each buyer here bought once, and the
+    // removed one could not buy again); the lost order never reached SQL.
+    let orders = common::storm::live_orders(&store, sale).await;
+    assert!(
+        orders.values().all(|ids| ids.len() == 1),
+        "a buyer over the limit"
+    );
+    let written: usize = orders.values().map(|ids| ids.len()).sum();
+    assert_eq!(written as i64, STOCK + 2 * (STOCK - 30));
+    let (sum, stock) = store.journal_balance(sale).await.unwrap();
+    assert_eq!(Some(sum), stock);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_embedded_gate_ends_a_storm_exact_and_explains_why_it_is_not_repaired_live() {
+    const STOCK: i64 = 200;
+    let server = Server::embedded(&[("SECKILL_AUDIT_EVERY_SECS", "1")]).await;
+    let c = client();
+    let sale: i64 =
+        common::open_sale_with(&c, &server, STOCK, 1, json!({"payment_window_secs": 3}))
+            .await
+            .parse()
+            .unwrap();
+    let users = common::login_users(&c, &server.base, 600).await;
+    let buyers: Vec<(i64, String)> = users
+        .iter()
+        .map(|t| (common::user_of(t), t.clone()))
+        .collect();
+    let (ok, _, cancelled) =
+        storm_with_lifecycle(vec![server.base.clone()], &server, sale, buyers).await;
+    assert_eq!(ok as i64, STOCK);
+    common::eventually(30, "expired units back in the gate", || {
+        let c = c.clone();
+        let s = &server;
+        async move { reconciliation(&c, s, sale).await["gate_stock"] == STOCK - 30 }
+    })
+    .await;
+    let account = settled(&c, &server, sale, 30, 30).await;
+    assert_eq!(account["sql_live_buyers"], 30, "{account}");
+    let j = journal(&c, &server, sale).await;
+    assert_eq!(j["sum"], j["stock"]);
+    assert_eq!(j["stock"], STOCK - 30);
+    assert_eq!(count_cause(&j, "written"), STOCK as usize);
+    assert_eq!(count_cause(&j, "cancelled"), cancelled);
+    assert_eq!(count_cause(&j, "expired"), STOCK as usize - 30 - cancelled);
+    let m = common::metrics(&c, &server).await;
+    assert_eq!(common::metric(&m, "seckill_reconcile_auditing"), 1);
+    assert!(common::metric(&m, "seckill_reconcile_audits_total") >= 1);
+    let r = c
+        .post(format!("{}/api/admin/sales/{sale}/reconcile", server.base))
+        .bearer_auth(&server.admin)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 409);
+    let body: Value = r.json().await.unwrap();
+    assert!(
+        body["message"].as_str().unwrap().contains("restart"),
+        "{body}"
+    );
+    let (code, out) = common::reconcile_cli(&server.env, &[]);
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("/api/admin/sales/{id}/reconcile"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sql_gate_has_only_its_journal_to_reconcile_and_never_reports_drift() {
+    let server = Server::embedded(&[
+        ("SECKILL_GATE", "sql-conditional"),
+        ("SECKILL_AUDIT_EVERY_SECS", "1"),
+    ])
+    .await;
+    let c = client();
+    let sale: i64 = common::open_sale(&c, &server, 20, 1).await.parse().unwrap();
+    let tokens = common::login_users(&c, &server.base, 30).await;
+    let mut orders = Vec::new();
+    for t in &tokens {
+        let (status, body) = common::buy(&c, &server.base, &sale.to_string(), t).await;
+        if status == 200 {
+            orders.push((
+                t.clone(),
+                body["order_id"].as_str().unwrap().parse::<i64>().unwrap(),
+            ));
+        }
+    }
+    assert_eq!(orders.len(), 20);
+    for (t, o) in &orders[..3] {
+        cancel(&c, &server.base, t, *o).await;
+    }
+    // Three audits and more: a SQL gate, whose orders are cancelled and counted in SQL
+    // itself, is never taken for drift.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let r = reconciliation(&c, &server, sale).await;
+    assert_eq!(r["exact"], true, "{r}");
+    assert_eq!(r["gate_loaded"], false, "{r}");
+    let m = common::metrics(&c, &server).await;
+    assert!(common::drift_in(&m, sale).is_empty(), "{m}");
+    let j = journal(&c, &server, sale).await;
+    assert_eq!(j["sum"], j["stock"], "{j}");
+    assert_eq!(j["stock"], 3, "{j}");
+    assert_eq!(count_cause(&j, "accepted"), 20, "{j}");
+    assert_eq!(count_cause(&j, "cancelled"), 3, "{j}");
+}
