@@ -121,7 +121,9 @@ impl SaleCache {
 }
 
 /// Loads one sale into the gate from SQL unless the gate has it; if another task of this
-/// process is loading it, waits for that load. On return the sale is in the gate.
+/// process is loading it, waits for that load. A segment another process is loading is
+/// left to that process: it is in the gate shortly, and purchases meanwhile answer
+/// `not_loaded`.
 pub async fn load_sale(
     store: &Store,
     gate: &dyn Gate,
@@ -130,7 +132,7 @@ pub async fn load_sale(
 ) -> Result<bool, SchedulerError> {
     let lock = cache.load_lock(sale.id);
     let _one_at_a_time = lock.lock().await;
-    load_under_lock(store, gate, sale).await
+    load_under_lock(store, gate, sale, Elsewhere::LeaveIt).await
 }
 
 /// Like [`load_sale`], but when another process holds a segment's load lock, waits until
@@ -144,36 +146,7 @@ pub async fn load_sale_and_wait(
 ) -> Result<bool, SchedulerError> {
     let lock = cache.load_lock(sale.id);
     let _one_at_a_time = lock.lock().await;
-    gate.know_segments(&[(sale.id, sale.segments)]);
-    let mut loaded = false;
-    for segment in 0..sale.segments.max(1) {
-        loaded |= load_part_waiting(store, gate, sale, segment).await?;
-    }
-    Ok(loaded)
-}
-
-/// A loader elsewhere renews its lease while it works and loses it when it dies, so the
-/// wait ends by the lease at the latest; the bound only guards against a Redis that keeps
-/// answering busy for another reason.
-const WAIT_FOR_OTHER_LOADER: Duration = Duration::from_secs(40);
-
-async fn load_part_waiting(
-    store: &Store,
-    gate: &dyn Gate,
-    sale: &Sale,
-    segment: i64,
-) -> Result<bool, SchedulerError> {
-    let started = std::time::Instant::now();
-    loop {
-        match load_part(store, gate, sale, segment).await? {
-            PartLoad::Installed => return Ok(true),
-            PartLoad::AlreadyLoaded => return Ok(false),
-            PartLoad::LoadingElsewhere if started.elapsed() < WAIT_FOR_OTHER_LOADER => {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            PartLoad::LoadingElsewhere => return Err(SchedulerError::LoadStuck(sale.id, segment)),
-        }
-    }
+    load_under_lock(store, gate, sale, Elsewhere::WaitForIt).await
 }
 
 /// Like [`load_sale`], but returns at once if another task is loading the sale: for the
@@ -188,20 +161,33 @@ pub async fn load_sale_unless_loading(
     let Ok(_one_at_a_time) = lock.try_lock() else {
         return Ok(false);
     };
-    load_under_lock(store, gate, sale).await
+    load_under_lock(store, gate, sale, Elsewhere::LeaveIt).await
 }
+
+/// What a load does about a segment another process is loading.
+#[derive(Clone, Copy)]
+enum Elsewhere {
+    LeaveIt,
+    WaitForIt,
+}
+
+/// A loader elsewhere renews its lease while it works and loses it when it dies, so the
+/// wait ends by the lease at the latest; the bound only guards against a Redis that keeps
+/// answering busy for another reason.
+const WAIT_FOR_OTHER_LOADER: Duration = Duration::from_secs(40);
 
 async fn load_under_lock(
     store: &Store,
     gate: &dyn Gate,
     sale: &Sale,
+    elsewhere: Elsewhere,
 ) -> Result<bool, SchedulerError> {
     gate.know_segments(&[(sale.id, sale.segments)]);
     // Each segment of a segmented sale is loaded (and lost, and rebuilt) on its own.
     let mut loaded = false;
     let mut first_error = None;
     for segment in 0..sale.segments.max(1) {
-        match load_part(store, gate, sale, segment).await {
+        match load_segment(store, gate, sale, segment, elsewhere).await {
             Ok(l) => loaded |= l == PartLoad::Installed,
             Err(e) => {
                 first_error.get_or_insert(e);
@@ -211,6 +197,28 @@ async fn load_under_lock(
     match first_error {
         Some(e) => Err(e),
         None => Ok(loaded),
+    }
+}
+
+async fn load_segment(
+    store: &Store,
+    gate: &dyn Gate,
+    sale: &Sale,
+    segment: i64,
+    elsewhere: Elsewhere,
+) -> Result<PartLoad, SchedulerError> {
+    let started = std::time::Instant::now();
+    loop {
+        let part = load_part(store, gate, sale, segment).await?;
+        match (part, elsewhere) {
+            (PartLoad::LoadingElsewhere, Elsewhere::WaitForIt) => {
+                if started.elapsed() >= WAIT_FOR_OTHER_LOADER {
+                    return Err(SchedulerError::LoadStuck(sale.id, segment));
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            (part, _) => return Ok(part),
+        }
     }
 }
 
