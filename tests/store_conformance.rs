@@ -595,3 +595,42 @@ async fn the_journal_sums_to_the_stock_after_every_movement() {
         );
     }
 }
+
+/// A write transaction whose future is dropped (a request timeout, a client gone) must not
+/// go back to the pool still open: it would keep its locks until that connection is reused.
+/// Here a gate rebuild queues for the writer fence behind a writer and is cancelled; once
+/// the writer lets go, another process (its own pool) takes the fence at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_transaction_leaves_no_lock_behind() {
+    for kind in [Sql::Postgres, Sql::Mariadb] {
+        let (store, url) = common::fresh_store(kind).await;
+        let other = Store::connect(&url, 4).await.unwrap();
+        let sale = common::sale(common::next_id(), 10, 1);
+        store.create_sale(&sale).await.unwrap();
+        let writer = other.hold_writer_fence().await.unwrap();
+        assert!(writer.is_some(), "{kind:?} has a writer fence");
+        let whole = seckill::store::lifecycle::Part {
+            segments: 1,
+            segment: 0,
+        };
+        let rebuild = store.load_part_snapshot(sale.id, whole, std::time::Duration::from_secs(20));
+        assert!(
+            tokio::time::timeout(std::time::Duration::from_millis(500), rebuild)
+                .await
+                .is_err(),
+            "{kind:?}: the rebuild waits for the writer"
+        );
+        Store::release_writer_fence(writer).await.unwrap();
+        let next =
+            tokio::time::timeout(std::time::Duration::from_secs(5), other.hold_writer_fence())
+                .await
+                .unwrap_or_else(|_| panic!("{kind:?}: the cancelled rebuild still holds the fence"))
+                .unwrap();
+        Store::release_writer_fence(next).await.unwrap();
+        // The pool that lost the transaction still works, outside any transaction.
+        store
+            .create_sale(&common::sale(common::next_id(), 5, 1))
+            .await
+            .unwrap();
+    }
+}

@@ -256,16 +256,22 @@ async fn ask_gate(
             order_id: order_id.to_string(),
         }),
         Verdict::Rejected(Rejection::NotLoaded) => {
-            // Approved but not preloaded yet (approved on another instance moments ago).
-            // Boxed, as the SQL above.
+            // Approved but not preloaded yet (approved on another instance moments ago),
+            // or lost by Redis. The load runs as a task of its own: a buyer who leaves, or
+            // the request's time limit, must not cut a rebuild short and leave its locks
+            // to lapse while every buyer hears `not_loaded`.
             if let Some(sale) = st.sales.get(sale_id) {
-                Box::pin(crate::scheduler::load_sale_unless_loading(
-                    &st.store,
-                    st.gate.as_ref(),
-                    &st.sales,
-                    &sale,
-                ))
-                .await?;
+                let (store, gate, sales) = (st.store.clone(), st.gate.clone(), st.sales.clone());
+                let load = tokio::spawn(async move {
+                    crate::scheduler::load_sale_unless_loading(&store, gate.as_ref(), &sales, &sale)
+                        .await
+                });
+                match load.await {
+                    Ok(loaded) => {
+                        loaded?;
+                    }
+                    Err(e) => tracing::error!(error = %e, sale = sale_id, "the sale's load failed"),
+                }
             }
             Err(ApiError::from_rejection(Rejection::NotLoaded, limit))
         }

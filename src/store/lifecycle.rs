@@ -7,7 +7,7 @@ use sqlx::Row;
 use std::collections::HashMap;
 
 use super::journal::{Cause, Movement};
-use super::{Dialect, Store, StoreError};
+use super::{Dialect, Store, StoreError, WriteTx};
 use crate::model::{Order, OrderStatus};
 
 /// Whether the database gave up waiting for a lock (PostgreSQL's lock_timeout, MySQL's
@@ -496,16 +496,13 @@ impl Store {
     /// Share-locks the writer fence for as long as the returned connection's transaction
     /// is open: an order writer holds it from before it reads a batch from Redis until
     /// the batch is in SQL. `None` on SQLite (no distributed deployment runs on it).
-    pub async fn hold_writer_fence(
-        &self,
-    ) -> Result<Option<sqlx::pool::PoolConnection<sqlx::Any>>, StoreError> {
+    pub async fn hold_writer_fence(&self) -> Result<Option<WriteTx>, StoreError> {
         let share = match self.dialect {
             Dialect::Sqlite => return Ok(None),
             Dialect::Postgres => "LOCK TABLE writer_fence IN ROW SHARE MODE",
             Dialect::MySql => "SELECT id FROM writer_fence WHERE id = 1 LOCK IN SHARE MODE",
         };
-        let mut conn = self.pool.acquire().await?;
-        sqlx::query("BEGIN").execute(&mut *conn).await?;
+        let mut conn = self.begin_with("BEGIN").await?;
         if let Err(e) = sqlx::query(share).execute(&mut *conn).await {
             let _ = Self::finish(conn, false).await;
             return Err(e.into());
@@ -514,9 +511,7 @@ impl Store {
     }
 
     /// Ends a hold of [`Store::hold_writer_fence`].
-    pub async fn release_writer_fence(
-        conn: Option<sqlx::pool::PoolConnection<sqlx::Any>>,
-    ) -> Result<(), StoreError> {
+    pub async fn release_writer_fence(conn: Option<WriteTx>) -> Result<(), StoreError> {
         match conn {
             Some(conn) => Self::finish(conn, true).await,
             None => Ok(()),

@@ -189,6 +189,38 @@ pub struct Store {
     dialect: Dialect,
 }
 
+/// A transaction opened by hand on a pooled connection. A plain pooled connection dropped
+/// mid-transaction (its future cancelled by a request timeout or a client that left) goes
+/// back to the pool still inside it: its locks stay held until someone reuses it, and that
+/// caller's COMMIT would then commit the half-done work too. Dropped before
+/// [`Store::finish`] succeeded, this closes the connection instead, so the server rolls
+/// the transaction back and frees its locks at once.
+pub struct WriteTx {
+    conn: sqlx::pool::PoolConnection<sqlx::Any>,
+    finished: bool,
+}
+
+impl Drop for WriteTx {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.conn.close_on_drop();
+        }
+    }
+}
+
+impl std::ops::Deref for WriteTx {
+    type Target = sqlx::AnyConnection;
+    fn deref(&self) -> &Self::Target {
+        &self.conn
+    }
+}
+
+impl std::ops::DerefMut for WriteTx {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.conn
+    }
+}
+
 impl Store {
     pub async fn connect(url: &str, max_connections: u32) -> Result<Store, StoreError> {
         Store::connect_waiting(url, max_connections, None).await
@@ -365,6 +397,9 @@ impl Store {
             // SQLite's DDL is transactional: one immediate transaction is the lock.
             Dialect::Sqlite => ("BEGIN IMMEDIATE", "COMMIT"),
         };
+        // Never back to the pool: a session lock (or SQLite's transaction) left behind by
+        // an error or a cancelled start-up would hold every later migration off.
+        conn.close_on_drop();
         sqlx::query(lock).execute(&mut *conn).await?;
         let result = self.migrate_locked(&mut conn).await;
         let unlock = if result.is_err() && self.dialect == Dialect::Sqlite {
@@ -372,10 +407,7 @@ impl Store {
         } else {
             unlock
         };
-        if let Err(e) = sqlx::query(unlock).execute(&mut *conn).await {
-            conn.detach();
-            return Err(e.into());
-        }
+        sqlx::query(unlock).execute(&mut *conn).await?;
         result
     }
 
@@ -915,30 +947,32 @@ impl Store {
         Ok((got == Some(1)).then_some(Some(conn)))
     }
 
-    pub(crate) async fn begin_write(
-        &self,
-    ) -> Result<sqlx::pool::PoolConnection<sqlx::Any>, StoreError> {
-        let mut conn = self.pool.acquire().await?;
+    pub(crate) async fn begin_write(&self) -> Result<WriteTx, StoreError> {
         let begin = if self.dialect == Dialect::Sqlite {
             "BEGIN IMMEDIATE"
         } else {
             "BEGIN"
         };
-        sqlx::query(begin).execute(&mut *conn).await?;
-        Ok(conn)
+        self.begin_with(begin).await
+    }
+
+    /// A pooled connection inside a transaction opened by `begin`, guarded from the moment
+    /// it leaves the pool (see [`WriteTx`]).
+    pub(crate) async fn begin_with(&self, begin: &str) -> Result<WriteTx, StoreError> {
+        let mut tx = WriteTx {
+            conn: self.pool.acquire().await?,
+            finished: false,
+        };
+        sqlx::query(begin).execute(&mut *tx).await?;
+        Ok(tx)
     }
 
     /// Commits (or rolls back) the transaction of [`Store::begin_write`]. A connection whose
     /// transaction state is unknown is never handed back to the pool.
-    pub(crate) async fn finish(
-        mut conn: sqlx::pool::PoolConnection<sqlx::Any>,
-        commit: bool,
-    ) -> Result<(), StoreError> {
+    pub(crate) async fn finish(mut tx: WriteTx, commit: bool) -> Result<(), StoreError> {
         let end = if commit { "COMMIT" } else { "ROLLBACK" };
-        if let Err(e) = sqlx::query(end).execute(&mut *conn).await {
-            conn.detach();
-            return Err(e.into());
-        }
+        sqlx::query(end).execute(&mut *tx).await?;
+        tx.finished = true;
         Ok(())
     }
 
