@@ -114,16 +114,17 @@ impl RedisClient {
         }
     }
 
-    /// A standalone server's connection for blocking commands (its response timeout
-    /// outlasts `block`); `None` in a cluster, where reads do not block (see the order log).
+    /// A standalone server's connection for blocking commands, whose answers may take
+    /// `response_timeout` (it must outlast their BLOCK); `None` in a cluster, where reads
+    /// do not block (see the order log).
     pub async fn blocking(
         &self,
-        block: Duration,
+        response_timeout: Duration,
     ) -> Result<Option<MultiplexedConnection>, RedisError> {
         match self {
             RedisClient::Single(client) => {
-                let config =
-                    redis::AsyncConnectionConfig::new().set_response_timeout(Some(block * 10));
+                let config = redis::AsyncConnectionConfig::new()
+                    .set_response_timeout(Some(response_timeout));
                 Ok(Some(
                     client
                         .get_multiplexed_async_connection_with_config(&config)

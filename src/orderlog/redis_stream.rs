@@ -23,7 +23,13 @@ use crate::redis_client::{RedisClient, RedisConn};
 
 /// Entries idle this long in some consumer's pending list are taken over (default).
 pub const RECLAIM_IDLE_MS: u64 = 10_000;
-const BLOCK_MS: u64 = 500;
+/// How long a writer's read waits for new entries. Short, because a writer holds its
+/// fence while it waits (and the loops of a process share one reader, so they wait in
+/// turn): a gate rebuild waits for every fence, up to this times the writer loops
+/// (measured: 2 s with 500 ms and 4 loops). An idle reader costs Redis ten calls a second.
+const BLOCK_MS: u64 = 100;
+/// A blocking read's answer: its BLOCK, plus a Redis busy with a storm.
+const READ_RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
 /// In a cluster, how long a writer pauses after a read that found nothing.
 const CLUSTER_POLL_MS: u64 = 50;
 
@@ -48,7 +54,7 @@ impl StreamLog {
         conn: RedisConn,
         prefix: &str,
     ) -> Result<Self, LogError> {
-        let reader = client.blocking(Duration::from_millis(BLOCK_MS)).await?;
+        let reader = client.blocking(READ_RESPONSE_TIMEOUT).await?;
         Ok(StreamLog {
             reader: tokio::sync::Mutex::new(reader),
             client: client.clone(),
@@ -326,9 +332,7 @@ impl OrderLog for StreamLog {
                     || e.is_connection_refusal()
                     || e.is_timeout()
                 {
-                    if let Ok(Some(fresh)) =
-                        self.client.blocking(Duration::from_millis(BLOCK_MS)).await
-                    {
+                    if let Ok(Some(fresh)) = self.client.blocking(READ_RESPONSE_TIMEOUT).await {
                         *reader = Some(fresh);
                     }
                 }
