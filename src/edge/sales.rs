@@ -784,16 +784,24 @@ pub async fn repair(
             "sale {id} is a draft: it has no gate to repair"
         )));
     }
-    let done = crate::reconcile::repair(
-        &st.store,
-        st.gate.as_ref(),
-        &st.in_flight(),
-        &st.sales,
-        &sale,
-        "admin api",
-        &reason,
-    )
-    .await?;
+    // A task of its own: cut short by the request's time limit (a rebuild may wait for
+    // writers and for another process's load), a repair would leave its segments to the
+    // schedulers and no journal row saying who repaired what.
+    let repair = tokio::spawn(async move {
+        crate::reconcile::repair(
+            &st.store,
+            st.gate.as_ref(),
+            &st.in_flight(),
+            &st.sales,
+            &sale,
+            "admin api",
+            &reason,
+        )
+        .await
+    });
+    let done = repair
+        .await
+        .map_err(|e| ApiError::Unavailable(format!("the repair failed: {e}")))??;
     Ok(no_store(done))
 }
 
