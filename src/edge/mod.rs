@@ -143,6 +143,23 @@ impl Metrics {
     }
 }
 
+/// For the optional fields of request bodies (`#[serde(default, deserialize_with =
+/// "crate::edge::not_null")]`): a field left out takes its default (or, in a change, stays
+/// as it is), and `null` is refused, as the published schema says. Read leniently, a
+/// change's `null` could mean "clear it" to one client and "leave it" to another.
+pub fn not_null<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::Deserialize<'de>,
+{
+    match <Option<T> as serde::Deserialize>::deserialize(d)? {
+        Some(v) => Ok(Some(v)),
+        None => Err(serde::de::Error::custom(
+            "null is not a value here: leave the field out instead",
+        )),
+    }
+}
+
 /// Parses a JSON object body into `T`, answering `invalid_request` with serde's reason.
 pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     if !crate::is_json_object(body) {

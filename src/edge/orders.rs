@@ -29,8 +29,10 @@ const WINDOW_SLACK_MS: i64 = 1000;
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct PurchaseBody {
+    #[serde(default, deserialize_with = "crate::edge::not_null")]
     quantity: Option<i64>,
     /// The anti-bot purchase token, when the sale asks for one.
+    #[serde(default, deserialize_with = "crate::edge::not_null")]
     token: Option<String>,
 }
 

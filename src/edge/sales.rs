@@ -166,11 +166,15 @@ struct NewSale {
     title: String,
     price_cents: i64,
     stock: i64,
+    #[serde(default, deserialize_with = "crate::edge::not_null")]
     per_user_limit: Option<i64>,
     begins_at: String,
     ends_at: String,
+    #[serde(default, deserialize_with = "crate::edge::not_null")]
     payment_window_secs: Option<i64>,
+    #[serde(default, deserialize_with = "crate::edge::not_null")]
     anti_bot: Option<crate::model::AntiBot>,
+    #[serde(default, deserialize_with = "crate::edge::not_null")]
     segments: Option<SegmentsAsked>,
 }
 
@@ -348,14 +352,23 @@ pub async fn approve_sale(
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct SaleChanges {
+    #[serde(default, deserialize_with = "crate::edge::not_null")]
     title: Option<String>,
+    #[serde(default, deserialize_with = "crate::edge::not_null")]
     price_cents: Option<i64>,
+    #[serde(default, deserialize_with = "crate::edge::not_null")]
     stock: Option<i64>,
+    #[serde(default, deserialize_with = "crate::edge::not_null")]
     per_user_limit: Option<i64>,
+    #[serde(default, deserialize_with = "crate::edge::not_null")]
     begins_at: Option<String>,
+    #[serde(default, deserialize_with = "crate::edge::not_null")]
     ends_at: Option<String>,
+    #[serde(default, deserialize_with = "crate::edge::not_null")]
     payment_window_secs: Option<i64>,
+    #[serde(default, deserialize_with = "crate::edge::not_null")]
     anti_bot: Option<crate::model::AntiBot>,
+    #[serde(default, deserialize_with = "crate::edge::not_null")]
     segments: Option<SegmentsAsked>,
 }
 
@@ -751,6 +764,7 @@ pub async fn reconcile(
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct RepairRequest {
+    #[serde(default, deserialize_with = "crate::edge::not_null")]
     reason: Option<String>,
 }
 
