@@ -690,10 +690,37 @@ pub async fn sale_audit(
     }))
 }
 
+/// `?after=&limit=` of the paged admin lists: after the last id of the previous page.
 #[derive(Deserialize)]
-pub struct IdsPage {
+#[serde(deny_unknown_fields)]
+pub struct Page {
     after: Option<i64>,
     limit: Option<i64>,
+}
+
+impl Page {
+    /// `(after, limit)`, the limit `default` when left out and at most `max`.
+    fn bounds(&self, default: i64, max: i64) -> Result<(i64, i64), ApiError> {
+        let limit = self.limit.unwrap_or(default);
+        if !(1..=max).contains(&limit) {
+            return Err(ApiError::invalid(format!(
+                "limit must be between 1 and {max}"
+            )));
+        }
+        match self.after.unwrap_or(0) {
+            after if after < 0 => Err(ApiError::invalid("after must be an id of the list, or 0")),
+            after => Ok((after, limit)),
+        }
+    }
+}
+
+/// The `next` of a page that came back full: its last id.
+fn next_after(
+    ids: impl DoubleEndedIterator<Item = i64> + ExactSizeIterator,
+    limit: i64,
+) -> Option<String> {
+    let full = ids.len() as i64 == limit;
+    ids.last().filter(|_| full).map(|id| id.to_string())
 }
 
 #[derive(Serialize)]
@@ -708,26 +735,15 @@ pub async fn sale_order_ids(
     _: Admin,
     State(st): State<Arc<AppState>>,
     Path(id): Path<String>,
-    page: Result<axum::extract::Query<IdsPage>, axum::extract::rejection::QueryRejection>,
+    page: Result<axum::extract::Query<Page>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<OrderIds>, ApiError> {
     let id = parse_id(&id, "sale id")?;
     let page = page.map_err(|e| ApiError::invalid(format!("bad query: {e}")))?;
-    let limit = page.limit.unwrap_or(10_000);
-    if !(1..=100_000).contains(&limit) {
-        return Err(ApiError::invalid("limit must be between 1 and 100000"));
-    }
-    if page.after.is_some_and(|a| a < 0) {
-        return Err(ApiError::invalid("after must be an order id, or 0"));
-    }
+    let (after, limit) = page.bounds(10_000, 100_000)?;
     // An unknown (or deleted) sale is 404, not an empty list.
     existing_sale(&st, id).await?;
-    let ids = st
-        .store
-        .live_order_ids(id, page.after.unwrap_or(0), limit)
-        .await?;
-    let next = (ids.len() as i64 == limit)
-        .then(|| ids.last().map(|l| l.to_string()))
-        .flatten();
+    let ids = st.store.live_order_ids(id, after, limit).await?;
+    let next = next_after(ids.iter().copied(), limit);
     Ok(Json(OrderIds {
         order_ids: ids.iter().map(|i| i.to_string()).collect(),
         next,
@@ -819,13 +835,6 @@ pub async fn repair(
     Ok(no_store(done))
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct JournalPage {
-    after: Option<i64>,
-    limit: Option<i64>,
-}
-
 #[derive(Serialize)]
 struct JournalRow {
     id: String,
@@ -854,26 +863,15 @@ pub async fn journal(
     _: Admin,
     State(st): State<Arc<AppState>>,
     Path(id): Path<String>,
-    query: Result<axum::extract::Query<JournalPage>, axum::extract::rejection::QueryRejection>,
+    query: Result<axum::extract::Query<Page>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
     let axum::extract::Query(page) = query.map_err(|e| ApiError::invalid(e.body_text()))?;
     let id = parse_id(&id, "sale id")?;
-    let limit = page.limit.unwrap_or(1000);
-    if !(1..=10_000).contains(&limit) {
-        return Err(ApiError::invalid("limit must be between 1 and 10000"));
-    }
-    let after = page.after.unwrap_or(0);
-    if after < 0 {
-        return Err(ApiError::invalid(
-            "after must be a journal row id (0 or more)",
-        ));
-    }
+    let (after, limit) = page.bounds(1000, 10_000)?;
     let (sum, stock) = st.store.journal_balance(id).await?;
     let stock = stock.ok_or_else(|| ApiError::NotFound(format!("sale {id} does not exist")))?;
     let entries = st.store.journal(id, after, limit).await?;
-    let next = (entries.len() as i64 == limit)
-        .then(|| entries.last().map(|e| e.id.to_string()))
-        .flatten();
+    let next = next_after(entries.iter().map(|e| e.id), limit);
     Ok(no_store(Journal {
         sale_id: id.to_string(),
         sum,
