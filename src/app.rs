@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::config::{Config, GateKind};
+use crate::config::{Config, GateKind, PaymentProviderKind};
 use crate::edge::auth::TokenSigner;
 use crate::edge::{AppState, Metrics};
 use crate::gate::breaker::Breaker;
@@ -18,7 +18,7 @@ use crate::gate::soldout::{follow_stock_returns, SoldOutShortcut};
 use crate::gate::sql::SqlGate;
 use crate::gate::Gate;
 use crate::ids::{self, IdGenerator};
-use crate::lifecycle::payment::SimulatedProvider;
+use crate::lifecycle::payment::{PaymentProvider, RedirectProvider, SimulatedProvider};
 use crate::orderlog::redis_stream::StreamLog;
 use crate::orderlog::{local, OrderLog};
 use crate::redis_client::{RedisClient, RedisConn};
@@ -286,7 +286,9 @@ pub struct App {
 }
 
 pub async fn connect_store(config: &Config) -> Result<Store, AppError> {
-    let store = Store::connect(&config.database_url, config.db_max_connections).await?;
+    let store = Store::connect(&config.database_url, config.db_max_connections)
+        .await?
+        .with_phone_region(config.phone_region());
     let applied = store.migrate().await?;
     if !applied.is_empty() {
         tracing::info!(?applied, "schema migrations applied");
@@ -306,19 +308,49 @@ pub async fn token_signer(config: &Config, store: &Store) -> Result<TokenSigner,
     Ok(TokenSigner::new(&secret))
 }
 
-/// The payment provider's callback secret: configured, or generated once and shared.
-pub async fn payment_provider(
-    config: &Config,
-    store: &Store,
-) -> Result<SimulatedProvider, AppError> {
-    let secret = match &config.payment_secret {
-        Some(s) => s.clone(),
-        None => {
-            let candidate = crate::edge::auth::hex(&rand::random::<[u8; 32]>());
-            store.meta_get_or_init("payment_secret", &candidate).await?
+/// The configured payment provider, if any, and the simulated one when it is that one.
+pub struct Payments {
+    pub provider: Option<Arc<dyn PaymentProvider>>,
+    pub simulator: Option<SimulatedProvider>,
+}
+
+/// The payment provider `config` names. The simulated one signs with the configured secret,
+/// or one generated once and shared through the database; a real one only with the secret
+/// configured (and shared with the provider).
+pub async fn payment_provider(config: &Config, store: &Store) -> Result<Payments, AppError> {
+    match config.payment_provider {
+        None => Ok(Payments {
+            provider: None,
+            simulator: None,
+        }),
+        Some(PaymentProviderKind::Simulated) => {
+            let secret = match &config.payment_secret {
+                Some(s) => s.clone(),
+                None => {
+                    let candidate = crate::text::hex(&rand::random::<[u8; 32]>());
+                    store.meta_get_or_init("payment_secret", &candidate).await?
+                }
+            };
+            let simulator = SimulatedProvider::new(&secret);
+            Ok(Payments {
+                provider: Some(Arc::new(simulator.clone())),
+                simulator: Some(simulator),
+            })
         }
-    };
-    Ok(SimulatedProvider::new(&secret))
+        Some(PaymentProviderKind::Redirect) => {
+            // Config::validate refuses a redirect provider without its URL and secret.
+            let (Some(url), Some(secret)) = (&config.payment_redirect_url, &config.payment_secret)
+            else {
+                return Err(AppError::Other(
+                    "the redirect payment provider needs its URL and secret".into(),
+                ));
+            };
+            Ok(Payments {
+                provider: Some(Arc::new(RedirectProvider::new(url, secret))),
+                simulator: None,
+            })
+        }
+    }
 }
 
 /// A client for `url` (a server, or a cluster's seed nodes) and its shared connection.
@@ -399,8 +431,9 @@ pub async fn assemble(config: Config, role: Role) -> Result<App, AppError> {
         breaker,
         ids,
         tokens,
-        payments: Arc::new(payments.clone()),
-        simulator: payments,
+        payments: payments.provider,
+        simulator: payments.simulator,
+        secret_guard: Default::default(),
         sales: Arc::new(SaleCache::default()),
         redis,
         local_log,

@@ -92,9 +92,38 @@ pub struct ConfigArgs {
         hide_env_values = true
     )]
     pub payment_secret: Option<String>,
+    /// Who takes payments: simulated (the built-in provider's pay page and callbacks,
+    /// for trials: anyone can mark their own order paid) or redirect (a real provider's
+    /// hosted pay page, --payment-redirect-url, confirming through signed callbacks)
+    /// [default: redirect when --payment-redirect-url is set, else simulated in dev mode,
+    /// else none: /pay answers 503 payment_unavailable].
+    #[arg(long, env = "SECKILL_PAYMENT_PROVIDER", global = true)]
+    pub payment_provider: Option<PaymentProviderKind>,
+    /// The real provider's pay page for an intent, with {intent_id}, {order_id},
+    /// {amount_cents} and {expires_at} filled in, e.g.
+    /// https://pay.example/checkout?ref={intent_id}&amount={amount_cents}. Its callbacks
+    /// are signed with --payment-secret, which must then be set.
+    #[arg(long, env = "SECKILL_PAYMENT_REDIRECT_URL", global = true)]
+    pub payment_redirect_url: Option<String>,
     /// Command run to deliver a login code (env SECKILL_PHONE, SECKILL_CODE) outside dev mode.
     #[arg(long, env = "SECKILL_SMS_HOOK", global = true)]
     pub sms_hook: Option<String>,
+    /// Region of phone numbers written without a country code (ISO 3166 code such as CN,
+    /// US, DE): numbers are normalised to E.164 before they name a user [default: CN].
+    #[arg(long, env = "SECKILL_PHONE_REGION", global = true)]
+    pub phone_region: Option<String>,
+    /// Bearer token that may read /metrics (the admin token may too) [default: unset].
+    #[arg(
+        long,
+        env = "SECKILL_METRICS_TOKEN",
+        global = true,
+        hide_env_values = true
+    )]
+    pub metrics_token: Option<String>,
+    /// Serve /metrics to anyone, without a token (dev mode does too) [default: false].
+    #[arg(long, env = "SECKILL_METRICS_PUBLIC", global = true, num_args = 0..=1, default_missing_value = "true",
+          value_parser = clap::builder::BoolishValueParser::new())]
+    pub metrics_public: Option<bool>,
     /// Do not run the order writer inside `serve` (run `seckill worker` instead).
     #[arg(long, env = "SECKILL_NO_WRITER", global = true, num_args = 0..=1, default_missing_value = "true",
           value_parser = clap::builder::BoolishValueParser::new())]
@@ -208,6 +237,27 @@ impl GateKind {
     }
 }
 
+/// Who confirms payments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PaymentProviderKind {
+    /// The built-in provider: a pay page on this server whose buttons have the server sign
+    /// its own callback. For trials only: a buyer can mark their own order paid.
+    Simulated,
+    /// A real provider's hosted pay page (`--payment-redirect-url`); only its signed
+    /// callbacks mark an order paid.
+    Redirect,
+}
+
+impl PaymentProviderKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            PaymentProviderKind::Simulated => "simulated",
+            PaymentProviderKind::Redirect => "redirect",
+        }
+    }
+}
+
 /// What an accepted purchase waits for in Redis before its buyer hears `ok`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -247,7 +297,13 @@ pub struct Config {
     pub token_secret: Option<String>,
     pub payment_secret: Option<String>,
     pub dev: bool,
+    /// `None`: no provider; paying answers 503 `payment_unavailable`.
+    pub payment_provider: Option<PaymentProviderKind>,
+    pub payment_redirect_url: Option<String>,
     pub sms_hook: Option<String>,
+    pub phone_region: String,
+    pub metrics_token: Option<String>,
+    pub metrics_public: bool,
     pub run_writer: bool,
     pub writer_batch: usize,
     pub writer_concurrency: usize,
@@ -274,6 +330,11 @@ impl Config {
         self.redis_url.is_none()
     }
 
+    /// The region of phone numbers written without a country code (validated at load).
+    pub fn phone_region(&self) -> phonenumber::country::Id {
+        crate::text::phone_region(&self.phone_region).unwrap_or(phonenumber::country::Id::CN)
+    }
+
     pub fn load(args: &ConfigArgs) -> Result<Config, ConfigError> {
         let file = match &args.config {
             Some(path) => read_file(path)?,
@@ -293,6 +354,13 @@ impl Config {
             .or(f.database_url)
             .unwrap_or_else(|| "sqlite://seckill.db".to_string());
         let sqlite = database_url.starts_with("sqlite:");
+        // Dev mode hands out login codes: only the laptop start (no Redis, a SQLite
+        // file) has it by default. A server database means real users may be near.
+        let dev = a.dev.or(f.dev).unwrap_or(embedded && sqlite);
+        let payment_redirect_url = a
+            .payment_redirect_url
+            .or(f.payment_redirect_url)
+            .filter(|s| !s.is_empty());
         let config = Config {
             listen: a
                 .listen
@@ -322,10 +390,30 @@ impl Config {
                 .payment_secret
                 .or(f.payment_secret)
                 .filter(|s| !s.is_empty()),
-            // Dev mode hands out login codes: only the laptop start (no Redis, a SQLite
-            // file) has it by default. A server database means real users may be near.
-            dev: a.dev.or(f.dev).unwrap_or(embedded && sqlite),
+            dev,
+            // The simulated provider lets a buyer mark their own order paid: never by
+            // default outside dev mode.
+            payment_provider: a.payment_provider.or(f.payment_provider).or(
+                if payment_redirect_url.is_some() {
+                    Some(PaymentProviderKind::Redirect)
+                } else if dev {
+                    Some(PaymentProviderKind::Simulated)
+                } else {
+                    None
+                },
+            ),
+            payment_redirect_url,
             sms_hook: a.sms_hook.or(f.sms_hook),
+            phone_region: a
+                .phone_region
+                .or(f.phone_region)
+                .unwrap_or_else(|| "CN".to_string())
+                .to_ascii_uppercase(),
+            metrics_token: a
+                .metrics_token
+                .or(f.metrics_token)
+                .filter(|s| !s.is_empty()),
+            metrics_public: a.metrics_public.or(f.metrics_public).unwrap_or(false),
             run_writer: !a.no_writer.or(f.no_writer).unwrap_or(false),
             // SQLite pays per page a commit touches, so fewer, larger commits drain the
             // embedded log faster (1,000 -> 5,000 cut a 200,000-order backlog's drain from
@@ -539,6 +627,59 @@ impl Config {
                 ),
             });
         }
+        // Seconds are turned into milliseconds and added to clocks: bounded, so that no
+        // setting can overflow that arithmetic.
+        const TEN_YEARS_SECS: u64 = 10 * 365 * 86_400;
+        for (name, secs) in [
+            ("token_ttl_secs", self.token_ttl_secs),
+            ("preload_ahead_secs", self.preload_ahead_secs),
+            ("writer_lag_not_ready_secs", self.writer_lag_not_ready_secs),
+            ("audit_every_secs", self.audit_every_secs),
+            (
+                "header_read_timeout_secs",
+                self.header_read_timeout.as_secs(),
+            ),
+            ("idle_timeout_secs", self.idle_timeout.as_secs()),
+        ] {
+            if secs > TEN_YEARS_SECS {
+                return Err(ConfigError::Invalid {
+                    name,
+                    message: format!("must be at most {TEN_YEARS_SECS} (ten years)"),
+                });
+            }
+        }
+        if self.payment_provider == Some(PaymentProviderKind::Redirect) {
+            let Some(url) = &self.payment_redirect_url else {
+                return Err(ConfigError::Invalid {
+                    name: "payment_provider",
+                    message: "redirect needs --payment-redirect-url, the provider's pay page"
+                        .into(),
+                });
+            };
+            if !(url.starts_with("https://") || url.starts_with("http://")) {
+                return Err(ConfigError::Invalid {
+                    name: "payment_redirect_url",
+                    message: "must be an http:// or https:// URL".into(),
+                });
+            }
+            if self.payment_secret.is_none() {
+                return Err(ConfigError::Invalid {
+                    name: "payment_secret",
+                    message: "a real payment provider signs its callbacks with a secret you \
+                              share with it: set --payment-secret (SECKILL_PAYMENT_SECRET)"
+                        .into(),
+                });
+            }
+        }
+        if crate::text::phone_region(&self.phone_region).is_none() {
+            return Err(ConfigError::Invalid {
+                name: "phone_region",
+                message: format!(
+                    "{:?} is not a region (an ISO 3166 code such as CN, US or DE)",
+                    self.phone_region
+                ),
+            });
+        }
         if self.redis_prefix.is_empty() || self.redis_prefix.contains(['{', '}']) {
             return Err(ConfigError::Invalid {
                 name: "redis_prefix",
@@ -585,6 +726,18 @@ impl Config {
             format!("token_secret       = {}", mask(&self.token_secret)),
             format!("payment_secret     = {}", mask(&self.payment_secret)),
             format!("dev                = {}", self.dev),
+            format!(
+                "payment_provider   = {}",
+                self.payment_provider
+                    .map_or("(none)", PaymentProviderKind::name)
+            ),
+            format!(
+                "payment_redirect_url = {}",
+                self.payment_redirect_url.as_deref().unwrap_or("(unset)")
+            ),
+            format!("phone_region       = {}", self.phone_region),
+            format!("metrics_token      = {}", mask(&self.metrics_token)),
+            format!("metrics_public     = {}", self.metrics_public),
             // The hook's command line may carry an API key of the SMS provider.
             format!("sms_hook           = {}", mask(&self.sms_hook)),
             format!("run_writer         = {}", self.run_writer),
@@ -757,6 +910,54 @@ mod tests {
             "an @ inside the password"
         );
         assert_eq!(mask_url("sqlite://seckill.db"), "sqlite://seckill.db");
+    }
+
+    #[test]
+    fn the_simulated_payment_provider_is_never_the_default_outside_dev_mode() {
+        let with = |a: ConfigArgs| Config::merge(a, ConfigArgs::default());
+        let pg = || ConfigArgs {
+            database_url: Some("postgres://u@h/db".into()),
+            ..Default::default()
+        };
+        assert_eq!(with(pg()).unwrap().payment_provider, None);
+        assert_eq!(
+            with(ConfigArgs::default()).unwrap().payment_provider,
+            Some(PaymentProviderKind::Simulated),
+            "dev mode"
+        );
+        let named = ConfigArgs {
+            payment_provider: Some(PaymentProviderKind::Simulated),
+            ..pg()
+        };
+        assert_eq!(
+            with(named).unwrap().payment_provider,
+            Some(PaymentProviderKind::Simulated)
+        );
+        let url = Some("https://pay.example/?ref={intent_id}".to_string());
+        let no_secret = ConfigArgs {
+            payment_redirect_url: url.clone(),
+            ..pg()
+        };
+        assert!(with(no_secret).is_err(), "a real provider needs its secret");
+        let real = ConfigArgs {
+            payment_redirect_url: url,
+            payment_secret: Some("s".into()),
+            ..pg()
+        };
+        assert_eq!(
+            with(real).unwrap().payment_provider,
+            Some(PaymentProviderKind::Redirect)
+        );
+        let bad_region = ConfigArgs {
+            phone_region: Some("ZZ".into()),
+            ..Default::default()
+        };
+        assert!(with(bad_region).is_err());
+        let forever = ConfigArgs {
+            token_ttl_secs: Some(u64::MAX),
+            ..Default::default()
+        };
+        assert!(with(forever).is_err());
     }
 
     #[test]

@@ -39,6 +39,7 @@ pub mod scheduler;
 pub mod segments;
 pub mod sentinel;
 pub mod store;
+pub mod text;
 pub mod writer;
 
 /// Milliseconds since the Unix epoch, the one clock unit used in storage and the gate.

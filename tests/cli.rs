@@ -224,6 +224,57 @@ async fn a_server_database_has_dev_mode_off_and_dev_mode_warns() {
     assert!(text.contains("seckill users mint"), "{text}");
 }
 
+/// Outside dev mode the start-up log names each open door once: the simulated payment
+/// provider chosen by name, a short admin token, no payment provider at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_doors_are_named_at_start_up_outside_dev_mode() {
+    let start = |extra: &[(&str, &str)]| {
+        let dir = std::env::temp_dir().join(common::unique("warn"));
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_seckill"));
+        cmd.arg("serve")
+            .env(
+                "SECKILL_DATABASE_URL",
+                format!("sqlite://{}/s.db?mode=rwc", dir.display()),
+            )
+            .env("SECKILL_DEV", "0")
+            .env(
+                "SECKILL_LISTEN",
+                format!("127.0.0.1:{}", common::free_port()),
+            )
+            .env_remove("SECKILL_REDIS_URL")
+            .env_remove("SECKILL_CONFIG")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null());
+        std::fs::create_dir_all(&dir).unwrap();
+        for (k, v) in extra {
+            cmd.env(k, v);
+        }
+        log_until_serving(cmd)
+    };
+    let text = start(&[
+        ("SECKILL_PAYMENT_PROVIDER", "simulated"),
+        ("SECKILL_ADMIN_TOKEN", "short"),
+    ]);
+    assert_eq!(
+        text.matches("THE SIMULATED PAYMENT PROVIDER IS ON").count(),
+        1,
+        "{text}"
+    );
+    assert_eq!(
+        text.matches("shorter than 32 characters").count(),
+        1,
+        "{text}"
+    );
+    let text = start(&[("SECKILL_ADMIN_TOKEN", &"x".repeat(40))]);
+    assert_eq!(
+        text.matches("no payment provider is configured").count(),
+        1,
+        "{text}"
+    );
+    assert!(!text.contains("shorter than 32"), "{text}");
+    assert!(!text.contains("SIMULATED"), "{text}");
+}
+
 /// Starts the command (stdout piped) and returns its log up to "seckill is serving".
 fn log_until_serving(mut cmd: std::process::Command) -> String {
     let mut child = cmd.spawn().unwrap();

@@ -59,7 +59,13 @@ impl Drop for Nginx {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nginx_fronts_a_server_with_the_example_configuration() {
-    let server = common::Server::embedded(&[]).await;
+    // As in production: dev mode off, /metrics read with its token only.
+    let metrics_token = "m".repeat(40);
+    let server = common::Server::embedded(&[
+        ("SECKILL_DEV", "0"),
+        ("SECKILL_METRICS_TOKEN", &metrics_token),
+    ])
+    .await;
     let c = common::client();
     common::open_sale(&c, &server, 10, 1).await;
     let upstream = server.base.trim_start_matches("http://").to_string();
@@ -120,7 +126,14 @@ async fn nginx_fronts_a_server_with_the_example_configuration() {
     let r = c.get(format!("{front}/readyz")).send().await.unwrap();
     assert_eq!(r.status(), 200);
     let r = c.get(format!("{front}/metrics")).send().await.unwrap();
-    assert_eq!(r.status(), 200, "metrics from this host");
+    assert_eq!(r.status(), 401, "metrics without the token");
+    let r = c
+        .get(format!("{front}/metrics"))
+        .bearer_auth(&metrics_token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "metrics from this host, with the token");
     // A purchase goes through to the instance (and is answered by it, not by nginx).
     let r = c
         .post(format!("{front}/api/sales/1/purchase"))

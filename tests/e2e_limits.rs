@@ -96,6 +96,7 @@ async fn the_address_limit_believes_only_trusted_proxies() {
     );
     let metrics = c
         .get(format!("{}/metrics", server.base))
+        .bearer_auth(&server.admin)
         .header("X-Forwarded-For", "203.0.113.3")
         .send()
         .await

@@ -167,6 +167,11 @@ async fn drift_injected_in_redis_is_reported_and_repaired_with_a_trail() {
         ("SECKILL_REDIS_PREFIX".to_string(), prefix.clone()),
         ("SECKILL_TOKEN_SECRET".to_string(), secret.clone()),
         ("SECKILL_AUDIT_EVERY_SECS".to_string(), "1".to_string()),
+        // Buyers pay through the simulated provider's signed callbacks (dev mode is off).
+        (
+            "SECKILL_PAYMENT_PROVIDER".to_string(),
+            "simulated".to_string(),
+        ),
     ];
     let (instances, workers) = common::storm::instances_and_workers(env.clone()).await;
     let store = Store::connect(&db, 4).await.unwrap();

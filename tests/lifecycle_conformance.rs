@@ -157,6 +157,67 @@ async fn cancel_twice_at_once_returns_stock_once() {
     }
 }
 
+/// Twenty buyers' clients asking to pay one order at once open one intent between them: the
+/// database holds at most one open intent per order, so the buyer can be charged once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_requests_to_pay_one_order_open_one_intent() {
+    for kind in ALL_SQL {
+        let (store, _) = common::fresh_store(kind).await;
+        let sale = common::sale(common::next_id(), 5, 1);
+        store.create_sale(&sale).await.unwrap();
+        let order = written_orders(&store, sale.id, 1).await.remove(0);
+        let tasks: Vec<_> = (0..20)
+            .map(|_| {
+                let store = store.clone();
+                let p = Payment {
+                    intent_id: common::next_id(),
+                    order_id: order.id,
+                    user_id: order.user_id,
+                    amount_cents: 999,
+                    status: "created".into(),
+                    created_at: seckill::now_ms(),
+                };
+                tokio::spawn(async move { store.open_payment(&p).await.unwrap().intent_id })
+            })
+            .collect();
+        let mut answered = std::collections::HashSet::new();
+        for t in tasks {
+            answered.insert(t.await.unwrap());
+        }
+        assert_eq!(
+            answered.len(),
+            1,
+            "{kind:?}: every call answers the same intent"
+        );
+        let open: i64 = sqlx::query_scalar(&format!(
+            "SELECT COUNT(*) FROM payments WHERE order_id = {} AND status = 'created'",
+            order.id
+        ))
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+        assert_eq!(open, 1, "{kind:?}");
+        // Once it failed, the buyer may open another (one again).
+        let first = *answered.iter().next().unwrap();
+        assert!(store
+            .fail_payment(first, "declined", seckill::now_ms())
+            .await
+            .unwrap());
+        let again = Payment {
+            intent_id: common::next_id(),
+            order_id: order.id,
+            user_id: order.user_id,
+            amount_cents: 999,
+            status: "created".into(),
+            created_at: seckill::now_ms(),
+        };
+        assert_eq!(
+            store.open_payment(&again).await.unwrap().intent_id,
+            again.intent_id
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_notification_delivered_many_times_pays_once_and_a_late_one_is_refunded() {
     for kind in ALL_SQL {
@@ -174,7 +235,7 @@ async fn a_notification_delivered_many_times_pays_once_and_a_late_one_is_refunde
                 status: "created".into(),
                 created_at: seckill::now_ms(),
             };
-            store.create_payment(&p).await.unwrap();
+            assert_eq!(store.open_payment(&p).await.unwrap().intent_id, p.intent_id);
             intents.push(p.intent_id);
         }
         let tasks: Vec<_> = (0..6)

@@ -274,7 +274,7 @@ async fn migrations_are_idempotent_and_safe_to_race() {
         applied.sort();
         assert_eq!(
             applied,
-            vec![1, 2, 3, 4, 5, 6],
+            vec![1, 2, 3, 4, 5, 6, 7, 8],
             "{kind:?}: each version applied by exactly one process"
         );
         let store = Store::connect(&url, 2).await.unwrap();
@@ -303,6 +303,83 @@ async fn a_new_sqlite_file_opened_by_many_at_once() {
                 panic!("round {round}: {e}");
             }
         }
+    }
+}
+
+/// A database from before phones were normalised: the migration rewrites each stored
+/// number to E.164, keeps apart (and lists) a user whose number names another one once
+/// normalised or is not valid, and never merges two users.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_phone_migration_normalises_and_reports_never_merges() {
+    for kind in ALL_SQL {
+        let (store, _) = common::fresh_store(kind).await;
+        let ids: Vec<i64> = (0..6).map(|_| common::next_id()).collect();
+        let stored = [
+            "+8613800000001",  // already E.164
+            "8613800000002",   // -> +8613800000002
+            "008613800000002", // the same person: kept apart, reported
+            "13800000003",     // a national number in the default region (CN)
+            "12345",           // not a valid number: kept, reported
+            "+86 138 0000 0004",
+        ];
+        for (id, phone) in ids.iter().zip(stored) {
+            sqlx::query(&format!(
+                "INSERT INTO users (id, phone, created_at) VALUES ({id}, '{phone}', 0)"
+            ))
+            .execute(store.pool())
+            .await
+            .unwrap();
+        }
+        // As if the database predated the migration.
+        sqlx::query("DELETE FROM schema_migrations WHERE version = 8")
+            .execute(store.pool())
+            .await
+            .unwrap();
+        assert_eq!(store.migrate().await.unwrap(), vec![8], "{kind:?}");
+        let phone_of = |id: i64| {
+            let store = store.clone();
+            async move {
+                sqlx::query_scalar::<_, String>(&format!("SELECT phone FROM users WHERE id = {id}"))
+                    .fetch_one(store.pool())
+                    .await
+                    .unwrap()
+            }
+        };
+        assert_eq!(phone_of(ids[0]).await, "+8613800000001", "{kind:?}");
+        assert_eq!(phone_of(ids[1]).await, "+8613800000002", "{kind:?}");
+        assert_eq!(
+            phone_of(ids[2]).await,
+            "008613800000002",
+            "{kind:?}: not merged"
+        );
+        assert_eq!(phone_of(ids[3]).await, "+8613800000003", "{kind:?}");
+        assert_eq!(phone_of(ids[4]).await, "12345", "{kind:?}");
+        assert_eq!(phone_of(ids[5]).await, "+8613800000004", "{kind:?}");
+        let users: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM users")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+        assert_eq!(users, 6, "{kind:?}: nobody deleted or merged");
+        let conflicts = sqlx::query(
+            "SELECT user_id, normalised, other_user_id FROM phone_conflicts ORDER BY user_id",
+        )
+        .fetch_all(store.pool())
+        .await
+        .unwrap();
+        use sqlx::Row;
+        let listed: Vec<(i64, String, Option<i64>)> = conflicts
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect();
+        assert_eq!(
+            listed,
+            vec![
+                (ids[2], "+8613800000002".to_string(), Some(ids[1])),
+                (ids[4], String::new(), None),
+            ],
+            "{kind:?}"
+        );
+        assert!(store.migrate().await.unwrap().is_empty(), "{kind:?}: once");
     }
 }
 
@@ -371,7 +448,7 @@ async fn users_codes_and_meta() {
 async fn sqlite_is_created_on_first_use() {
     let url = common::fresh_database(Sql::Sqlite).await;
     let store = Store::connect(&url, 2).await.unwrap();
-    assert_eq!(store.migrate().await.unwrap(), vec![1, 2, 3, 4, 5, 6]);
+    assert_eq!(store.migrate().await.unwrap(), vec![1, 2, 3, 4, 5, 6, 7, 8]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -356,7 +356,8 @@ async fn remote(url: &str, config: &Config) -> Result<Target, BenchError> {
 async fn target_gate(target: &Target) -> String {
     let answer = match Connection::open(target.addr).await {
         Ok(mut c) => c
-            .send(Method::GET, "/metrics", None, Bytes::new())
+            // The admin token may read /metrics, which is closed without one outside dev mode.
+            .send(Method::GET, "/metrics", Some(&target.admin), Bytes::new())
             .await
             .ok(),
         Err(_) => None,
@@ -635,7 +636,9 @@ async fn login_through_api(addr: SocketAddr, n: usize) -> Result<Vec<String>, Be
     struct Token {
         token: String,
     }
-    let base = 10_000_000_000u64 + rand::random::<u32>() as u64 * 100_000;
+    // Valid Chinese mobile numbers (+8613x and eight digits), as the server refuses numbers
+    // that are not valid: a billion of them, from a random start.
+    let base = rand::random::<u64>() % 1_000_000_000;
     let next = Arc::new(AtomicUsize::new(0));
     let tokens = Arc::new(std::sync::Mutex::new(vec![String::new(); n]));
     let workers: Vec<_> = (0..64)
@@ -648,7 +651,7 @@ async fn login_through_api(addr: SocketAddr, n: usize) -> Result<Vec<String>, Be
                     if i >= n {
                         return Ok::<(), BenchError>(());
                     }
-                    let phone = format!("+{}", base + i as u64);
+                    let phone = format!("+86{}", 13_000_000_000 + (base + i as u64) % 1_000_000_000);
                     let body = Bytes::from(serde_json::json!({ "phone": phone }).to_string());
                     let answer = call_retrying(&mut c, "/api/auth/code", body).await?;
                     let code: Code = serde_json::from_slice(&answer).map_err(|e| setup(e.to_string()))?;

@@ -182,6 +182,7 @@ async fn serve(config: Config) -> Result<(), AppError> {
              (--dev returns codes in the answer, for trials only)."
         );
     }
+    warn_about_security(&config);
     let listen = config.listen;
     let run_writer = config.run_writer;
     let dev = config.dev;
@@ -201,6 +202,42 @@ async fn serve(config: Config) -> Result<(), AppError> {
         let _ = t.await;
     }
     Ok(())
+}
+
+/// Start-up warnings about settings that leave a door open outside dev mode.
+fn warn_about_security(config: &Config) {
+    use crate::config::PaymentProviderKind;
+    match config.payment_provider {
+        Some(PaymentProviderKind::Simulated) if !config.dev => tracing::warn!(
+            "THE SIMULATED PAYMENT PROVIDER IS ON: its pay page lets every buyer mark their \
+             own order paid without paying. For trials only: configure a real provider \
+             (--payment-redirect-url and --payment-secret) before selling to real users."
+        ),
+        None => tracing::warn!(
+            "no payment provider is configured: buyers' /pay answers 503 \
+             payment_unavailable. Set --payment-redirect-url and --payment-secret (see the \
+             README's payment section)."
+        ),
+        _ => {}
+    }
+    if config.dev {
+        return;
+    }
+    if let Some(token) = &config.admin_token {
+        if token.chars().count() < 32 {
+            tracing::warn!(
+                length = token.chars().count(),
+                "the admin token is shorter than 32 characters: anyone who reaches the admin \
+                 API may guess it. Use a random one, e.g. `openssl rand -hex 32`."
+            );
+        }
+    }
+    if !config.metrics_public && config.metrics_token.is_none() && config.admin_token.is_none() {
+        tracing::warn!(
+            "/metrics is closed to everyone: set --metrics-token for the scraper (or \
+             --metrics-public behind a firewall)"
+        );
+    }
 }
 
 /// Connections arrive all at once in a flash sale: a short accept queue overflows and the
@@ -236,7 +273,9 @@ async fn worker(mut config: Config) -> Result<(), AppError> {
 }
 
 async fn migrate(config: Config) -> Result<(), AppError> {
-    let store = crate::store::Store::connect(&config.database_url, 2).await?;
+    let store = crate::store::Store::connect(&config.database_url, 2)
+        .await?
+        .with_phone_region(config.phone_region());
     let applied = store.migrate().await?;
     if applied.is_empty() {
         println!("schema is up to date");

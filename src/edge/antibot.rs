@@ -113,6 +113,15 @@ fn answer(signer: &TokenSigner, sale_id: i64, user_id: i64, nonce: u64) -> Strin
     )
 }
 
+/// The seed of a captcha's picture (its pen, placement and noise), derived from the secret
+/// like its answer. Seeded with the nonce alone (which the client holds, inside the
+/// captcha id), the picture could be drawn again for each of the 100,000 answers until
+/// one matched: solved offline in under two minutes, without reading a pixel.
+fn picture_seed(signer: &TokenSigner, sale_id: i64, user_id: i64, nonce: u64) -> u64 {
+    let d = signer.derive(&format!("captcha-picture:{sale_id}:{user_id}:{nonce}"));
+    u64::from_be_bytes([d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]])
+}
+
 /// The answer to a captcha id, for tools that hold the token secret (tests, the bench).
 pub fn answer_for(secret: &str, sale_id: i64, user_id: i64, captcha_id: &str) -> Option<String> {
     let signer = TokenSigner::new(secret);
@@ -200,7 +209,10 @@ pub async fn captcha(
     }
     let spend = issue(CAPTCHA_TTL_MS);
     let digits = answer(&st.tokens, sale.id, user_id, spend.nonce);
-    let png = super::captcha::render(&digits, spend.nonce);
+    let png = super::captcha::render(
+        &digits,
+        picture_seed(&st.tokens, sale.id, user_id, spend.nonce),
+    );
     st.metrics.captchas_issued.fetch_add(1, Ordering::Relaxed);
     Ok(no_store(CaptchaView {
         captcha_id: encode(&st.tokens, Kind::Captcha, sale.id, user_id, spend),

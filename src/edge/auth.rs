@@ -2,6 +2,8 @@
 //! answer in dev mode, else sent through the configured SMS hook). Tokens are HMAC-signed
 //! and self-contained, so the purchase path verifies them without SQL or Redis.
 
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use axum::extract::{FromRequestParts, State};
@@ -13,13 +15,30 @@ use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 
 use super::error::ApiError;
+use super::limits::RateTable;
 use super::{decimal, parse_json, AppState};
+use crate::gate::RateLimit;
 
 type HmacSha256 = Hmac<Sha256>;
 
 const CODE_TTL_MS: i64 = 5 * 60_000;
 const CODE_RESEND_MS: i64 = 30_000;
 const CODE_MAX_ATTEMPTS: i64 = 5;
+/// Wrong login codes one phone may send in a day, whatever number of codes it asked for:
+/// a new code does not give the guesser new tries. Ten guesses at a six-digit code find
+/// it once in 100,000 days; a person who mistypes ten times a day waits until tomorrow.
+pub const LOGIN_FAILURES_PER_DAY: i64 = 10;
+/// The day of `LOGIN_FAILURES_PER_DAY`, opened by the phone's first guess in it.
+pub const LOGIN_FAILURE_WINDOW_MS: i64 = 86_400_000;
+/// Wrong secrets (admin token, metrics token) one client address may send: five at once,
+/// then one a minute, counted on each instance. Guessing a 32-character token at that
+/// rate takes longer than the universe has; a person who mistyped it waits a minute.
+pub const SECRET_GUESSES: RateLimit = RateLimit {
+    per_sec: 1.0 / 60.0,
+    burst: 5,
+};
+/// Addresses tracked at most by the secret guard.
+const SECRET_GUARD_KEYS: usize = 100_000;
 /// Bytes of the HMAC kept in a token: 128 bits.
 const SIG_BYTES: usize = 16;
 
@@ -108,9 +127,7 @@ fn split_at_dot(s: &str) -> Option<(&str, &str)> {
     Some((&s[..dot], &s[dot + 1..]))
 }
 
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
+pub use crate::text::hex;
 
 /// The value of each hex digit; 0xff for every other byte.
 const HEX_VALUE: [u8; 256] = {
@@ -169,6 +186,78 @@ pub fn user_of(tokens: &TokenSigner, headers: &HeaderMap, now_ms: i64) -> Result
         .ok_or_else(|| ApiError::Unauthorized("invalid or expired token".into()))
 }
 
+/// The address a request came from (the TCP peer), put in the request's extensions by the
+/// front door so that handlers behind the router can throttle by client.
+#[derive(Debug, Clone, Copy)]
+pub struct PeerAddr(pub IpAddr);
+
+/// Throttles guesses of the server's bearer secrets (the admin token, the metrics token)
+/// per client address: after `SECRET_GUESSES.burst` wrong ones, every attempt from that
+/// address is answered 429 without being compared, until its bucket refills.
+pub struct SecretGuard {
+    wrong: RateTable<IpAddr>,
+    /// Wrong secrets presented, for `/metrics`.
+    pub failures: AtomicU64,
+    /// Attempts refused with 429 because their address had guessed too often.
+    pub throttled: AtomicU64,
+}
+
+impl Default for SecretGuard {
+    fn default() -> Self {
+        SecretGuard {
+            wrong: RateTable::new(SECRET_GUESSES, SECRET_GUARD_KEYS),
+            failures: AtomicU64::new(0),
+            throttled: AtomicU64::new(0),
+        }
+    }
+}
+
+impl SecretGuard {
+    /// Ok when `given` is one of `accepted`; 401 when it is missing or wrong; 429 (with
+    /// Retry-After) when `client` has sent too many wrong ones lately. A missing secret
+    /// is not a guess and costs nothing.
+    pub fn check(
+        &self,
+        client: IpAddr,
+        given: Option<&str>,
+        accepted: &[&str],
+        now_ms: i64,
+    ) -> Result<(), ApiError> {
+        if let Err(wait_ms) = self.wrong.check(client, now_ms) {
+            self.throttled.fetch_add(1, Ordering::Relaxed);
+            return Err(ApiError::RateLimited {
+                retry_after_secs: (wait_ms.max(1) as u64).div_ceil(1000),
+                message: "too many wrong tokens from this address; wait before trying again".into(),
+            });
+        }
+        let Some(given) = given else {
+            return Err(ApiError::Unauthorized("missing bearer token".into()));
+        };
+        // Every accepted secret is compared, so the time taken says nothing of which one
+        // came closest.
+        let matched = accepted.iter().fold(false, |m, secret| {
+            m | constant_time_eq(given.as_bytes(), secret.as_bytes())
+        });
+        if matched {
+            return Ok(());
+        }
+        self.failures.fetch_add(1, Ordering::Relaxed);
+        let _ = self.wrong.take(client, now_ms);
+        Err(ApiError::Unauthorized("wrong bearer token".into()))
+    }
+}
+
+/// Checks the request's bearer token against `accepted`, throttled per client address.
+pub fn check_secret(st: &AppState, parts: &Parts, accepted: &[&str]) -> Result<(), ApiError> {
+    let peer = parts
+        .extensions
+        .get::<PeerAddr>()
+        .map_or(IpAddr::from([0, 0, 0, 0]), |p| p.0);
+    let client = st.address_limiter.client_of(peer, &parts.headers);
+    st.secret_guard
+        .check(client, bearer(&parts.headers), accepted, crate::now_ms())
+}
+
 /// The authenticated caller of a user endpoint.
 pub struct AuthUser(pub i64);
 
@@ -198,12 +287,38 @@ impl FromRequestParts<Arc<AppState>> for Admin {
                 "the admin API is closed: set SECKILL_ADMIN_TOKEN".into(),
             ));
         };
-        match bearer(&parts.headers) {
-            Some(given) if constant_time_eq(given.as_bytes(), expected.as_bytes()) => Ok(Admin),
-            _ => Err(ApiError::Unauthorized(
-                "missing or wrong admin token".into(),
-            )),
+        check_secret(state, parts, &[expected]).map(|()| Admin)
+    }
+}
+
+/// A caller allowed to read `/metrics`: anyone when `--metrics-public` (or dev mode) is
+/// set, else the holder of the metrics token or the admin token.
+pub struct MetricsReader;
+
+impl FromRequestParts<Arc<AppState>> for MetricsReader {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &Arc<AppState>,
+    ) -> Result<Self, ApiError> {
+        let c = &state.config;
+        if c.metrics_public || c.dev {
+            return Ok(MetricsReader);
         }
+        let accepted: Vec<&str> = [&c.metrics_token, &c.admin_token]
+            .into_iter()
+            .flatten()
+            .map(String::as_str)
+            .collect();
+        if accepted.is_empty() {
+            return Err(ApiError::Unauthorized(
+                "/metrics is closed: set --metrics-token (or the admin token) and scrape with \
+                 it, or --metrics-public"
+                    .into(),
+            ));
+        }
+        check_secret(state, parts, &accepted).map(|()| MetricsReader)
     }
 }
 
@@ -233,14 +348,32 @@ pub struct LoginAnswer {
     user_id: String,
 }
 
-fn valid_phone(phone: &str) -> Result<&str, ApiError> {
-    let digits = phone.strip_prefix('+').unwrap_or(phone);
-    if (5..=20).contains(&digits.len()) && digits.bytes().all(|b| b.is_ascii_digit()) {
-        Ok(phone)
-    } else {
-        Err(ApiError::invalid(
-            "phone must be 5 to 20 digits, optionally after a '+'",
-        ))
+/// The phone in E.164, the one spelling that names a user, or 400 `invalid_phone`.
+fn canonical_phone(st: &AppState, raw: &str) -> Result<String, ApiError> {
+    crate::text::normalize_phone(raw, st.config.phone_region())
+        .map_err(|e| ApiError::InvalidPhone(e.to_string()))
+}
+
+/// 429 while `phone` has used up its wrong codes for the day: no code is sent to it (each
+/// costs an SMS) and none is compared.
+async fn refuse_if_locked(st: &AppState, phone: &str, now: i64) -> Result<(), ApiError> {
+    match st
+        .store
+        .login_locked_until(phone, now, LOGIN_FAILURES_PER_DAY, LOGIN_FAILURE_WINDOW_MS)
+        .await?
+    {
+        Some(until) => Err(locked(until, now)),
+        None => Ok(()),
+    }
+}
+
+fn locked(until: i64, now: i64) -> ApiError {
+    ApiError::RateLimited {
+        retry_after_secs: (until.saturating_sub(now).max(1) as u64).div_ceil(1000),
+        message: format!(
+            "{LOGIN_FAILURES_PER_DAY} wrong codes were sent for this phone today; try again later"
+        )
+        .into(),
     }
 }
 
@@ -249,8 +382,9 @@ pub async fn request_code(
     body: axum::body::Bytes,
 ) -> Result<Json<CodeSent>, ApiError> {
     let req: CodeRequest = parse_json(&body)?;
-    let phone = valid_phone(&req.phone)?;
+    let phone = &canonical_phone(&st, &req.phone)?;
     let now = crate::now_ms();
+    refuse_if_locked(&st, phone, now).await?;
     if let Some(issued) = st.store.login_code_issued_at(phone, now).await? {
         let wait = issued + CODE_RESEND_MS - now;
         if wait > 0 {
@@ -310,19 +444,28 @@ pub async fn login(
     body: axum::body::Bytes,
 ) -> Result<Json<LoginAnswer>, ApiError> {
     let req: LoginRequest = parse_json(&body)?;
-    let phone = valid_phone(&req.phone)?;
+    let phone = &canonical_phone(&st, &req.phone)?;
     if req.code.len() > 16 {
         return Err(ApiError::InvalidCode);
     }
     let now = crate::now_ms();
+    if let Some(until) = st
+        .store
+        .take_login_guess(phone, now, LOGIN_FAILURES_PER_DAY, LOGIN_FAILURE_WINDOW_MS)
+        .await?
+    {
+        return Err(locked(until, now));
+    }
     let expected = st
         .store
         .spend_login_attempt(phone, now, CODE_MAX_ATTEMPTS)
-        .await?
-        .ok_or(ApiError::InvalidCode)?;
-    if !constant_time_eq(expected.as_bytes(), req.code.as_bytes()) {
+        .await?;
+    let right = expected.is_some_and(|e| constant_time_eq(e.as_bytes(), req.code.as_bytes()));
+    if !right {
+        st.metrics.login_failures.fetch_add(1, Ordering::Relaxed);
         return Err(ApiError::InvalidCode);
     }
+    st.store.refund_login_guess(phone).await?;
     st.store.delete_login_code(phone).await?;
     let user_id = st.store.user_for_phone(phone, st.ids.next()?).await?;
     let expires = now / 1000 + st.config.token_ttl_secs as i64;
@@ -403,18 +546,40 @@ mod tests {
     }
 
     #[test]
-    fn phones_are_checked() {
-        assert!(valid_phone("+8613800138000").is_ok());
-        assert!(valid_phone("12345").is_ok());
-        for bad in [
-            "",
-            "1234",
-            "+",
-            "12a45",
-            "123456789012345678901",
-            "１２３４５",
-        ] {
-            assert!(valid_phone(bad).is_err(), "{bad}");
+    fn secret_guesses_are_throttled_per_address_and_never_compared_once_over() {
+        let g = SecretGuard::default();
+        let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        let t = 1_000_000;
+        assert!(g.check(a, Some("right"), &["right"], t).is_ok());
+        for _ in 0..SECRET_GUESSES.burst {
+            assert!(matches!(
+                g.check(a, Some("wrong"), &["right"], t),
+                Err(ApiError::Unauthorized(_))
+            ));
         }
+        match g.check(a, Some("right"), &["right"], t) {
+            Err(ApiError::RateLimited {
+                retry_after_secs, ..
+            }) => assert!((1..=60).contains(&retry_after_secs)),
+            other => panic!("the right token is not even compared once over: {other:?}"),
+        }
+        assert!(
+            g.check(b, Some("right"), &["right"], t).is_ok(),
+            "another address is not affected"
+        );
+        assert!(
+            matches!(
+                g.check(b, None, &["right"], t),
+                Err(ApiError::Unauthorized(_))
+            ),
+            "no token at all"
+        );
+        assert!(
+            g.check(a, Some("right"), &["x", "right"], t + 61_000)
+                .is_ok(),
+            "refilled"
+        );
+        assert_eq!(g.failures.load(Ordering::Relaxed), 5);
+        assert_eq!(g.throttled.load(Ordering::Relaxed), 1);
     }
 }

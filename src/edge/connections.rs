@@ -317,7 +317,10 @@ impl Activity {
             let deadline = if head != 0 {
                 head + header
             } else if since != 0 {
-                since + idle
+                // A request's first byte may come while this sleeps: look again within
+                // `header`, so that its head is held to `header` from that byte, not to the
+                // idle deadline (a slow head would otherwise be served until then).
+                (since + idle).min(now + header)
             } else {
                 // Serving: nothing can expire before the request is answered; look again.
                 now + header.min(idle)
@@ -442,5 +445,25 @@ mod tests {
         tokio::time::timeout(ms(2000), a.expired(ms(50), ms(100)))
             .await
             .expect("idle after the answer");
+    }
+
+    #[tokio::test]
+    async fn a_head_that_starts_while_the_watchdog_waits_out_the_idle_time_is_held_to_its_own_deadline(
+    ) {
+        let ms = Duration::from_millis;
+        // Idle for a minute at most, but a head may take only 200 ms once it starts.
+        let a = Activity::new();
+        let watched = a.clone();
+        let watchdog = tokio::spawn(async move { watched.expired(ms(200), ms(60_000)).await });
+        tokio::time::sleep(ms(300)).await;
+        // The first byte arrives while the watchdog waits for the idle deadline.
+        let first_byte = Instant::now();
+        a.read(1);
+        tokio::time::timeout(ms(2_000), watchdog)
+            .await
+            .expect("the slow head expired within its header deadline, not the idle one")
+            .unwrap();
+        let took = first_byte.elapsed();
+        assert!(took >= ms(150) && took < ms(700), "{took:?}");
     }
 }

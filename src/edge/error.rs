@@ -17,6 +17,9 @@ pub enum ApiError {
     /// 400 `invalid_request`: the input is malformed or out of range.
     #[error("{0}")]
     InvalidRequest(String),
+    /// 400 `invalid_phone`: the phone number does not parse, or is not a valid number.
+    #[error("{0}")]
+    InvalidPhone(String),
     /// 401 `unauthorized`: missing, malformed, forged or expired token.
     #[error("{0}")]
     Unauthorized(String),
@@ -57,6 +60,9 @@ pub enum ApiError {
     /// 503 `unavailable`: a dependency failed or the service is not ready; safe to retry.
     #[error("{0}")]
     Unavailable(String),
+    /// 503 `payment_unavailable`: no payment provider is configured on this server.
+    #[error("{0}")]
+    PaymentUnavailable(String),
     /// 503 `not_loaded`: the sale is not in the gate yet (being loaded, or rebuilt after
     /// Redis lost it); nothing was bought; retry in a second.
     #[error("the sale is being prepared; nothing was bought; retry in a second")]
@@ -75,6 +81,7 @@ impl ApiError {
     pub fn code(&self) -> &'static str {
         match self {
             ApiError::InvalidRequest(_) => "invalid_request",
+            ApiError::InvalidPhone(_) => "invalid_phone",
             ApiError::Unauthorized(_) => "unauthorized",
             ApiError::InvalidCode => "invalid_code",
             ApiError::NotFound(_) => "not_found",
@@ -84,6 +91,7 @@ impl ApiError {
             ApiError::Conflict(_) => "conflict",
             ApiError::RateLimited { .. } => "rate_limited",
             ApiError::Unavailable(_) => "unavailable",
+            ApiError::PaymentUnavailable(_) => "payment_unavailable",
             ApiError::NotLoaded => "not_loaded",
             ApiError::Pending => "pending",
             ApiError::NotPlaced => "not_placed",
@@ -92,7 +100,7 @@ impl ApiError {
 
     pub fn status(&self) -> StatusCode {
         match self {
-            ApiError::InvalidRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::InvalidRequest(_) | ApiError::InvalidPhone(_) => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized(_) | ApiError::InvalidCode => StatusCode::UNAUTHORIZED,
             ApiError::NotFound(_) | ApiError::NotPlaced => StatusCode::NOT_FOUND,
             ApiError::Pending => StatusCode::ACCEPTED,
@@ -101,7 +109,9 @@ impl ApiError {
             ApiError::Forbidden { .. } => StatusCode::FORBIDDEN,
             ApiError::Rejected { .. } | ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
-            ApiError::Unavailable(_) | ApiError::NotLoaded => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Unavailable(_) | ApiError::NotLoaded | ApiError::PaymentUnavailable(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
         }
     }
 
@@ -207,6 +217,8 @@ impl ApiError {
     fn message(&self) -> Cow<'_, str> {
         match self {
             ApiError::InvalidRequest(m)
+            | ApiError::InvalidPhone(m)
+            | ApiError::PaymentUnavailable(m)
             | ApiError::Unauthorized(m)
             | ApiError::NotFound(m)
             | ApiError::Conflict(m)

@@ -178,8 +178,11 @@ impl Front {
                 orders::Answer::Later(response) => later(response),
             };
         }
+        let mut req = req.map(Body::new);
+        req.extensions_mut()
+            .insert(super::auth::PeerAddr(self.peer.ip()));
         // The router is always ready: no poll_ready needed before call.
-        let routed = self.router.clone().call(req.map(Body::new));
+        let routed = self.router.clone().call(req);
         later(Box::pin(async move {
             match routed.await {
                 Ok(response) => response,

@@ -65,13 +65,30 @@ impl<K: Hash + Eq + Copy> RateTable<K> {
             }
         }
         let (tokens, last) = buckets.entry(key).or_insert((capacity, now_ms));
-        *tokens = (*tokens + (now_ms - *last).max(0) as f64 * per_ms).min(capacity);
+        *tokens = (*tokens + now_ms.saturating_sub(*last).max(0) as f64 * per_ms).min(capacity);
         *last = now_ms;
         if *tokens >= 1.0 {
             *tokens -= 1.0;
             Ok(())
         } else {
             Err((((1.0 - *tokens) * 1000.0 / self.rate.per_sec).ceil() as i64).max(1))
+        }
+    }
+
+    /// Err(ms to wait) when `key`'s bucket is empty; takes nothing.
+    pub fn check(&self, key: K, now_ms: i64) -> Result<(), i64> {
+        let capacity = self.rate.burst.max(1) as f64;
+        let per_ms = self.rate.per_sec / 1000.0;
+        let shard = self.hasher.hash_one(key) as usize % SHARDS;
+        let buckets = self.shards[shard].lock().unwrap_or_else(|p| p.into_inner());
+        let Some((tokens, last)) = buckets.get(&key) else {
+            return Ok(());
+        };
+        let tokens = (tokens + now_ms.saturating_sub(*last).max(0) as f64 * per_ms).min(capacity);
+        if tokens >= 1.0 {
+            Ok(())
+        } else {
+            Err((((1.0 - tokens) * 1000.0 / self.rate.per_sec).ceil() as i64).max(1))
         }
     }
 

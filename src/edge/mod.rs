@@ -51,9 +51,13 @@ pub struct AppState {
     pub gate: Arc<dyn Gate>,
     pub ids: Arc<IdGenerator>,
     pub tokens: TokenSigner,
-    pub payments: Arc<dyn crate::lifecycle::payment::PaymentProvider>,
-    /// The built-in simulated provider, which admins can tell to call back.
-    pub simulator: crate::lifecycle::payment::SimulatedProvider,
+    /// Who takes payments; `None`: paying answers 503 `payment_unavailable`.
+    pub payments: Option<Arc<dyn crate::lifecycle::payment::PaymentProvider>>,
+    /// The built-in simulated provider, when it is the one configured (its pay page, and
+    /// the admin call that has it call back); `None` otherwise.
+    pub simulator: Option<crate::lifecycle::payment::SimulatedProvider>,
+    /// Guesses of the admin and metrics tokens, throttled per client address.
+    pub secret_guard: auth::SecretGuard,
     pub sales: Arc<SaleCache>,
     pub redis: Option<crate::redis_client::RedisConn>,
     /// The embedded order log (memory gate only), for its backlog.
@@ -97,6 +101,8 @@ pub struct Metrics {
     pub captchas_issued: AtomicU64,
     pub captchas_failed: AtomicU64,
     pub captchas_limited: AtomicU64,
+    /// Wrong login codes sent.
+    pub login_failures: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -109,6 +115,7 @@ impl Default for Metrics {
             captchas_issued: AtomicU64::new(0),
             captchas_failed: AtomicU64::new(0),
             captchas_limited: AtomicU64::new(0),
+            login_failures: AtomicU64::new(0),
         }
     }
 }
@@ -209,6 +216,7 @@ pub fn decimal(s: &str) -> Option<i64> {
 }
 
 pub fn router(state: Arc<AppState>) -> Router {
+    let simulated = state.simulator.is_some();
     let routes = Router::new()
         .route("/api/auth/code", post(auth::request_code))
         .route("/api/auth/login", post(auth::login))
@@ -260,7 +268,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi))
-        .merge(pages::routes())
+        .merge(pages::routes(simulated))
         .fallback(|| async { ApiError::NotFound("no such endpoint".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed });
     // The per-address limit is applied by the front door, to this router's calls too.
@@ -437,7 +445,7 @@ async fn live(_: auth::Admin, State(st): State<Arc<AppState>>) -> Response {
     })
 }
 
-async fn metrics(State(st): State<Arc<AppState>>) -> Response {
+async fn metrics(_: auth::MetricsReader, State(st): State<Arc<AppState>>) -> Response {
     let mut out = String::new();
     out.push_str("# HELP seckill_purchases_total Purchase answers by code.\n# TYPE seckill_purchases_total counter\n");
     for (i, code) in PURCHASE_CODES.iter().enumerate() {
@@ -589,6 +597,24 @@ async fn metrics(State(st): State<Arc<AppState>>) -> Response {
         "seckill_connections_timed_out_total",
         "Connections closed for being idle, or too slow sending a request's head.",
         conns.timed_out.load(Ordering::Relaxed),
+        &mut out,
+    );
+    render_counter(
+        "seckill_auth_failures_total",
+        "Wrong admin or metrics tokens presented.",
+        st.secret_guard.failures.load(Ordering::Relaxed),
+        &mut out,
+    );
+    render_counter(
+        "seckill_auth_throttled_total",
+        "Requests refused (429) because their address sent too many wrong tokens.",
+        st.secret_guard.throttled.load(Ordering::Relaxed),
+        &mut out,
+    );
+    render_counter(
+        "seckill_login_failures_total",
+        "Wrong login codes sent.",
+        m.login_failures.load(Ordering::Relaxed),
         &mut out,
     );
     render_counter(

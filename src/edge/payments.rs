@@ -1,5 +1,7 @@
 //! Payment and cancellation endpoints: a buyer asks to pay (a payment intent) or cancels;
-//! the provider calls back, signed; an admin tells the simulated provider what to do.
+//! the provider calls back, signed. Only that callback marks an order paid. The simulated
+//! provider's endpoints (its pay page's calls, the admin's) answer 404 unless it is the
+//! configured provider (dev mode, or `--payment-provider simulated`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,7 +16,8 @@ use super::error::ApiError;
 use super::sales::rfc3339;
 use super::{parse_id, parse_json, AppState};
 use crate::lifecycle::payment::{
-    IntentView, Notification, NotifiedStatus, NotifyError, SIGNATURE_HEADER, TIMESTAMP_HEADER,
+    IntentView, Notification, NotifiedStatus, NotifyError, PaymentProvider, SimulatedProvider,
+    SIGNATURE_HEADER, TIMESTAMP_HEADER,
 };
 use crate::lifecycle::LifecycleError;
 use crate::model::OrderStatus;
@@ -68,12 +71,32 @@ async fn not_in_sql(st: &AppState, order_id: i64, user_id: i64) -> ApiError {
     ApiError::NotFound(format!("order {order_id} does not exist"))
 }
 
+/// The configured payment provider, or 503 `payment_unavailable`.
+fn provider(st: &AppState) -> Result<&dyn PaymentProvider, ApiError> {
+    st.payments.as_deref().ok_or_else(|| {
+        ApiError::PaymentUnavailable(
+            "this server takes no payments: no payment provider is configured".into(),
+        )
+    })
+}
+
+/// The simulated provider, or 404 when it is not the one configured.
+fn simulator(st: &AppState) -> Result<&SimulatedProvider, ApiError> {
+    st.simulator.as_ref().ok_or_else(|| {
+        ApiError::NotFound(
+            "the simulated payment provider is off (dev mode, or --payment-provider simulated)"
+                .into(),
+        )
+    })
+}
+
 pub async fn pay(
     AuthUser(user_id): AuthUser,
     State(st): State<Arc<AppState>>,
     Path(id): Path<String>,
 ) -> Result<Json<IntentView>, ApiError> {
     let order_id = parse_id(&id, "order id")?;
+    let provider = provider(&st)?;
     let order = match st.store.order(order_id).await? {
         Some(o) if o.user_id == user_id => o,
         _ => return Err(not_in_sql(&st, order_id, user_id).await),
@@ -93,19 +116,22 @@ pub async fn pay(
     let payment = match st.store.open_payment_of(order_id).await? {
         Some(p) => p,
         None => {
+            let amount_cents = order
+                .price_cents
+                .checked_mul(order.quantity)
+                .ok_or_else(|| ApiError::Conflict("the order's amount is out of range".into()))?;
             let p = Payment {
                 intent_id: st.ids.next()?,
                 order_id,
                 user_id,
-                amount_cents: order.price_cents * order.quantity,
+                amount_cents,
                 status: "created".into(),
                 created_at: now,
             };
-            st.store.create_payment(&p).await?;
-            p
+            st.store.open_payment(&p).await?
         }
     };
-    Ok(Json(st.payments.intent_view(
+    Ok(Json(provider.intent_view(
         payment.intent_id,
         order_id,
         payment.amount_cents,
@@ -148,8 +174,7 @@ pub async fn notify(
     body: axum::body::Bytes,
 ) -> Result<Json<NotifyAnswer>, ApiError> {
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-    let n = st
-        .payments
+    let n = provider(&st)?
         .verify(
             header(TIMESTAMP_HEADER),
             header(SIGNATURE_HEADER),
@@ -225,6 +250,7 @@ pub async fn simulate(
     Path(id): Path<String>,
     body: axum::body::Bytes,
 ) -> Result<(StatusCode, Json<Scheduled>), ApiError> {
+    simulator(&st)?;
     let intent_id = parse_id(&id, "intent id")?;
     let req: SimulateRequest = parse_json(&body)?;
     let payment = st
@@ -265,6 +291,7 @@ pub async fn simulated_intent(
     State(st): State<Arc<AppState>>,
     Path(id): Path<String>,
 ) -> Result<axum::response::Response, ApiError> {
+    simulator(&st)?;
     let payment = own_intent(&st, user_id, &id).await?;
     let order = st
         .store
@@ -289,6 +316,7 @@ pub async fn simulated_pay(
     Path(id): Path<String>,
     body: axum::body::Bytes,
 ) -> Result<(StatusCode, Json<Scheduled>), ApiError> {
+    simulator(&st)?;
     let req: SimulateRequest = parse_json(&body)?;
     let payment = own_intent(&st, user_id, &id).await?;
     if payment.status != "created" {
@@ -327,7 +355,7 @@ async fn schedule_callback(
         },
         provider_ref: format!("sim-{}", rand::random::<u32>()),
     };
-    let provider = st.simulator.clone();
+    let provider = simulator(st)?.clone();
     let mut target = st.config.listen;
     if target.ip().is_unspecified() {
         target.set_ip(std::net::Ipv4Addr::LOCALHOST.into());

@@ -50,7 +50,10 @@ impl Spend {
     /// How long the gate must remember it: until expiry, plus a minute of clock skew
     /// between instances.
     pub fn keep_ms(&self, now: i64) -> i64 {
-        (self.expires_at - now).max(1) + 60_000
+        self.expires_at
+            .saturating_sub(now)
+            .max(1)
+            .saturating_add(60_000)
     }
 }
 

@@ -1,8 +1,13 @@
-//! Payments through a provider. The built-in simulated provider lets the whole flow run
-//! on one machine: it issues intents (a pay URL and a QR payload) and, when told to, calls
-//! back `POST /api/payments/notify` exactly as a real provider would: HMAC-SHA256 over
-//! `"{timestamp}.{raw body}"` in `X-Seckill-Signature`, the timestamp in
-//! `X-Seckill-Timestamp`. Verification refuses bad signatures and stale timestamps.
+//! Payments through a provider. A buyer's `/pay` opens an intent and is shown where to pay
+//! it; only the provider's callback, `POST /api/payments/notify` signed with the secret
+//! seckill shares with it (HMAC-SHA256 over `"{timestamp}.{raw body}"` in
+//! `X-Seckill-Signature`, the timestamp in `X-Seckill-Timestamp`), marks it paid.
+//! Verification refuses bad signatures and stale timestamps.
+//!
+//! Two providers: `RedirectProvider`, a real provider's hosted pay page, and
+//! `SimulatedProvider`, which lets the whole flow run on one machine: its pay page has the
+//! server sign and deliver a callback to itself, so anyone may mark their own order paid.
+//! It runs only in dev mode or when chosen by name (`--payment-provider simulated`).
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -60,8 +65,7 @@ pub struct IntentView {
 }
 
 /// What seckill needs of a payment provider: what a buyer's client shows to pay, and a
-/// trustworthy reading of the provider's callbacks. A real provider implements it beside
-/// the simulated one.
+/// trustworthy reading of the provider's callbacks.
 pub trait PaymentProvider: Send + Sync {
     /// What the buyer's client shows to pay an intent (a pay URL, a QR payload).
     fn intent_view(
@@ -82,6 +86,115 @@ pub trait PaymentProvider: Send + Sync {
     ) -> Result<Notification, NotifyError>;
 }
 
+/// The secret shared with a provider: signs and checks its callbacks.
+#[derive(Clone)]
+pub struct CallbackSigner {
+    secret: Vec<u8>,
+}
+
+impl CallbackSigner {
+    pub fn new(secret: &str) -> Self {
+        CallbackSigner {
+            secret: secret.as_bytes().to_vec(),
+        }
+    }
+
+    fn mac(&self, timestamp: i64, body: &[u8]) -> HmacSha256 {
+        let mut mac =
+            <HmacSha256 as Mac>::new_from_slice(&self.secret).unwrap_or_else(|_| unreachable!());
+        mac.update(timestamp.to_string().as_bytes());
+        mac.update(b".");
+        mac.update(body);
+        mac
+    }
+
+    pub fn sign(&self, timestamp: i64, body: &[u8]) -> String {
+        crate::text::hex(&self.mac(timestamp, body).finalize().into_bytes())
+    }
+
+    /// Checks a callback's signature and age, then reads it.
+    pub fn verify(
+        &self,
+        timestamp: Option<&str>,
+        signature: Option<&str>,
+        body: &[u8],
+        now_secs: i64,
+    ) -> Result<Notification, NotifyError> {
+        let ts: i64 = timestamp
+            .and_then(|t| t.trim().parse().ok())
+            .ok_or(NotifyError::MissingHeaders)?;
+        let sig = signature
+            .and_then(|s| unhex(s.trim()))
+            .ok_or(NotifyError::MissingHeaders)?;
+        // The timestamp is the caller's: any i64, so no subtraction that could overflow.
+        if now_secs.abs_diff(ts) > MAX_SKEW_SECS as u64 {
+            return Err(NotifyError::Stale);
+        }
+        self.mac(ts, body)
+            .verify_slice(&sig)
+            .map_err(|_| NotifyError::BadSignature)?;
+        if !crate::is_json_object(body) {
+            return Err(NotifyError::BadBody(
+                "the body must be a JSON object".into(),
+            ));
+        }
+        serde_json::from_slice(body).map_err(|e| NotifyError::BadBody(e.to_string()))
+    }
+}
+
+/// A real provider with a hosted pay page: the buyer is sent to `url_template` with the
+/// intent filled in, pays there, and the provider calls back, signed.
+pub struct RedirectProvider {
+    signer: CallbackSigner,
+    url_template: String,
+}
+
+impl RedirectProvider {
+    /// `url_template` may hold `{intent_id}`, `{order_id}`, `{amount_cents}` and
+    /// `{expires_at}`.
+    pub fn new(url_template: &str, secret: &str) -> Self {
+        RedirectProvider {
+            signer: CallbackSigner::new(secret),
+            url_template: url_template.to_string(),
+        }
+    }
+}
+
+impl PaymentProvider for RedirectProvider {
+    fn intent_view(
+        &self,
+        intent_id: i64,
+        order_id: i64,
+        amount_cents: i64,
+        expires_at: &str,
+    ) -> IntentView {
+        let url = self
+            .url_template
+            .replace("{intent_id}", &intent_id.to_string())
+            .replace("{order_id}", &order_id.to_string())
+            .replace("{amount_cents}", &amount_cents.to_string())
+            .replace("{expires_at}", expires_at);
+        IntentView {
+            intent_id: intent_id.to_string(),
+            order_id: order_id.to_string(),
+            amount_cents,
+            qr_payload: url.clone(),
+            pay_url: url,
+            expires_at: expires_at.to_string(),
+        }
+    }
+
+    fn verify(
+        &self,
+        timestamp: Option<&str>,
+        signature: Option<&str>,
+        body: &[u8],
+        now_secs: i64,
+    ) -> Result<Notification, NotifyError> {
+        self.signer.verify(timestamp, signature, body, now_secs)
+    }
+}
+
 impl PaymentProvider for SimulatedProvider {
     fn intent_view(
         &self,
@@ -100,7 +213,6 @@ impl PaymentProvider for SimulatedProvider {
         }
     }
 
-    /// Checks a callback's signature and age, then reads it.
     fn verify(
         &self,
         timestamp: Option<&str>,
@@ -108,50 +220,26 @@ impl PaymentProvider for SimulatedProvider {
         body: &[u8],
         now_secs: i64,
     ) -> Result<Notification, NotifyError> {
-        let ts: i64 = timestamp
-            .and_then(|t| t.trim().parse().ok())
-            .ok_or(NotifyError::MissingHeaders)?;
-        let sig = signature
-            .and_then(|s| unhex(s.trim()))
-            .ok_or(NotifyError::MissingHeaders)?;
-        if (now_secs - ts).abs() > MAX_SKEW_SECS {
-            return Err(NotifyError::Stale);
-        }
-        self.mac(ts, body)
-            .verify_slice(&sig)
-            .map_err(|_| NotifyError::BadSignature)?;
-        if !crate::is_json_object(body) {
-            return Err(NotifyError::BadBody(
-                "the body must be a JSON object".into(),
-            ));
-        }
-        serde_json::from_slice(body).map_err(|e| NotifyError::BadBody(e.to_string()))
+        self.signer.verify(timestamp, signature, body, now_secs)
     }
 }
 
+/// The built-in provider for trials: its pay page's buttons have this server sign and
+/// deliver the callback a provider would. Whoever can open the page can pay for nothing.
 #[derive(Clone)]
 pub struct SimulatedProvider {
-    secret: Vec<u8>,
+    signer: CallbackSigner,
 }
 
 impl SimulatedProvider {
     pub fn new(secret: &str) -> Self {
         SimulatedProvider {
-            secret: secret.as_bytes().to_vec(),
+            signer: CallbackSigner::new(secret),
         }
     }
 
-    fn mac(&self, timestamp: i64, body: &[u8]) -> HmacSha256 {
-        let mut mac =
-            <HmacSha256 as Mac>::new_from_slice(&self.secret).unwrap_or_else(|_| unreachable!());
-        mac.update(timestamp.to_string().as_bytes());
-        mac.update(b".");
-        mac.update(body);
-        mac
-    }
-
     pub fn sign(&self, timestamp: i64, body: &[u8]) -> String {
-        crate::edge::auth::hex(&self.mac(timestamp, body).finalize().into_bytes())
+        self.signer.sign(timestamp, body)
     }
 
     /// Delivers a signed notification to a seckill server, as the provider would.
@@ -228,6 +316,47 @@ mod tests {
         assert_eq!(
             p.verify(Some("1000"), Some("zz"), body, 1000),
             Err(NotifyError::MissingHeaders)
+        );
+    }
+
+    #[test]
+    fn a_timestamp_at_the_ends_of_i64_is_stale_not_a_panic() {
+        let p = SimulatedProvider::new("k");
+        let body = br#"{"intent_id":"5","status":"paid"}"#;
+        for ts in [i64::MIN, i64::MIN + 1, i64::MAX] {
+            let (t, sig) = (ts.to_string(), p.sign(ts, body));
+            for now in [0, 1_700_000_000, -1_700_000_000] {
+                assert_eq!(
+                    p.verify(Some(&t), Some(&sig), body, now),
+                    Err(NotifyError::Stale),
+                    "ts {ts}, now {now}"
+                );
+            }
+            assert!(
+                p.verify(Some(&t), Some(&sig), body, ts).is_ok(),
+                "signed and on time, however odd the clock"
+            );
+        }
+    }
+
+    #[test]
+    fn a_real_provider_fills_its_pay_page_and_checks_its_callbacks() {
+        let p = RedirectProvider::new(
+            "https://pay.example/checkout?ref={intent_id}&order={order_id}&amount={amount_cents}",
+            "shared",
+        );
+        let v = p.intent_view(7, 8, 999, "2026-01-01T00:00:00Z");
+        assert_eq!(
+            v.pay_url,
+            "https://pay.example/checkout?ref=7&order=8&amount=999"
+        );
+        let body = br#"{"intent_id":"7","status":"paid"}"#;
+        let signed = CallbackSigner::new("shared").sign(1000, body);
+        assert!(p.verify(Some("1000"), Some(&signed), body, 1000).is_ok());
+        let forged = CallbackSigner::new("guess").sign(1000, body);
+        assert_eq!(
+            p.verify(Some("1000"), Some(&forged), body, 1000),
+            Err(NotifyError::BadSignature)
         );
     }
 }

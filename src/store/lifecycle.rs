@@ -637,20 +637,34 @@ impl Store {
 
     // ---- payments -----------------------------------------------------------------------
 
-    pub async fn create_payment(&self, p: &Payment) -> Result<(), StoreError> {
-        sqlx::query(&self.sql(
-            "INSERT INTO payments (intent_id, order_id, user_id, amount_cents, status, provider_ref, created_at, updated_at) \
-             VALUES (?, ?, ?, ?, 'created', '', ?, ?)",
-        ))
-        .bind(p.intent_id)
-        .bind(p.order_id)
-        .bind(p.user_id)
-        .bind(p.amount_cents)
-        .bind(p.created_at)
-        .bind(p.created_at)
-        .execute(&self.pool)
-        .await?;
-        Ok(())
+    /// The order's open payment intent: `p` as given, or the one already open. At most one
+    /// intent per order is open at any time, by a unique index over open intents, so
+    /// concurrent calls all answer the same intent and a buyer cannot be charged twice.
+    pub async fn open_payment(&self, p: &Payment) -> Result<Payment, StoreError> {
+        let q = format!(
+            "{} VALUES (?, ?, ?, ?, 'created', '', ?, ?){}",
+            self.insert_ignore(
+                "payments (intent_id, order_id, user_id, amount_cents, status, provider_ref, created_at, updated_at)"
+            ),
+            self.on_conflict_nothing()
+        );
+        // Another call's intent may be settled between our insert and our read: then the
+        // next round opens one again.
+        for _ in 0..3 {
+            sqlx::query(&self.sql(&q))
+                .bind(p.intent_id)
+                .bind(p.order_id)
+                .bind(p.user_id)
+                .bind(p.amount_cents)
+                .bind(p.created_at)
+                .bind(p.created_at)
+                .execute(&self.pool)
+                .await?;
+            if let Some(open) = self.open_payment_of(p.order_id).await? {
+                return Ok(open);
+            }
+        }
+        Err(StoreError::ConcurrentWrite)
     }
 
     const PAYMENT_COLS: &'static str =
@@ -675,10 +689,10 @@ impl Store {
         self.one_by_key(&q, intent_id, Self::payment_from_row).await
     }
 
-    /// The newest payment intent of an order still waiting for the provider.
+    /// The payment intent of an order still waiting for the provider (at most one).
     pub async fn open_payment_of(&self, order_id: i64) -> Result<Option<Payment>, StoreError> {
         let q = format!(
-            "SELECT {} FROM payments WHERE order_id = ? AND status = 'created' ORDER BY intent_id DESC LIMIT 1",
+            "SELECT {} FROM payments WHERE order_id = ? AND status = 'created'",
             Self::PAYMENT_COLS
         );
         self.one_by_key(&q, order_id, Self::payment_from_row).await
@@ -692,7 +706,7 @@ impl Store {
         now: i64,
     ) -> Result<bool, StoreError> {
         let done = sqlx::query(&self.sql(
-            "UPDATE payments SET status = 'failed', provider_ref = ?, updated_at = ? WHERE intent_id = ? AND status = 'created'",
+            "UPDATE payments SET status = 'failed', provider_ref = ?, updated_at = ? WHERE intent_id = ? AND status IN ('created', 'superseded')",
         ))
         .bind(provider_ref)
         .bind(now)
@@ -736,9 +750,11 @@ impl Store {
         now: i64,
     ) -> Result<PaymentSettlement, TransitionError> {
         // Claim the intent first: a concurrent duplicate waits on this row, then finds it
-        // settled. It is marked refund_due until the order is known to be paid.
+        // settled. It is marked refund_due until the order is known to be paid. An intent
+        // superseded by the migration to one open intent per order is still claimable:
+        // money a provider took for it is recorded, as paid or as a refund due.
         let claimed = sqlx::query(&self.sql(
-            "UPDATE payments SET status = 'refund_due', provider_ref = ?, updated_at = ? WHERE intent_id = ? AND status = 'created'",
+            "UPDATE payments SET status = 'refund_due', provider_ref = ?, updated_at = ? WHERE intent_id = ? AND status IN ('created', 'superseded')",
         ))
         .bind(provider_ref)
         .bind(now)

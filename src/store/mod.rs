@@ -187,6 +187,9 @@ async fn switch_to_wal(options: &AnyConnectOptions) -> Result<(), StoreError> {
 pub struct Store {
     pool: AnyPool,
     dialect: Dialect,
+    /// Where a stored phone without a country code is taken to be, when the migration
+    /// normalises stored phones (`--phone-region`).
+    phone_region: phonenumber::country::Id,
 }
 
 /// A transaction opened by hand on a pooled connection. A plain pooled connection dropped
@@ -303,7 +306,11 @@ impl Store {
             });
         }
         let pool = pool.connect_with(options).await.map_err(failed)?;
-        Ok(Store { pool, dialect })
+        Ok(Store {
+            pool,
+            dialect,
+            phone_region: phonenumber::country::Id::CN,
+        })
     }
 
     /// Creates an empty database named `name` on the server of `url` (same credentials and
@@ -335,6 +342,12 @@ impl Store {
         sqlx::query(&drop).execute(&store.pool).await?;
         store.pool.close().await;
         Ok(())
+    }
+
+    /// The region the phone migration reads numbers without a country code in.
+    pub fn with_phone_region(mut self, region: phonenumber::country::Id) -> Self {
+        self.phone_region = region;
+        self
     }
 
     pub fn dialect(&self) -> Dialect {
@@ -449,7 +462,127 @@ impl Store {
             .await?;
             applied.push(version);
         }
+        let done =
+            sqlx::query(&self.sql("SELECT version FROM schema_migrations WHERE version = ?"))
+                .bind(schema::PHONES_NORMALISED)
+                .fetch_optional(&mut *conn)
+                .await?;
+        if done.is_none() {
+            self.normalise_phones(conn).await?;
+            sqlx::query(
+                &self.sql("INSERT INTO schema_migrations (version, applied_at) VALUES (?, ?)"),
+            )
+            .bind(schema::PHONES_NORMALISED)
+            .bind(crate::now_ms())
+            .execute(&mut *conn)
+            .await?;
+            applied.push(schema::PHONES_NORMALISED);
+        }
         Ok(applied)
+    }
+
+    /// Rewrites every stored phone to E.164 (`text::normalize_phone`, in the store's phone
+    /// region), so that a user logs in by any spelling of their number. A user whose
+    /// number names another user once normalised, or whose number is not valid, keeps its
+    /// old text (which no login can produce any more) and is listed in `phone_conflicts`
+    /// and the log: two accounts are never merged silently. Users are read a page at a
+    /// time, so a large table is walked in bounded memory.
+    async fn normalise_phones(&self, conn: &mut sqlx::AnyConnection) -> Result<(), StoreError> {
+        const PAGE: i64 = 1000;
+        let region = self.phone_region;
+        let (mut after, mut rewritten, mut kept) = (i64::MIN, 0u64, 0u64);
+        loop {
+            let rows = sqlx::query(
+                &self.sql("SELECT id, phone FROM users WHERE id > ? ORDER BY id LIMIT ?"),
+            )
+            .bind(after)
+            .bind(PAGE)
+            .fetch_all(&mut *conn)
+            .await?;
+            let Some(last) = rows.last() else { break };
+            after = last.try_get(0)?;
+            for r in &rows {
+                let (id, phone): (i64, String) = (r.try_get(0)?, r.try_get(1)?);
+                let normal = match crate::text::normalize_phone(&phone, region) {
+                    Ok(n) if n == phone => continue,
+                    Ok(n) => n,
+                    Err(e) => {
+                        self.keep_phone(conn, id, &phone, "", None, &e.to_string())
+                            .await?;
+                        kept += 1;
+                        continue;
+                    }
+                };
+                let other = sqlx::query(&self.sql("SELECT id FROM users WHERE phone = ?"))
+                    .bind(&normal)
+                    .fetch_optional(&mut *conn)
+                    .await?;
+                if let Some(other) = other {
+                    let other: i64 = other.try_get(0)?;
+                    let why = "another user holds this number in E.164";
+                    self.keep_phone(conn, id, &phone, &normal, Some(other), why)
+                        .await?;
+                    kept += 1;
+                    continue;
+                }
+                sqlx::query(&self.sql("UPDATE users SET phone = ? WHERE id = ?"))
+                    .bind(&normal)
+                    .bind(id)
+                    .execute(&mut *conn)
+                    .await?;
+                rewritten += 1;
+            }
+        }
+        // Codes were keyed by the old spellings; a buyer asks for a new one.
+        sqlx::query("DELETE FROM login_codes")
+            .execute(&mut *conn)
+            .await?;
+        if rewritten + kept > 0 {
+            tracing::info!(
+                rewritten,
+                kept,
+                "stored phone numbers normalised to E.164; users kept apart are listed in \
+                 the phone_conflicts table"
+            );
+        }
+        Ok(())
+    }
+
+    /// Records a user whose phone the normalisation left as it was, and why.
+    async fn keep_phone(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        user_id: i64,
+        phone: &str,
+        normal: &str,
+        other: Option<i64>,
+        why: &str,
+    ) -> Result<(), StoreError> {
+        tracing::warn!(
+            user_id,
+            phone,
+            normalised = normal,
+            other_user_id = other,
+            "phone number not normalised: {why}; the user cannot log in by phone until an \
+             operator resolves it (table phone_conflicts)"
+        );
+        let q = format!(
+            "{} VALUES (?, ?, ?, ?, ?, ?){}",
+            self.insert_ignore(
+                "phone_conflicts (user_id, phone, normalised, other_user_id, reason, found_at)"
+            ),
+            self.on_conflict_nothing()
+        );
+        sqlx::query(&self.sql(&q))
+            .bind(user_id)
+            .bind(phone)
+            .bind(normal)
+            .bind(other)
+            .bind(why)
+            .bind(crate::now_ms())
+            .execute(&mut *conn)
+            .await?;
+        Ok(())
     }
 
     // ---- meta ---------------------------------------------------------------------------
@@ -591,6 +724,84 @@ impl Store {
             .await?;
         Ok(match row {
             Some(r) => Some(r.try_get::<String, _>(0)?),
+            None => None,
+        })
+    }
+
+    /// Takes one of `phone`'s guesses at a login code for the current window (`window_ms`
+    /// long, opened by its first guess), or answers when the window ends if all `cap` are
+    /// taken. Taken before the code is compared, so that concurrent guesses cannot pass
+    /// the cap together; a right code gives its guess back (`refund_login_guess`).
+    pub async fn take_login_guess(
+        &self,
+        phone: &str,
+        now: i64,
+        cap: i64,
+        window_ms: i64,
+    ) -> Result<Option<i64>, StoreError> {
+        let q = format!(
+            "{} VALUES (?, ?, 0){}",
+            self.insert_ignore("login_guesses (phone, window_start, guesses)"),
+            self.on_conflict_nothing()
+        );
+        sqlx::query(&self.sql(&q))
+            .bind(phone)
+            .bind(now)
+            .execute(&self.pool)
+            .await?;
+        sqlx::query(&self.sql(
+            "UPDATE login_guesses SET guesses = 0, window_start = ? WHERE phone = ? AND window_start <= ?",
+        ))
+        .bind(now)
+        .bind(phone)
+        .bind(now.saturating_sub(window_ms))
+        .execute(&self.pool)
+        .await?;
+        let taken =
+            sqlx::query(&self.sql(
+                "UPDATE login_guesses SET guesses = guesses + 1 WHERE phone = ? AND guesses < ?",
+            ))
+            .bind(phone)
+            .bind(cap)
+            .execute(&self.pool)
+            .await?;
+        if taken.rows_affected() == 1 {
+            return Ok(None);
+        }
+        self.login_locked_until(phone, now, cap, window_ms).await
+    }
+
+    /// Gives back the guess of a right code.
+    pub async fn refund_login_guess(&self, phone: &str) -> Result<(), StoreError> {
+        sqlx::query(
+            &self.sql(
+                "UPDATE login_guesses SET guesses = guesses - 1 WHERE phone = ? AND guesses > 0",
+            ),
+        )
+        .bind(phone)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// When `phone` may guess again, if it has used up its `cap` guesses of the window.
+    pub async fn login_locked_until(
+        &self,
+        phone: &str,
+        now: i64,
+        cap: i64,
+        window_ms: i64,
+    ) -> Result<Option<i64>, StoreError> {
+        let row = sqlx::query(&self.sql(
+            "SELECT window_start FROM login_guesses WHERE phone = ? AND guesses >= ? AND window_start > ?",
+        ))
+        .bind(phone)
+        .bind(cap)
+        .bind(now.saturating_sub(window_ms))
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(match row {
+            Some(r) => Some(r.try_get::<i64, _>(0)?.saturating_add(window_ms)),
             None => None,
         })
     }

@@ -158,5 +158,61 @@ pub fn migrations(d: Dialect) -> Vec<(i64, Vec<String>)> {
          SELECT id, stock, 'opening_balance', 'the stock when the journal began', updated_at FROM sales"
             .to_string(),
     ];
-    vec![(1, v1), (2, v2), (3, v3), (4, v4), (5, v5), (6, v6)]
+    let open_intents_index = match d {
+        // MySQL has no partial index: a generated column that holds the order only while
+        // the intent is open, NULL (never equal to another NULL) once it is settled.
+        Dialect::MySql => vec![
+            "ALTER TABLE payments ADD COLUMN open_order_id BIGINT AS \
+             (CASE WHEN status = 'created' THEN order_id END) VIRTUAL"
+                .to_string(),
+            "CREATE UNIQUE INDEX payments_one_open ON payments (open_order_id)".to_string(),
+        ],
+        _ => vec![
+            "CREATE UNIQUE INDEX payments_one_open ON payments (order_id) WHERE status = 'created'"
+                .to_string(),
+        ],
+    };
+    let mut v7 = vec![
+        // A phone's guesses at login codes in its current day, whatever codes it asked for.
+        format!(
+            "CREATE TABLE IF NOT EXISTS login_guesses (
+                phone VARCHAR(64) PRIMARY KEY,
+                window_start {int} NOT NULL,
+                guesses {int} NOT NULL
+            ){tail}"
+        ),
+        // Users whose phone, normalised to E.164, names another user already (see
+        // `Store::normalise_phones`): kept apart and listed here, never merged silently.
+        format!(
+            "CREATE TABLE IF NOT EXISTS phone_conflicts (
+                user_id {int} PRIMARY KEY,
+                phone VARCHAR(64) NOT NULL,
+                normalised VARCHAR(64) NOT NULL,
+                other_user_id {int},
+                reason VARCHAR(200) NOT NULL,
+                found_at {int} NOT NULL
+            ){tail}"
+        ),
+        // At most one open intent per order (concurrent /pay calls opened two before): the
+        // older of any two open ones already there is superseded (still payable: a provider
+        // that confirms it is recorded, see `settle_payment`).
+        "UPDATE payments SET status = 'superseded' WHERE status = 'created' AND intent_id NOT IN \
+         (SELECT keep FROM (SELECT MAX(intent_id) AS keep FROM payments WHERE status = 'created' \
+         GROUP BY order_id) AS k)"
+            .to_string(),
+    ];
+    v7.extend(open_intents_index);
+    vec![
+        (1, v1),
+        (2, v2),
+        (3, v3),
+        (4, v4),
+        (5, v5),
+        (6, v6),
+        (7, v7),
+    ]
 }
+
+/// The migration that rewrites stored phones to E.164 (in Rust: SQL cannot parse phone
+/// numbers), applied after the SQL ones.
+pub const PHONES_NORMALISED: i64 = 8;

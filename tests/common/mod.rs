@@ -221,6 +221,15 @@ impl Server {
         }
     }
 
+    /// The value of one of its settings (as given to it, e.g. `SECKILL_DATABASE_URL`).
+    pub fn env_value(&self, key: &str) -> String {
+        self.env
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_else(|| panic!("{key} is not set"))
+    }
+
     /// Waits up to 30 s until it answers /healthz.
     pub async fn wait_ready(&mut self) {
         let client = reqwest::Client::new();
@@ -306,14 +315,15 @@ pub async fn open_sale(c: &reqwest::Client, s: &Server, stock: i64, limit: i64) 
 
 /// Logs `n` distinct users in through the API (code, then login); returns their tokens.
 pub async fn login_users(c: &reqwest::Client, base: &str, n: usize) -> Vec<String> {
-    let prefix = 10_000_000_000u64 + (rand::random::<u32>() as u64) * 1000;
+    assert!(n <= 100_000, "phone numbers for at most 100,000 users");
+    let prefix = common_phone_block();
     let sem = Arc::new(tokio::sync::Semaphore::new(64));
     let mut tasks = Vec::new();
     for i in 0..n {
         let (c, base, sem) = (c.clone(), base.to_string(), sem.clone());
         tasks.push(tokio::spawn(async move {
             let _permit = sem.acquire().await.unwrap();
-            let phone = format!("+{}", prefix * 1000 + i as u64);
+            let phone = test_phone(prefix + i as u64);
             let r: serde_json::Value = c
                 .post(format!("{base}/api/auth/code"))
                 .json(&serde_json::json!({ "phone": phone }))
@@ -344,6 +354,17 @@ pub async fn login_users(c: &reqwest::Client, base: &str, n: usize) -> Vec<Strin
         tokens.push(t.await.unwrap());
     }
     tokens
+}
+
+/// The first of a random block of 100,000 valid phone numbers (see [`test_phone`]).
+pub fn common_phone_block() -> u64 {
+    (rand::random::<u64>() % 9_999) * 100_000
+}
+
+/// The `n`th test phone number: a valid Chinese mobile number in E.164 (`+86139` and eight
+/// digits), as the server normalises phones and refuses numbers that are not valid.
+pub fn test_phone(n: u64) -> String {
+    format!("+86139{:08}", n % 100_000_000)
 }
 
 /// The user id inside a token (`{user}.{exp}.{sig}`).
@@ -544,9 +565,10 @@ pub fn metric(text: &str, name: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// The server's /metrics text.
+/// The server's /metrics text (read with the admin token, which may read it).
 pub async fn metrics(c: &reqwest::Client, s: &Server) -> String {
     c.get(format!("{}/metrics", s.base))
+        .bearer_auth(&s.admin)
         .send()
         .await
         .unwrap()

@@ -241,15 +241,20 @@ async fn asset(Path(name): Path<String>, headers: HeaderMap) -> Response {
     }
 }
 
-/// The pages' routes, merged into the API's router.
-pub fn routes<S: Clone + Send + Sync + 'static>() -> Router<S> {
-    Router::new()
+/// The pages' routes, merged into the API's router; the simulated provider's pay page
+/// only when it is the configured provider.
+pub fn routes<S: Clone + Send + Sync + 'static>(simulated_provider: bool) -> Router<S> {
+    let routes = Router::new()
         .route("/", get(page("index.html")))
         .route("/sales/{id}", get(page_with_id("sale.html")))
         .route("/orders", get(page("orders.html")))
-        .route("/simulated-pay/{id}", get(page_with_id("pay.html")))
         .route("/admin", get(page("admin.html")))
-        .route("/assets/{name}", get(asset))
+        .route("/assets/{name}", get(asset));
+    if simulated_provider {
+        routes.route("/simulated-pay/{id}", get(page_with_id("pay.html")))
+    } else {
+        routes
+    }
 }
 
 #[cfg(test)]

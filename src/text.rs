@@ -1,0 +1,140 @@
+//! Text shared by every layer: hex, and phone numbers in their one canonical spelling.
+//! Pure functions; no I/O, no state, and nothing here imports another module of seckill.
+
+use phonenumber::country::Id;
+
+/// Lower-case hex of `bytes`.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Longest phone number text read at all: libphonenumber's own limit on what it parses.
+const MAX_PHONE_TEXT: usize = 250;
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PhoneError {
+    #[error("phone is not a phone number ({0})")]
+    Unparsable(String),
+    #[error("phone is not a valid number in its country (check the country code and length)")]
+    NotValid,
+    #[error("phone must not carry an extension: log in with a number that receives SMS")]
+    Extension,
+    #[error("phone is longer than {MAX_PHONE_TEXT} characters")]
+    TooLong,
+}
+
+/// The region of `code` (ISO 3166-1 alpha-2, any case), if libphonenumber knows it.
+pub fn phone_region(code: &str) -> Option<Id> {
+    code.to_ascii_uppercase().parse().ok()
+}
+
+/// A phone number in E.164 (`+8613800000001`), the one spelling that names a user: every
+/// way of writing the same number (`8613800000001`, `008613800000001`, `138 0000 0001` in
+/// region CN, with spaces, dashes or brackets) gives the same text. Numbers that are not
+/// valid in their country, and numbers with an extension, are refused.
+pub fn normalize_phone(raw: &str, region: Id) -> Result<String, PhoneError> {
+    if raw.len() > MAX_PHONE_TEXT {
+        return Err(PhoneError::TooLong);
+    }
+    let unparsable = |e: phonenumber::ParseError| PhoneError::Unparsable(e.to_string());
+    let mut number = phonenumber::parse(Some(region), raw).map_err(unparsable)?;
+    let region_code = phonenumber::metadata::DATABASE
+        .by_id(region.as_ref())
+        .map(|m| m.country_code());
+    if Some(number.code().value()) != region_code {
+        // The number named another country. phonenumber 0.3 strips the default region's
+        // national prefix from it all the same (with region US, "+86 139 1234 5678" came
+        // out as "+86 3912345678": another person); read without a default region, it
+        // is judged by its own country's rules.
+        number = phonenumber::parse(None, raw).map_err(unparsable)?;
+    }
+    if number.extension().is_some() {
+        return Err(PhoneError::Extension);
+    }
+    if !number.is_valid() {
+        return Err(PhoneError::NotValid);
+    }
+    Ok(number.format().mode(phonenumber::Mode::E164).to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_spelling_of_one_number_is_one_text() {
+        let cn = phone_region("cn").unwrap();
+        for raw in [
+            "+8613800000001",
+            "8613800000001",
+            "008613800000001",
+            "+008613800000001",
+            "13800000001",
+            "+86 138 0000 0001",
+            "+86-138-0000-0001",
+            "(138) 0000 0001",
+        ] {
+            assert_eq!(
+                normalize_phone(raw, cn).as_deref(),
+                Ok("+8613800000001"),
+                "{raw}"
+            );
+        }
+        let us = phone_region("US").unwrap();
+        assert_eq!(
+            normalize_phone("(201) 555-0123", us).as_deref(),
+            Ok("+12015550123")
+        );
+        for (raw, e164) in [
+            ("+8613800000001", "+8613800000001"),
+            ("+86 139 1234 5678", "+8613912345678"),
+            ("+4915112345678", "+4915112345678"),
+            ("+44 1234 567890", "+441234567890"),
+        ] {
+            assert_eq!(
+                normalize_phone(raw, us).as_deref(),
+                Ok(e164),
+                "a country code beats the default region's rules: {raw}"
+            );
+        }
+        // The US's international prefix read by phonenumber 0.3 with the US's rules gives
+        // another number; refused rather than read as someone else.
+        assert!(normalize_phone("011 86 139 1234 5678", us).is_err());
+        let de = phone_region("DE").unwrap();
+        assert_eq!(
+            normalize_phone("0151 12345678", de).as_deref(),
+            Ok("+4915112345678")
+        );
+    }
+
+    #[test]
+    fn what_is_not_one_phone_is_refused() {
+        let cn = phone_region("CN").unwrap();
+        for raw in [
+            "",
+            "+",
+            "abc",
+            "12345",
+            "+861380000000１",
+            "１３８００００００01",
+        ] {
+            assert!(
+                matches!(normalize_phone(raw, cn), Err(PhoneError::Unparsable(_))),
+                "{raw}"
+            );
+        }
+        for raw in ["+86138000000012", "+15550001234", "+4412345678901234"] {
+            assert_eq!(normalize_phone(raw, cn), Err(PhoneError::NotValid), "{raw}");
+        }
+        assert_eq!(
+            normalize_phone("+8613800000001 ext. 12", cn),
+            Err(PhoneError::Extension)
+        );
+        assert_eq!(
+            normalize_phone(&"1".repeat(300), cn),
+            Err(PhoneError::TooLong)
+        );
+        assert!(phone_region("XX").is_none());
+        assert!(phone_region("").is_none());
+    }
+}
