@@ -416,6 +416,7 @@ pub async fn assemble(config: Config, role: Role) -> Result<App, AppError> {
         config.rate_address,
         config.trusted_proxies.clone(),
     );
+    let secret_guard = crate::edge::auth::SecretGuard::new(config.wrong_token_limit);
     let state = Arc::new(AppState {
         config,
         store,
@@ -433,7 +434,7 @@ pub async fn assemble(config: Config, role: Role) -> Result<App, AppError> {
         tokens,
         payments: payments.provider,
         simulator: payments.simulator,
-        secret_guard: Default::default(),
+        secret_guard,
         sales: Arc::new(SaleCache::default()),
         redis,
         local_log,

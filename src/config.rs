@@ -120,6 +120,10 @@ pub struct ConfigArgs {
         hide_env_values = true
     )]
     pub metrics_token: Option<String>,
+    /// Wrong admin or metrics tokens one client address may send before every admin call
+    /// from it is answered 429 (then one more a minute); 0 turns the guard off [default: 5].
+    #[arg(long, env = "SECKILL_WRONG_TOKEN_LIMIT", global = true)]
+    pub wrong_token_limit: Option<u32>,
     /// Serve /metrics to anyone, without a token (dev mode does too) [default: false].
     #[arg(long, env = "SECKILL_METRICS_PUBLIC", global = true, num_args = 0..=1, default_missing_value = "true",
           value_parser = clap::builder::BoolishValueParser::new())]
@@ -304,6 +308,7 @@ pub struct Config {
     pub phone_region: String,
     pub metrics_token: Option<String>,
     pub metrics_public: bool,
+    pub wrong_token_limit: u32,
     pub run_writer: bool,
     pub writer_batch: usize,
     pub writer_concurrency: usize,
@@ -414,6 +419,7 @@ impl Config {
                 .or(f.metrics_token)
                 .filter(|s| !s.is_empty()),
             metrics_public: a.metrics_public.or(f.metrics_public).unwrap_or(false),
+            wrong_token_limit: a.wrong_token_limit.or(f.wrong_token_limit).unwrap_or(5),
             run_writer: !a.no_writer.or(f.no_writer).unwrap_or(false),
             // SQLite pays per page a commit touches, so fewer, larger commits drain the
             // embedded log faster (1,000 -> 5,000 cut a 200,000-order backlog's drain from
@@ -738,6 +744,7 @@ impl Config {
             format!("phone_region       = {}", self.phone_region),
             format!("metrics_token      = {}", mask(&self.metrics_token)),
             format!("metrics_public     = {}", self.metrics_public),
+            format!("wrong_token_limit  = {}", self.wrong_token_limit),
             // The hook's command line may carry an API key of the SMS provider.
             format!("sms_hook           = {}", mask(&self.sms_hook)),
             format!("run_writer         = {}", self.run_writer),

@@ -30,13 +30,11 @@ const CODE_MAX_ATTEMPTS: i64 = 5;
 pub const LOGIN_FAILURES_PER_DAY: i64 = 10;
 /// The day of `LOGIN_FAILURES_PER_DAY`, opened by the phone's first guess in it.
 pub const LOGIN_FAILURE_WINDOW_MS: i64 = 86_400_000;
-/// Wrong secrets (admin token, metrics token) one client address may send: five at once,
-/// then one a minute, counted on each instance. Guessing a 32-character token at that
-/// rate takes longer than the universe has; a person who mistyped it waits a minute.
-pub const SECRET_GUESSES: RateLimit = RateLimit {
-    per_sec: 1.0 / 60.0,
-    burst: 5,
-};
+/// Wrong secrets (admin token, metrics token) one client address may send once it has
+/// sent its `--wrong-token-limit` (5): one a minute, counted on each instance. Guessing a
+/// 32-character token at that rate takes longer than the universe has; a person who
+/// mistyped it waits a minute.
+pub const SECRET_GUESSES_PER_SEC: f64 = 1.0 / 60.0;
 /// Addresses tracked at most by the secret guard.
 const SECRET_GUARD_KEYS: usize = 100_000;
 /// Bytes of the HMAC kept in a token: 128 bits.
@@ -195,44 +193,49 @@ pub struct PeerAddr(pub IpAddr);
 /// per client address: after `SECRET_GUESSES.burst` wrong ones, every attempt from that
 /// address is answered 429 without being compared, until its bucket refills.
 pub struct SecretGuard {
-    wrong: RateTable<IpAddr>,
+    /// `None`: the guard is off (`--wrong-token-limit 0`).
+    wrong: Option<RateTable<IpAddr>>,
     /// Wrong secrets presented, for `/metrics`.
     pub failures: AtomicU64,
     /// Attempts refused with 429 because their address had guessed too often.
     pub throttled: AtomicU64,
 }
 
-impl Default for SecretGuard {
-    fn default() -> Self {
+impl SecretGuard {
+    /// A guard letting each address send `burst` wrong secrets, then one a minute; 0 is off.
+    pub fn new(burst: u32) -> Self {
+        let rate = RateLimit {
+            per_sec: SECRET_GUESSES_PER_SEC,
+            burst,
+        };
         SecretGuard {
-            wrong: RateTable::new(SECRET_GUESSES, SECRET_GUARD_KEYS),
+            wrong: (burst > 0).then(|| RateTable::new(rate, SECRET_GUARD_KEYS)),
             failures: AtomicU64::new(0),
             throttled: AtomicU64::new(0),
         }
     }
-}
 
-impl SecretGuard {
     /// Ok when `given` is one of `accepted`; 401 when it is missing or wrong; 429 (with
-    /// Retry-After) when `client` has sent too many wrong ones lately. A missing secret
-    /// is not a guess and costs nothing.
+    /// Retry-After) when `client` has sent too many wrong ones lately, whatever it sends
+    /// now. A missing secret is not a guess: always 401, and it costs nothing.
     pub fn check(
         &self,
         client: IpAddr,
         given: Option<&str>,
         accepted: &[&str],
+        what: &str,
         now_ms: i64,
     ) -> Result<(), ApiError> {
-        if let Err(wait_ms) = self.wrong.check(client, now_ms) {
+        let Some(given) = given else {
+            return Err(ApiError::Unauthorized(format!("missing or wrong {what}")));
+        };
+        if let Some(Err(wait_ms)) = self.wrong.as_ref().map(|w| w.check(client, now_ms)) {
             self.throttled.fetch_add(1, Ordering::Relaxed);
             return Err(ApiError::RateLimited {
                 retry_after_secs: (wait_ms.max(1) as u64).div_ceil(1000),
                 message: "too many wrong tokens from this address; wait before trying again".into(),
             });
         }
-        let Some(given) = given else {
-            return Err(ApiError::Unauthorized("missing bearer token".into()));
-        };
         // Every accepted secret is compared, so the time taken says nothing of which one
         // came closest.
         let matched = accepted.iter().fold(false, |m, secret| {
@@ -242,20 +245,32 @@ impl SecretGuard {
             return Ok(());
         }
         self.failures.fetch_add(1, Ordering::Relaxed);
-        let _ = self.wrong.take(client, now_ms);
-        Err(ApiError::Unauthorized("wrong bearer token".into()))
+        if let Some(wrong) = &self.wrong {
+            let _ = wrong.take(client, now_ms);
+        }
+        Err(ApiError::Unauthorized(format!("missing or wrong {what}")))
     }
 }
 
 /// Checks the request's bearer token against `accepted`, throttled per client address.
-pub fn check_secret(st: &AppState, parts: &Parts, accepted: &[&str]) -> Result<(), ApiError> {
+pub fn check_secret(
+    st: &AppState,
+    parts: &Parts,
+    accepted: &[&str],
+    what: &str,
+) -> Result<(), ApiError> {
     let peer = parts
         .extensions
         .get::<PeerAddr>()
         .map_or(IpAddr::from([0, 0, 0, 0]), |p| p.0);
     let client = st.address_limiter.client_of(peer, &parts.headers);
-    st.secret_guard
-        .check(client, bearer(&parts.headers), accepted, crate::now_ms())
+    st.secret_guard.check(
+        client,
+        bearer(&parts.headers),
+        accepted,
+        what,
+        crate::now_ms(),
+    )
 }
 
 /// The authenticated caller of a user endpoint.
@@ -287,7 +302,7 @@ impl FromRequestParts<Arc<AppState>> for Admin {
                 "the admin API is closed: set SECKILL_ADMIN_TOKEN".into(),
             ));
         };
-        check_secret(state, parts, &[expected]).map(|()| Admin)
+        check_secret(state, parts, &[expected], "admin token").map(|()| Admin)
     }
 }
 
@@ -318,7 +333,7 @@ impl FromRequestParts<Arc<AppState>> for MetricsReader {
                     .into(),
             ));
         }
-        check_secret(state, parts, &accepted).map(|()| MetricsReader)
+        check_secret(state, parts, &accepted, "metrics token").map(|()| MetricsReader)
     }
 }
 
@@ -547,39 +562,54 @@ mod tests {
 
     #[test]
     fn secret_guesses_are_throttled_per_address_and_never_compared_once_over() {
-        let g = SecretGuard::default();
+        let g = SecretGuard::new(5);
         let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
         let t = 1_000_000;
-        assert!(g.check(a, Some("right"), &["right"], t).is_ok());
-        for _ in 0..SECRET_GUESSES.burst {
+        assert!(g.check(a, Some("right"), &["right"], "token", t).is_ok());
+        for _ in 0..5 {
             assert!(matches!(
-                g.check(a, Some("wrong"), &["right"], t),
+                g.check(a, Some("wrong"), &["right"], "token", t),
                 Err(ApiError::Unauthorized(_))
             ));
         }
-        match g.check(a, Some("right"), &["right"], t) {
+        match g.check(a, Some("right"), &["right"], "token", t) {
             Err(ApiError::RateLimited {
                 retry_after_secs, ..
             }) => assert!((1..=60).contains(&retry_after_secs)),
             other => panic!("the right token is not even compared once over: {other:?}"),
         }
         assert!(
-            g.check(b, Some("right"), &["right"], t).is_ok(),
+            g.check(b, Some("right"), &["right"], "token", t).is_ok(),
             "another address is not affected"
         );
         assert!(
             matches!(
-                g.check(b, None, &["right"], t),
+                g.check(b, None, &["right"], "token", t),
                 Err(ApiError::Unauthorized(_))
             ),
             "no token at all"
         );
         assert!(
-            g.check(a, Some("right"), &["x", "right"], t + 61_000)
+            g.check(a, Some("right"), &["x", "right"], "token", t + 61_000)
                 .is_ok(),
             "refilled"
         );
         assert_eq!(g.failures.load(Ordering::Relaxed), 5);
         assert_eq!(g.throttled.load(Ordering::Relaxed), 1);
+        assert!(
+            matches!(
+                g.check(a, None, &["right"], "token", t),
+                Err(ApiError::Unauthorized(_))
+            ),
+            "no token is answered 401 even from a throttled address"
+        );
+        let off = SecretGuard::new(0);
+        for _ in 0..100 {
+            assert!(off.check(a, Some("wrong"), &["right"], "token", t).is_err());
+        }
+        assert!(
+            off.check(a, Some("right"), &["right"], "token", t).is_ok(),
+            "off"
+        );
     }
 }
