@@ -19,10 +19,11 @@ use crate::gate::sql::SqlGate;
 use crate::gate::Gate;
 use crate::ids::{self, IdGenerator};
 use crate::lifecycle::payment::{PaymentProvider, RedirectProvider, SimulatedProvider};
+use crate::loader::SaleCache;
 use crate::orderlog::redis_stream::StreamLog;
 use crate::orderlog::{local, OrderLog};
 use crate::redis_client::{RedisClient, RedisConn};
-use crate::scheduler::{SaleCache, Scheduler};
+use crate::scheduler::Scheduler;
 use crate::store::lifecycle::SqlDecision;
 use crate::store::Store;
 use crate::writer::{Writer, WriterStats};
@@ -58,6 +59,11 @@ impl AppError {
             _ => false,
         };
         let log = |e: &LogError| matches!(e, LogError::Redis(e) if redis_unreachable(e));
+        let load = |e: &crate::loader::LoadError| match e {
+            crate::loader::LoadError::Store(e) => e.is_transient(),
+            crate::loader::LoadError::Gate(e) => gate(e),
+            crate::loader::LoadError::Stuck(..) => true,
+        };
         match self {
             AppError::Store(e) => e.is_transient(),
             AppError::Redis(e) => redis_unreachable(e),
@@ -68,7 +74,8 @@ impl AppError {
                 SchedulerError::Store(e) => e.is_transient(),
                 SchedulerError::Gate(e) => gate(e),
                 SchedulerError::Log(e) => log(e),
-                SchedulerError::Lifecycle(_) | SchedulerError::LoadStuck(..) => true,
+                SchedulerError::Load(e) => load(e),
+                SchedulerError::Lifecycle(_) => true,
             },
             _ => false,
         }
@@ -215,7 +222,7 @@ async fn open_order_log(
         // Config::validate refuses this combination; never fall back to memory.
         return Err(AppError::Other("no order log folder".into()));
     };
-    let candidate = crate::edge::auth::hex(&rand::random::<[u8; 16]>());
+    let candidate = crate::text::hex(&rand::random::<[u8; 16]>());
     let database_id = store.meta_get_or_init("database_id", &candidate).await?;
     // A server SIGKILLed a moment ago holds the claim until its database session ends.
     let mut claimed = store.claim_single_server().await?;
@@ -258,7 +265,7 @@ async fn distributed_parts(config: &Config, store: &Store, url: &str) -> Result<
                 breaker
             });
             // Moves stock between a segmented sale's segments when a buyer's is empty.
-            let rebalancer = crate::segments::rebalance::Rebalancer::new(
+            let rebalancer = crate::gate::rebalance::Rebalancer::new(
                 breaker.clone() as Arc<dyn Gate>,
                 store.clone(),
             );
@@ -301,7 +308,7 @@ pub async fn token_signer(config: &Config, store: &Store) -> Result<TokenSigner,
     let secret = match &config.token_secret {
         Some(s) => s.clone(),
         None => {
-            let candidate = crate::edge::auth::hex(&rand::random::<[u8; 32]>());
+            let candidate = crate::text::hex(&rand::random::<[u8; 32]>());
             store.meta_get_or_init("token_secret", &candidate).await?
         }
     };
@@ -375,10 +382,10 @@ pub async fn assemble(config: Config, role: Role) -> Result<App, AppError> {
     let payments = payment_provider(&config, &store).await?;
     // With Sentinel, every Redis client of this process goes through its master follower.
     let redis_url = match &config.redis_url {
-        Some(url) if crate::sentinel::is_sentinel_url(url) => {
-            let sentinel = crate::sentinel::parse(url).map_err(AppError::Other)?;
+        Some(url) if crate::redis_client::sentinel::is_sentinel_url(url) => {
+            let sentinel = crate::redis_client::sentinel::parse(url).map_err(AppError::Other)?;
             let follow = || async {
-                crate::sentinel::follow(&sentinel, &config.redis_prefix)
+                crate::redis_client::sentinel::follow(&sentinel, &config.redis_prefix)
                     .await
                     .map_err(AppError::from)
             };
@@ -389,7 +396,7 @@ pub async fn assemble(config: Config, role: Role) -> Result<App, AppError> {
     let parts = match &redis_url {
         None => embedded_parts(&config, &store, role).await?,
         Some(url) => {
-            let what = format!("redis at {}", crate::config::mask_url(url));
+            let what = format!("redis at {}", crate::text::mask_url(url));
             until_up(&what, || distributed_parts(&config, &store, url)).await?
         }
     };
@@ -473,7 +480,7 @@ impl App {
             .as_ref()
             .map(|conn| crate::reconcile::auditor::Lease {
                 conn: conn.clone(),
-                key: format!("{}:{{audit}}:lease", st.config.redis_prefix),
+                key: crate::redis_client::keys::audit_lease(&st.config.redis_prefix),
                 token: format!("{:016x}", rand::random::<u64>()),
             });
         Some(crate::reconcile::auditor::Auditor {

@@ -1,4 +1,5 @@
-//! Text shared by every layer: hex, and phone numbers in their one canonical spelling.
+//! Text shared by every layer: hex, URLs with their secrets masked, and phone numbers in
+//! their one canonical spelling.
 //! Pure functions; no I/O, no state, and nothing here imports another module of seckill.
 
 use phonenumber::country::Id;
@@ -6,6 +7,44 @@ use phonenumber::country::Id;
 /// Lower-case hex of `bytes`.
 pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Hides the password of a URL such as `postgres://user:pw@host/db`, and the values of
+/// query parameters that carry secrets (`?password=...`, `?sslpassword=...`, tokens).
+pub fn mask_url(url: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (url, None),
+    };
+    let mut out = match base.split_once("://") {
+        None => base.to_string(),
+        Some((scheme, rest)) => match rest.rsplit_once('@') {
+            Some((cred, host)) => match cred.split_once(':') {
+                Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
+                None => format!("{scheme}://{cred}@{host}"),
+            },
+            None => base.to_string(),
+        },
+    };
+    if let Some(query) = query {
+        let masked: Vec<String> = query
+            .split('&')
+            .map(|pair| match pair.split_once('=') {
+                Some((k, _)) if secret_param(k) => format!("{k}=***"),
+                _ => pair.to_string(),
+            })
+            .collect();
+        out.push('?');
+        out.push_str(&masked.join("&"));
+    }
+    out
+}
+
+fn secret_param(key: &str) -> bool {
+    let k = key.to_ascii_lowercase();
+    ["pass", "pwd", "secret", "token", "key", "auth"]
+        .iter()
+        .any(|s| k.contains(s))
 }
 
 /// Longest phone number text read at all: E.164's 15 digits, a `+` and room for spaces,
@@ -71,6 +110,28 @@ pub fn normalize_phone(raw: &str, region: Id) -> Result<String, PhoneError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn masks_passwords() {
+        assert_eq!(
+            mask_url("mysql://root:pw@h:3306/d"),
+            "mysql://root:***@h:3306/d"
+        );
+        assert_eq!(
+            mask_url("redis://127.0.0.1:6379/"),
+            "redis://127.0.0.1:6379/"
+        );
+        assert_eq!(
+            mask_url("postgres://u@h/db?sslmode=require&password=hunter2"),
+            "postgres://u@h/db?sslmode=require&password=***"
+        );
+        assert_eq!(
+            mask_url("redis://:p@ss@h:6379/0"),
+            "redis://:***@h:6379/0",
+            "an @ inside the password"
+        );
+        assert_eq!(mask_url("sqlite://seckill.db"), "sqlite://seckill.db");
+    }
 
     #[test]
     fn every_spelling_of_one_number_is_one_text() {

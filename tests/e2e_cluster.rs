@@ -327,7 +327,7 @@ async fn a_hot_sale_over_three_segments_on_three_masters_sells_exactly_its_stock
     .unwrap();
     let mut masters = HashSet::new();
     for s in 0..3 {
-        let k = seckill::gate::redis::SaleKeys::for_segment("seckill", sale, 3, s);
+        let k = seckill::redis_client::keys::SaleKeys::for_segment("seckill", sale, 3, s);
         masters.insert(d.cluster.master_of(&k.sale).await);
     }
     assert_eq!(masters.len(), 3, "each segment on a master of its own");
@@ -383,9 +383,9 @@ async fn drift_in_two_segments_on_two_masters_is_reported_and_repaired() {
     // A buyer of segment `a` vanishes from its gate; segment `b`, on another master,
     // gains 2 units from nowhere.
     let removed = 7;
-    let a = seckill::segments::segment_of(removed, 3);
+    let a = seckill::model::segments::segment_of(removed, 3);
     let b = (a + 1) % 3;
-    let keys = |s| seckill::gate::redis::SaleKeys::for_segment("seckill", sale, 3, s);
+    let keys = |s| seckill::redis_client::keys::SaleKeys::for_segment("seckill", sale, 3, s);
     let (ka, kb) = (keys(a), keys(b));
     assert_ne!(
         d.cluster.master_of(&ka.sale).await,

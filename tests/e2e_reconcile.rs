@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use common::storm::{storm_on, tokens, Arrival, Told};
 use common::{client, Server, Sql};
-use seckill::gate::redis::SaleKeys;
+use seckill::redis_client::keys::SaleKeys;
 use seckill::store::Store;
 use serde_json::{json, Value};
 

@@ -623,7 +623,7 @@ async fn workers_frozen_across_a_wipe_lose_nothing_and_sell_nobody_twice() {
     for w in &d.workers {
         signal("-CONT", w.0.id());
     }
-    let stream = seckill::gate::redis::SaleKeys::new("seckill", sale_id).stream;
+    let stream = seckill::redis_client::keys::SaleKeys::new("seckill", sale_id).stream;
     let redis_url = d.redis.url();
     common::eventually(10, "the writers hold all 500 orders", move || {
         let (url, stream) = (redis_url.clone(), stream.clone());

@@ -146,7 +146,7 @@ async fn a_hot_sale_over_three_segments_sells_exactly_its_stock_and_rebuilds_one
         .sum();
     let crowded_winners = winners
         .iter()
-        .filter(|u| seckill::segments::segment_of(**u, 3) == 0)
+        .filter(|u| seckill::model::segments::segment_of(**u, 3) == 0)
         .count() as i64;
     assert!(
         crowded_winners > 167,
@@ -160,7 +160,7 @@ async fn a_hot_sale_over_three_segments_sells_exactly_its_stock_and_rebuilds_one
 
     // The Redis state of the crowded segment, where most buyers are, is lost: rebuilt
     // alone, from SQL, with its buyers.
-    let k = seckill::gate::redis::SaleKeys::for_segment(&d.prefix, sale, 3, 0);
+    let k = seckill::redis_client::keys::SaleKeys::for_segment(&d.prefix, sale, 3, 0);
     let (_, mut conn) = seckill::app::redis_manager(REDIS).await.unwrap();
     let _: i64 = redis::cmd("DEL")
         .arg(&k.sale)
@@ -316,7 +316,7 @@ async fn instances_sigkilled_while_moving_stock_lose_no_order_and_strand_no_unit
     let order: Vec<i64> = {
         // Interleaved, so every segment's buyers keep arriving.
         let mut v = buyers.clone();
-        v.sort_by_key(|u| seckill::segments::segment_of(*u * 7919, 5));
+        v.sort_by_key(|u| seckill::model::segments::segment_of(*u * 7919, 5));
         v
     };
     let storm = tokio::spawn(storm_on(

@@ -7,10 +7,11 @@ mod common;
 
 use std::sync::Arc;
 
-use seckill::gate::redis::{RedisGate, SaleKeys};
+use seckill::gate::redis::RedisGate;
 use seckill::gate::{Gate, LoadStart, Purchase, Rejection, SaleLoad, Verdict};
+use seckill::loader::{self, SaleCache};
 use seckill::model::{NewOrder, Sale};
-use seckill::scheduler::{self, SaleCache};
+use seckill::redis_client::keys::SaleKeys;
 use seckill::store::Store;
 
 async fn gate(prefix: &str) -> Arc<RedisGate> {
@@ -83,7 +84,7 @@ async fn many_processes_rebuild_a_sale_once_and_forget_no_buyer() {
                 let mut loaded = 0;
                 // Each keeps asking until the sale is in the gate, as purchases and ticks do.
                 while !gate.is_loaded(sale.id).await.unwrap() {
-                    if scheduler::load_sale(&store, gate.as_ref(), &cache, &sale)
+                    if loader::load_sale(&store, gate.as_ref(), &cache, &sale)
                         .await
                         .unwrap()
                     {
@@ -176,7 +177,7 @@ async fn the_rebuilt_gate_is_sql_plus_the_stream_plus_late_writes() {
     let sale = sale_with_buyers(&store, 100, 10).await;
     let g = gate(&prefix).await;
     assert!(
-        scheduler::load_sale(&store, g.as_ref(), &SaleCache::default(), &sale)
+        loader::load_sale(&store, g.as_ref(), &SaleCache::default(), &sale)
             .await
             .unwrap()
     );
@@ -277,7 +278,7 @@ async fn a_gate_from_another_redis_server_is_rebuilt_once() {
     let sale = sale_with_buyers(&store, 100, 10).await;
     let g = gate(&prefix).await;
     let cache = SaleCache::default();
-    assert!(scheduler::load_sale(&store, g.as_ref(), &cache, &sale)
+    assert!(loader::load_sale(&store, g.as_ref(), &cache, &sale)
         .await
         .unwrap());
     assert!(!g.forget_if_stale(sale.id).await.unwrap(), "loaded here");
@@ -297,7 +298,7 @@ async fn a_gate_from_another_redis_server_is_rebuilt_once() {
         !g.is_loaded(sale.id).await.unwrap(),
         "answers not_loaded until rebuilt"
     );
-    assert!(scheduler::load_sale(&store, g.as_ref(), &cache, &sale)
+    assert!(loader::load_sale(&store, g.as_ref(), &cache, &sale)
         .await
         .unwrap());
     assert_eq!(
@@ -326,7 +327,7 @@ async fn a_waiting_load_returns_once_another_processs_load_is_in_place() {
     let waiting = {
         let (store, sale, here) = (store.clone(), sale.clone(), here.clone());
         tokio::spawn(async move {
-            scheduler::load_sale_and_wait(&store, here.as_ref(), &SaleCache::default(), &sale).await
+            loader::load_sale_and_wait(&store, here.as_ref(), &SaleCache::default(), &sale).await
         })
     };
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
@@ -336,7 +337,7 @@ async fn a_waiting_load_returns_once_another_processs_load_is_in_place() {
     );
     // The plain load does not wait: it returns with nothing loaded.
     assert!(
-        !scheduler::load_sale(&store, here.as_ref(), &SaleCache::default(), &sale)
+        !loader::load_sale(&store, here.as_ref(), &SaleCache::default(), &sale)
             .await
             .unwrap()
     );

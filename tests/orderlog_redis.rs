@@ -9,10 +9,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::Sql;
-use seckill::gate::redis::{RedisGate, SaleKeys};
+use seckill::gate::redis::RedisGate;
 use seckill::gate::{Gate, Purchase, SaleLoad, Verdict};
 use seckill::orderlog::redis_stream::StreamLog;
 use seckill::orderlog::OrderLog;
+use seckill::redis_client::keys::SaleKeys;
 use seckill::store::Store;
 use seckill::writer::{Writer, WriterStats};
 

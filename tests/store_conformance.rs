@@ -454,7 +454,7 @@ async fn sqlite_is_created_on_first_use() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_segment_snapshot_counts_its_share_its_moves_and_its_buyers_only() {
     use seckill::gate::MoveMark;
-    use seckill::segments::segment_of;
+    use seckill::model::segments::segment_of;
     use seckill::store::lifecycle::Part;
     use seckill::store::moves::SegmentMove;
     for kind in ALL_SQL {

@@ -381,7 +381,7 @@ async fn start_server(config: &Config, gate: GateKind) -> Result<Target, BenchEr
         .and_then(|l| l.local_addr())
         .map_err(|e| setup(format!("no free port: {e}")))?
         .port();
-    let admin = crate::edge::auth::hex(&rand::random::<[u8; 16]>());
+    let admin = crate::text::hex(&rand::random::<[u8; 16]>());
     // Its own database (dropped afterwards), beside the one bench was given: a run leaves
     // no users, sales or orders behind.
     let (database, scratch_database) = if config.database_url.starts_with("sqlite:") {

@@ -294,8 +294,8 @@ impl From<IdError> for ApiError {
     }
 }
 
-impl From<crate::scheduler::SchedulerError> for ApiError {
-    fn from(e: crate::scheduler::SchedulerError) -> Self {
+impl From<crate::loader::LoadError> for ApiError {
+    fn from(e: crate::loader::LoadError) -> Self {
         if let Some(left_out) = LOAD_ERRORS_LOGGED.ready() {
             tracing::error!(error = %e, left_out, "could not load a sale");
         }
@@ -310,7 +310,7 @@ impl From<crate::reconcile::ReconcileError> for ApiError {
             R::Store(e) => e.into(),
             R::Gate(GateError::Misconfigured(why)) => ApiError::Conflict(why),
             R::Gate(e) => e.into(),
-            R::Scheduler(e) => e.into(),
+            R::Load(e) => e.into(),
             R::Log(e) => ApiError::Unavailable(format!("order log: {e}")),
             R::NoSuchSale(id) => ApiError::NotFound(format!("sale {id} does not exist")),
             R::TooMuchInFlight(_) => {

@@ -265,7 +265,7 @@ async fn ask_gate(
             if let Some(sale) = st.sales.get(sale_id) {
                 let (store, gate, sales) = (st.store.clone(), st.gate.clone(), st.sales.clone());
                 let load = tokio::spawn(async move {
-                    crate::scheduler::load_sale_unless_loading(&store, gate.as_ref(), &sales, &sale)
+                    crate::loader::load_sale_unless_loading(&store, gate.as_ref(), &sales, &sale)
                         .await
                 });
                 match load.await {

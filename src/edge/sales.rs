@@ -200,7 +200,9 @@ async fn segments_for(
 ) -> Result<i64, ApiError> {
     match asked {
         None => Ok(1),
-        Some(SegmentsAsked::Count(n)) if (1..=crate::segments::MAX_SEGMENTS).contains(&n) => {
+        Some(SegmentsAsked::Count(n))
+            if (1..=crate::model::segments::MAX_SEGMENTS).contains(&n) =>
+        {
             if n > stock {
                 return Err(ApiError::invalid(format!(
                     "segments ({n}) must not exceed the stock ({stock}): every segment starts with a unit"
@@ -210,14 +212,14 @@ async fn segments_for(
         }
         Some(SegmentsAsked::Count(_)) => Err(ApiError::invalid(format!(
             "segments must be between 1 and {}, or \"auto\"",
-            crate::segments::MAX_SEGMENTS
+            crate::model::segments::MAX_SEGMENTS
         ))),
         Some(SegmentsAsked::Auto(AutoWord::Auto)) => {
             let masters = match &st.redis {
                 Some(conn) => crate::redis_client::master_count(&mut conn.clone()).await,
                 None => 1,
             };
-            Ok(crate::segments::auto_segments(masters, stock))
+            Ok(crate::model::segments::auto_segments(masters, stock))
         }
     }
 }
@@ -333,7 +335,7 @@ pub async fn approve_sale(
     let now = crate::now_ms();
     let opens_soon = sale.begins_at <= now + st.config.preload_ahead_secs as i64 * 1000;
     let loaded = if sale.ends_at > now && opens_soon {
-        crate::scheduler::load_sale_and_wait(&st.store, st.gate.as_ref(), &st.sales, &sale).await?;
+        crate::loader::load_sale_and_wait(&st.store, st.gate.as_ref(), &st.sales, &sale).await?;
         true
     } else {
         false

@@ -11,9 +11,10 @@ use std::sync::Arc;
 use redis::{Script, Value};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
-use super::redis::{verdicts_from_reply, SaleKeys};
+use super::reply::verdicts_from_reply;
 use super::{GateError, Purchase, RateLimit, Verdict};
 use crate::config::Durability;
+use crate::redis_client::keys::SaleKeys;
 use crate::redis_client::RedisConn;
 
 /// Most attempts decided by one script call (Redis runs nothing else meanwhile).

@@ -7,7 +7,9 @@
 pub mod batch;
 pub mod breaker;
 pub mod memory;
+pub mod rebalance;
 pub mod redis;
+pub mod reply;
 pub mod soldout;
 pub mod sql;
 
@@ -34,7 +36,7 @@ pub struct Purchase {
 impl Purchase {
     /// The segment that decides this attempt.
     pub fn segment(&self) -> i64 {
-        crate::segments::segment_of(self.user_id, self.segments)
+        crate::model::segments::segment_of(self.user_id, self.segments)
     }
 }
 
@@ -102,39 +104,7 @@ pub fn attempt_deadline(order_id: i64) -> i64 {
     crate::ids::IdGenerator::time_of(order_id) + ATTEMPT_MS
 }
 
-/// A per-user, per-sale request rate (GCRA): `per_sec` on average, `burst` at once.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct RateLimit {
-    pub per_sec: f64,
-    pub burst: u32,
-}
-
-impl RateLimit {
-    /// Milliseconds between requests at the steady rate; 0 when off.
-    pub fn interval_ms(&self) -> i64 {
-        if self.per_sec <= 0.0 {
-            0
-        } else {
-            ((1000.0 / self.per_sec).round() as i64).max(1)
-        }
-    }
-
-    /// How far ahead of the steady rate a burst may run, in milliseconds.
-    pub fn tolerance_ms(&self) -> i64 {
-        self.interval_ms() * (self.burst.max(1) as i64 - 1)
-    }
-
-    /// One GCRA step from the stored theoretical arrival time: the new one, or the wait in ms.
-    pub fn check(&self, tat: i64, now: i64) -> Result<i64, i64> {
-        let tat = tat.max(now);
-        let wait = tat - now - self.tolerance_ms();
-        if wait > 0 {
-            Err(wait)
-        } else {
-            Ok(tat + self.interval_ms())
-        }
-    }
-}
+pub use crate::config::RateLimit;
 
 #[cfg(test)]
 mod tests {
@@ -196,26 +166,7 @@ pub struct SaleLoad {
     pub moves: Vec<(i64, MoveMark)>,
 }
 
-/// What a move of stock between segments was, as one segment remembers it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MoveMark {
-    /// Units left this segment (the donor).
-    Taken,
-    /// The donor refused (or never took) the units: the move never happens.
-    Refused,
-    /// Units came into this segment (the receiver).
-    Given,
-}
-
-impl MoveMark {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            MoveMark::Taken => "taken",
-            MoveMark::Refused => "refused",
-            MoveMark::Given => "given",
-        }
-    }
-}
+pub use crate::store::moves::MoveMark;
 
 /// The outcome of one step of a move, the same however often the step is repeated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

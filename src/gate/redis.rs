@@ -4,13 +4,14 @@
 //! Concurrent purchases are batched into one script call per sale (see `batch`).
 
 use async_trait::async_trait;
-use redis::{Script, Value};
+use redis::Script;
 
+use crate::redis_client::keys::{SaleKeys, WRITER_GROUP};
 use crate::redis_client::{RedisClient, RedisConn};
 
 use super::{
-    Gate, GateError, GateStock, LoadStart, LoadTicket, MoveStep, Purchase, RateLimit, Rejection,
-    Release, Released, SaleLoad, Spend, Verdict,
+    Gate, GateError, GateStock, LoadStart, LoadTicket, MoveStep, Purchase, RateLimit, Release,
+    Released, SaleLoad, Spend, Verdict,
 };
 
 /// How long a sale's gate keys outlive its end, for late order lookups and stats.
@@ -19,74 +20,6 @@ const KEEP_AFTER_END_MS: i64 = 7 * 86_400_000;
 const STAGE_CHUNK: usize = 1000;
 /// A load lock's lease; its holder renews it every third of it while it works.
 const LOAD_LEASE_MS: u64 = 10_000;
-/// The consumer group of the order writers on every sale stream.
-pub const WRITER_GROUP: &str = "writers";
-
-/// The Redis keys of one sale.
-#[derive(Debug, Clone)]
-pub struct SaleKeys {
-    pub sale: String,
-    pub buyers: String,
-    pub stream: String,
-    pub accepted: String,
-    pub dead: String,
-    pub released: String,
-    pub rate: String,
-    /// The load lock, its fence counter, the orders a load counted and the orders written
-    /// to SQL while a load held the lock.
-    pub lock: String,
-    pub fence: String,
-    pub counted: String,
-    pub confirms: String,
-    /// Moves of stock between segments, as this segment took part in them.
-    pub moves: String,
-    /// How many segments the sale has (kept under the unsegmented tag, for the calls that
-    /// name a sale but no buyer).
-    pub segments: String,
-}
-
-impl SaleKeys {
-    /// The keys of an unsegmented sale (and the sale-wide keys of a segmented one).
-    pub fn new(prefix: &str, sale_id: i64) -> Self {
-        Self::for_segment(prefix, sale_id, 1, 0)
-    }
-
-    /// The keys of one segment of a sale of `segments` parts: a hash tag of its own.
-    pub fn for_segment(prefix: &str, sale_id: i64, segments: i64, segment: i64) -> Self {
-        let tag = crate::segments::hash_tag(sale_id, segments, segment);
-        let base = format!("{prefix}:{{{tag}}}");
-        SaleKeys {
-            sale: format!("{base}:sale"),
-            buyers: format!("{base}:buyers"),
-            stream: format!("{base}:orders"),
-            accepted: format!("{base}:accepted"),
-            dead: format!("{base}:dead"),
-            released: format!("{base}:released"),
-            rate: format!("{base}:rate"),
-            lock: format!("{base}:load:lock"),
-            fence: format!("{base}:load:fence"),
-            counted: format!("{base}:counted"),
-            confirms: format!("{base}:load:confirms"),
-            moves: format!("{base}:moves"),
-            segments: format!("{prefix}:{{{sale_id}}}:segments"),
-        }
-    }
-
-    /// A loader's own staging key: no other loader writes or deletes it.
-    pub fn staged(&self, fence: i64, what: &str) -> String {
-        format!(
-            "{}:load:{fence}:{what}",
-            self.sale.trim_end_matches(":sale")
-        )
-    }
-
-    /// The marker of a spent single-use nonce (purchase token or captcha) of this sale.
-    pub fn spent(&self, nonce: u64) -> String {
-        // Same hash tag as the sale: the purchase script may touch it in Redis Cluster.
-        format!("{}:spent:{nonce}", self.sale)
-    }
-}
-
 pub struct RedisGate {
     conn: RedisConn,
     prefix: String,
@@ -134,10 +67,10 @@ impl RedisGate {
             release: Script::new(include_str!("release.lua")),
             lock_load: Script::new(include_str!("lock_load.lua")),
             stage_load: Script::new(include_str!("stage_load.lua")),
-            renew_lock: Script::new(include_str!("renew_lock.lua")),
-            unlock: Script::new(include_str!("unlock.lua")),
+            renew_lock: Script::new(crate::redis_client::lease::RENEW_LUA),
+            unlock: Script::new(crate::redis_client::lease::UNLOCK_LUA),
             confirm: Script::new(include_str!("confirm_written.lua")),
-            forget_stale: Script::new(include_str!("forget_stale.lua")),
+            forget_stale: Script::new(crate::redis_client::lease::FORGET_STALE_LUA),
             take_move: Script::new(include_str!("take_move.lua")),
             give_move: Script::new(include_str!("give_move.lua")),
             segments: Default::default(),
@@ -361,7 +294,7 @@ impl RedisGate {
         user_id: i64,
     ) -> Result<std::sync::Arc<SaleKeys>, GateError> {
         let n = self.segments_of(sale_id).await?;
-        Ok(self.segment_keys(sale_id, n, crate::segments::segment_of(user_id, n)))
+        Ok(self.segment_keys(sale_id, n, crate::model::segments::segment_of(user_id, n)))
     }
 }
 
@@ -481,59 +414,6 @@ async fn keep_lock(mut conn: RedisConn, renew: Script, lock: String, owner: Stri
     }
 }
 
-fn reply_int(v: &Value) -> Option<i64> {
-    match v {
-        Value::Int(n) => Some(*n),
-        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
-        _ => None,
-    }
-}
-
-fn reply_bytes(v: &Value) -> Option<&[u8]> {
-    match v {
-        Value::BulkString(b) => Some(b),
-        Value::SimpleString(s) => Some(s.as_bytes()),
-        _ => None,
-    }
-}
-
-/// One `(code, number)` pair of purchase.lua's reply as a verdict.
-fn verdict(code: &[u8], n: i64) -> Option<Verdict> {
-    Some(match code {
-        b"ok" => Verdict::Accepted { remaining: n },
-        b"not_loaded" => Verdict::Rejected(Rejection::NotLoaded),
-        b"not_started" => Verdict::Rejected(Rejection::NotStarted),
-        b"ended" => Verdict::Rejected(Rejection::Ended),
-        b"paused" => Verdict::Rejected(Rejection::Paused),
-        b"already_purchased" => Verdict::Rejected(Rejection::AlreadyPurchased),
-        b"over_limit" => Verdict::Rejected(Rejection::OverLimit { held: n }),
-        b"sold_out" => Verdict::Rejected(Rejection::SoldOut { remaining: n }),
-        b"rate_limited" => Verdict::Rejected(Rejection::RateLimited { retry_after_ms: n }),
-        b"token_used" => Verdict::Rejected(Rejection::TokenUsed),
-        b"expired" => Verdict::Rejected(Rejection::Expired),
-        _ => return None,
-    })
-}
-
-/// The reply of purchase.lua for `attempts` attempts: one verdict each, in order.
-pub(super) fn verdicts_from_reply(v: &Value, attempts: usize) -> Result<Vec<Verdict>, GateError> {
-    let bad = || GateError::BadReply(format!("{v:?}"));
-    let Value::Array(items) = v else {
-        return Err(bad());
-    };
-    if items.len() != 2 * attempts {
-        return Err(bad());
-    }
-    items
-        .chunks(2)
-        .map(|pair| {
-            let code = reply_bytes(&pair[0]).ok_or_else(bad)?;
-            let n = reply_int(&pair[1]).ok_or_else(bad)?;
-            verdict(code, n).ok_or_else(bad)
-        })
-        .collect()
-}
-
 #[async_trait]
 impl Gate for RedisGate {
     async fn purchase(&self, p: Purchase) -> Result<Verdict, GateError> {
@@ -560,7 +440,7 @@ impl Gate for RedisGate {
         let n = self.segments_of(sale_id).await?;
         let k = self.segment_keys(sale_id, n, segment);
         let mut conn = self.conn.clone();
-        let owner = crate::edge::auth::hex(&rand::random::<[u8; 16]>());
+        let owner = crate::text::hex(&rand::random::<[u8; 16]>());
         let fence: i64 = self
             .lock_load
             .key(&k.sale)
@@ -689,7 +569,7 @@ impl Gate for RedisGate {
         for o in orders {
             let n = self.segments_of(o.sale_id).await?;
             by_segment
-                .entry((o.sale_id, crate::segments::segment_of(o.user_id, n)))
+                .entry((o.sale_id, crate::model::segments::segment_of(o.user_id, n)))
                 .or_default()
                 .push(o);
         }
@@ -733,7 +613,7 @@ impl Gate for RedisGate {
             .arg(r.order_id)
             .arg(r.user_id)
             .arg(r.quantity)
-            .arg(super::soldout::stock_channel(&self.prefix))
+            .arg(crate::redis_client::keys::stock_channel(&self.prefix))
             .arg(r.sale_id)
             .invoke_async(&mut conn)
             .await?;
@@ -916,7 +796,7 @@ impl Gate for RedisGate {
             .key(&k.moves)
             .arg(move_id)
             .arg(quantity)
-            .arg(super::soldout::stock_channel(&self.prefix))
+            .arg(crate::redis_client::keys::stock_channel(&self.prefix))
             .arg(sale_id)
             .invoke_async(&mut conn)
             .await?;
@@ -925,61 +805,5 @@ impl Gate for RedisGate {
         } else {
             MoveStep::Done
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn keys_share_one_hash_tag() {
-        let k = SaleKeys::new("p", 42);
-        // Every key a script of this sale touches, so that each script call stays in one
-        // Redis Cluster slot (a CROSSSLOT error otherwise).
-        for key in [
-            &k.sale,
-            &k.buyers,
-            &k.stream,
-            &k.accepted,
-            &k.dead,
-            &k.released,
-            &k.rate,
-            &k.lock,
-            &k.fence,
-            &k.counted,
-            &k.confirms,
-            &k.moves,
-            &k.staged(3, "buyers"),
-            &k.staged(3, "counted"),
-            &k.spent(77),
-        ] {
-            assert!(key.starts_with("p:{42}:"), "{key}");
-            assert_eq!(
-                redis::cluster_routing::Slot::for_key(key),
-                redis::cluster_routing::Slot::for_key("{42}"),
-                "{key}"
-            );
-        }
-    }
-
-    #[test]
-    fn replies_map_to_verdicts_one_per_attempt() {
-        let pair =
-            |code: &str, n: i64| [Value::BulkString(code.as_bytes().to_vec()), Value::Int(n)];
-        let reply = Value::Array([pair("ok", 3), pair("sold_out", 0)].concat());
-        assert_eq!(
-            verdicts_from_reply(&reply, 2).unwrap(),
-            vec![
-                Verdict::Accepted { remaining: 3 },
-                Verdict::Rejected(Rejection::SoldOut { remaining: 0 })
-            ]
-        );
-        assert!(
-            verdicts_from_reply(&reply, 1).is_err(),
-            "a pair per attempt"
-        );
-        assert!(verdicts_from_reply(&Value::Array(pair("nonsense", 0).to_vec()), 1).is_err());
-        assert!(verdicts_from_reply(&Value::Nil, 1).is_err());
     }
 }

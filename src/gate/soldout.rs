@@ -233,11 +233,6 @@ impl Gate for SoldOutShortcut {
     }
 }
 
-/// The channel on which every release of stock is announced to all instances.
-pub fn stock_channel(prefix: &str) -> String {
-    format!("{prefix}:stock-returned")
-}
-
 /// Listens for stock returned on any instance and reopens the sale here. Reconnects after
 /// a lost subscription (in a cluster, to another live node: PUBLISH reaches every node),
 /// reopening everything since messages may have been missed.
@@ -248,7 +243,7 @@ pub async fn follow_stock_returns(
     shortcut: Arc<SoldOutShortcut>,
 ) {
     use futures_util::StreamExt;
-    let channel = stock_channel(&prefix);
+    let channel = crate::redis_client::keys::stock_channel(&prefix);
     let complaints = crate::logline::Every::new(30_000);
     loop {
         for node in client.subscription_nodes(&mut conn).await {

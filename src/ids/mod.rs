@@ -123,11 +123,7 @@ pub async fn lease_worker_id(
     store: crate::store::Store,
 ) -> Result<Arc<IdGenerator>, IdError> {
     // In a cluster the lease script's two keys must share a slot: one hash tag for both.
-    let keys = if conn.is_cluster() {
-        format!("{prefix}:{{ids}}")
-    } else {
-        prefix.to_string()
-    };
+    let keys = crate::redis_client::keys::worker_ids(prefix, conn.is_cluster());
     let lessor = Lessor {
         conn,
         keys,
@@ -135,7 +131,7 @@ pub async fn lease_worker_id(
         owner: format!("{}-{}", std::process::id(), rand::random::<u64>()),
         store,
         lease: redis::Script::new(include_str!("lease.lua")),
-        renew: redis::Script::new(include_str!("../gate/renew_lock.lua")),
+        renew: redis::Script::new(crate::redis_client::lease::RENEW_LUA),
     };
     let ids = Arc::new(IdGenerator {
         last: AtomicU64::new(0),

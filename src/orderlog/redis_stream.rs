@@ -17,8 +17,8 @@ use redis::aio::MultiplexedConnection;
 use redis::Value;
 
 use super::{Batch, Delivery, LogError, Malformed, OrderLog, Receipt};
-use crate::gate::redis::{SaleKeys, WRITER_GROUP};
 use crate::model::NewOrder;
+use crate::redis_client::keys::{SaleKeys, WRITER_GROUP};
 use crate::redis_client::{RedisClient, RedisConn};
 
 /// Entries idle this long in some consumer's pending list are taken over (default).
@@ -533,7 +533,7 @@ pub async fn queued_of_user(
 ) -> Result<Vec<(i64, i64, i64)>, LogError> {
     let mut out = Vec::new();
     for (sale_id, in_sql, segments) in sales {
-        let segment = crate::segments::segment_of(user_id, *segments);
+        let segment = crate::model::segments::segment_of(user_id, *segments);
         let k = SaleKeys::for_segment(prefix, *sale_id, *segments, segment);
         let held: Option<i64> = redis::cmd("HGET")
             .arg(&k.buyers)

@@ -13,8 +13,8 @@ use tokio::sync::watch;
 
 use super::{account, Account, InFlight, ReconcileError};
 use crate::gate::Gate;
+use crate::loader::SaleCache;
 use crate::redis_client::RedisConn;
-use crate::scheduler::SaleCache;
 use crate::store::Store;
 
 /// Audits in a row that must find the same difference before it is called drift.
@@ -76,7 +76,7 @@ impl Lease {
         if taken.is_some() {
             return Ok(true);
         }
-        let renewed: i64 = redis::Script::new(include_str!("../gate/renew_lock.lua"))
+        let renewed: i64 = redis::Script::new(crate::redis_client::lease::RENEW_LUA)
             .key(&self.key)
             .arg(&self.token)
             .arg(ms)

@@ -20,10 +20,10 @@ use std::collections::HashMap;
 use serde::Serialize;
 
 use crate::gate::{Gate, GateError};
+use crate::loader::{LoadError, SaleCache};
 use crate::model::Sale;
 use crate::orderlog::LogError;
 use crate::redis_client::RedisConn;
-use crate::scheduler::{SaleCache, SchedulerError};
 use crate::store::journal::{Cause, Movement};
 use crate::store::{Store, StoreError};
 
@@ -40,7 +40,7 @@ pub enum ReconcileError {
     #[error(transparent)]
     Log(#[from] LogError),
     #[error(transparent)]
-    Scheduler(#[from] SchedulerError),
+    Load(#[from] LoadError),
     #[error("sale {0} does not exist")]
     NoSuchSale(i64),
     #[error("more than {MAX_IN_FLIGHT} orders of sale {0} wait in a stream: too much in flight to audit")]
@@ -255,7 +255,7 @@ pub async fn repair(
             gate.forget_segment_for_repair(sale.id, segment).await?;
         }
     }
-    crate::scheduler::load_sale_and_wait(store, gate, cache, sale).await?;
+    crate::loader::load_sale_and_wait(store, gate, cache, sale).await?;
     let after = account(store, gate, in_flight, sale.id).await?;
     let detail = format!(
         "{reason}: gate stock {} -> {} (expected {}), buyers missing {} -> {}, unknown {} -> {}",

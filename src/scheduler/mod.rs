@@ -1,25 +1,19 @@
-//! Background duties on a one-second tick: refresh each instance's sale cache from SQL,
-//! preload approved sales into the gate before they open (never overwriting live stock),
-//! expire orders past their payment deadline, hand returned stock back to the gate, and
-//! point the order writer at the streams of current sales. Reads SQL, writes only to
-//! the gate's load step; never on the purchase path.
+//! Background duties on a one-second tick, on every instance and worker: refresh the sale
+//! cache from SQL, preload approved sales into the gate before they open (`loader`),
+//! expire orders past their payment deadline and hand returned stock back to the gate
+//! (`lifecycle`), finish moves between segments a mover left half done, and point the
+//! order writer at the streams of current sales. Each duty is idempotent; this module only
+//! runs them in turn and never decides or loads anything itself.
 
-use std::collections::HashMap;
 use std::sync::Arc;
-
-use arc_swap::ArcSwap;
 use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::gate::{Gate, GateError, LoadStart, SaleLoad};
-use crate::model::{BySale, Sale};
+use crate::gate::{Gate, GateError};
+use crate::loader::{LoadError, SaleCache};
 use crate::orderlog::redis_stream::StreamLog;
-use crate::store::journal::{Cause, Movement};
 use crate::store::{Store, StoreError};
-
-/// Sales ended longer ago than this drop out of caches and stream watching.
-pub const KEEP_ENDED_MS: i64 = 7 * 86_400_000;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SchedulerError {
@@ -31,326 +25,8 @@ pub enum SchedulerError {
     Log(#[from] crate::orderlog::LogError),
     #[error(transparent)]
     Lifecycle(#[from] crate::lifecycle::LifecycleError),
-    #[error(
-        "sale {0} segment {1}: another process has been loading it into the gate for too long"
-    )]
-    LoadStuck(i64, i64),
-}
-
-/// Each instance's copy of the approved sales, so that the edge answers sale lookups and
-/// window checks without SQL.
-#[derive(Default)]
-pub struct SaleCache {
-    /// Every purchase reads this and it changes once a second at most: readers take no
-    /// lock and write no shared cache line (an `RwLock` here was two contended atomic
-    /// writes per purchase on two cores).
-    sales: ArcSwap<BySale<Arc<Sale>>>,
-    /// One load at a time per sale: a crowd meeting an empty gate (Redis lost its data)
-    /// triggers one rebuild, not thousands, and an approval that meets the tick's load of
-    /// the same sale waits for it instead of answering before the sale is in the gate.
-    loading: std::sync::Mutex<HashMap<i64, Arc<tokio::sync::Mutex<()>>>>,
-    /// When a miss last refreshed the cache (Unix ms), and the lock that makes one miss
-    /// refresh for all: unknown ids cost at most a few queries a second, whatever the load.
-    miss_refreshed_at: std::sync::atomic::AtomicI64,
-    miss_refresh: tokio::sync::Mutex<()>,
-}
-
-/// Least time between two refreshes caused by cache misses.
-const MISS_REFRESH_EVERY_MS: i64 = 250;
-
-impl SaleCache {
-    pub fn get(&self, id: i64) -> Option<Arc<Sale>> {
-        self.sales.load().get(id).cloned()
-    }
-
-    /// `f` of the sale, if cached, without taking a reference to it: the purchase path.
-    pub fn with<R>(&self, id: i64, f: impl FnOnce(&Sale) -> R) -> Option<R> {
-        self.sales.load().get(id).map(|sale| f(sale))
-    }
-
-    pub fn all(&self) -> Vec<Arc<Sale>> {
-        let mut v: Vec<_> = self.sales.load().values().cloned().collect();
-        v.sort_by_key(|s| (s.begins_at, s.id));
-        v
-    }
-
-    pub fn load_lock(&self, id: i64) -> Arc<tokio::sync::Mutex<()>> {
-        self.loading
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(id)
-            .or_default()
-            .clone()
-    }
-
-    pub fn replace(&self, sales: Vec<Sale>) {
-        let map = sales.into_iter().map(|s| (s.id, Arc::new(s))).collect();
-        self.sales.store(Arc::new(map));
-    }
-
-    /// The sale, refreshing the cache first if it is missing: a sale approved on another
-    /// instance moments ago is found without waiting for the next tick.
-    pub async fn get_or_refresh(
-        &self,
-        id: i64,
-        store: &Store,
-    ) -> Result<Option<Arc<Sale>>, StoreError> {
-        use std::sync::atomic::Ordering;
-        if let Some(s) = self.get(id) {
-            return Ok(Some(s));
-        }
-        let _one_at_a_time = self.miss_refresh.lock().await;
-        if let Some(s) = self.get(id) {
-            return Ok(Some(s));
-        }
-        let now = crate::now_ms();
-        if now - self.miss_refreshed_at.load(Ordering::Acquire) >= MISS_REFRESH_EVERY_MS {
-            self.miss_refreshed_at.store(now, Ordering::Release);
-            self.refresh(store).await?;
-        }
-        Ok(self.get(id))
-    }
-
-    pub async fn refresh(&self, store: &Store) -> Result<(), StoreError> {
-        let sales = store
-            .approved_sales(crate::now_ms() - KEEP_ENDED_MS)
-            .await?;
-        self.replace(sales);
-        Ok(())
-    }
-}
-
-/// Loads one sale into the gate from SQL unless the gate has it; if another task of this
-/// process is loading it, waits for that load. A segment another process is loading is
-/// left to that process: it is in the gate shortly, and purchases meanwhile answer
-/// `not_loaded`.
-pub async fn load_sale(
-    store: &Store,
-    gate: &dyn Gate,
-    cache: &SaleCache,
-    sale: &Sale,
-) -> Result<bool, SchedulerError> {
-    let lock = cache.load_lock(sale.id);
-    let _one_at_a_time = lock.lock().await;
-    load_under_lock(store, gate, sale, Elsewhere::LeaveIt).await
-}
-
-/// Like [`load_sale`], but when another process holds a segment's load lock, waits until
-/// that load is installed (or its lease lapses and the load is done here): for callers that
-/// read the gate right after, a repair or an approval, and must not see a half-built sale.
-pub async fn load_sale_and_wait(
-    store: &Store,
-    gate: &dyn Gate,
-    cache: &SaleCache,
-    sale: &Sale,
-) -> Result<bool, SchedulerError> {
-    let lock = cache.load_lock(sale.id);
-    let _one_at_a_time = lock.lock().await;
-    load_under_lock(store, gate, sale, Elsewhere::WaitForIt).await
-}
-
-/// Like [`load_sale`], but returns at once if another task is loading the sale: for the
-/// purchase path, whose caller is answered `not_loaded` and retries anyway.
-pub async fn load_sale_unless_loading(
-    store: &Store,
-    gate: &dyn Gate,
-    cache: &SaleCache,
-    sale: &Sale,
-) -> Result<bool, SchedulerError> {
-    let lock = cache.load_lock(sale.id);
-    let Ok(_one_at_a_time) = lock.try_lock() else {
-        return Ok(false);
-    };
-    load_under_lock(store, gate, sale, Elsewhere::LeaveIt).await
-}
-
-/// What a load does about a segment another process is loading.
-#[derive(Clone, Copy)]
-enum Elsewhere {
-    LeaveIt,
-    WaitForIt,
-}
-
-/// A loader elsewhere renews its lease while it works and loses it when it dies, so the
-/// wait ends by the lease at the latest; the bound only guards against a Redis that keeps
-/// answering busy for another reason.
-const WAIT_FOR_OTHER_LOADER: Duration = Duration::from_secs(40);
-
-async fn load_under_lock(
-    store: &Store,
-    gate: &dyn Gate,
-    sale: &Sale,
-    elsewhere: Elsewhere,
-) -> Result<bool, SchedulerError> {
-    gate.know_segments(&[(sale.id, sale.segments)]);
-    // Each segment of a segmented sale is loaded (and lost, and rebuilt) on its own.
-    let mut loaded = false;
-    let mut first_error = None;
-    for segment in 0..sale.segments.max(1) {
-        match load_segment(store, gate, sale, segment, elsewhere).await {
-            Ok(l) => loaded |= l == PartLoad::Installed,
-            Err(e) => {
-                first_error.get_or_insert(e);
-            }
-        }
-    }
-    match first_error {
-        Some(e) => Err(e),
-        None => Ok(loaded),
-    }
-}
-
-async fn load_segment(
-    store: &Store,
-    gate: &dyn Gate,
-    sale: &Sale,
-    segment: i64,
-    elsewhere: Elsewhere,
-) -> Result<PartLoad, SchedulerError> {
-    let started = std::time::Instant::now();
-    loop {
-        let part = load_part(store, gate, sale, segment).await?;
-        match (part, elsewhere) {
-            (PartLoad::LoadingElsewhere, Elsewhere::WaitForIt) => {
-                if started.elapsed() >= WAIT_FOR_OTHER_LOADER {
-                    return Err(SchedulerError::LoadStuck(sale.id, segment));
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            (part, _) => return Ok(part),
-        }
-    }
-}
-
-#[derive(Debug, PartialEq, Eq)]
-enum PartLoad {
-    Installed,
-    AlreadyLoaded,
-    /// Another process holds the segment's load lock.
-    LoadingElsewhere,
-}
-
-async fn load_part(
-    store: &Store,
-    gate: &dyn Gate,
-    sale: &Sale,
-    segment: i64,
-) -> Result<PartLoad, SchedulerError> {
-    // The lock comes before the SQL read: a load's snapshot is never older than its lock,
-    // so orders written after it reach the gate through `Gate::confirm_written`.
-    let ticket = match gate.begin_segment_load(sale.id, segment).await? {
-        LoadStart::Ticket(ticket) => ticket,
-        LoadStart::Loaded => return Ok(PartLoad::AlreadyLoaded),
-        LoadStart::Busy => return Ok(PartLoad::LoadingElsewhere),
-    };
-    tracing::info!(
-        sale = sale.id,
-        segment,
-        fence = ticket.fence,
-        "loading the sale into the gate"
-    );
-    let part = crate::store::lifecycle::Part {
-        segments: sale.segments.max(1),
-        segment,
-    };
-    let snapshot = match store
-        .load_part_snapshot(sale.id, part, WAIT_FOR_WRITERS)
-        .await
-    {
-        Ok(snapshot) => snapshot,
-        Err(e) => {
-            gate.abandon_load(ticket).await;
-            return Err(e.into());
-        }
-    };
-    let load = SaleLoad {
-        sale: sale.clone(),
-        remaining: snapshot.stock,
-        buyers: snapshot.buyers,
-        released: snapshot.released,
-        counted: snapshot.counted,
-        segment,
-        moves: snapshot.moves,
-    };
-    let started = std::time::Instant::now();
-    let loaded = gate.finish_load(ticket, &load).await?;
-    if loaded {
-        tracing::info!(
-            sale = sale.id,
-            segment,
-            remaining = load.remaining,
-            buyers = load.buyers.len(),
-            orders = load.counted.len(),
-            ms = started.elapsed().as_millis() as u64,
-            "sale loaded into the gate"
-        );
-        // The trail only (no stock moves): a failure to note it is logged, not fatal.
-        let detail = format!("remaining {}, buyers {}", load.remaining, load.buyers.len());
-        let note = Movement::new(sale.id, 0, Cause::Loaded)
-            .segment(segment)
-            .by("scheduler", &detail);
-        if let Err(e) = store.journal_note(&[note]).await {
-            tracing::warn!(sale = sale.id, error = %e, "could not journal the load");
-        }
-        Ok(PartLoad::Installed)
-    } else {
-        // Fenced out: a newer load (or a forget) came after this one took its lock.
-        Ok(PartLoad::LoadingElsewhere)
-    }
-}
-
-/// How long a rebuild waits for order writers holding batches read from Redis.
-const WAIT_FOR_WRITERS: Duration = Duration::from_secs(15);
-
-/// Loads every approved sale that opens within `ahead_ms` and has not ended.
-pub async fn preload(
-    store: &Store,
-    gate: &dyn Gate,
-    cache: &SaleCache,
-    ahead_ms: i64,
-) -> Result<usize, SchedulerError> {
-    let now = crate::now_ms();
-    let mut loaded = 0;
-    let mut first_error = None;
-    for sale in cache.all() {
-        if sale.ends_at <= now {
-            continue;
-        }
-        // Each sale on its own: one whose Redis master is away must not keep the others
-        // from being loaded or rebuilt.
-        match preload_one(store, gate, cache, &sale, now + ahead_ms).await {
-            Ok(true) => loaded += 1,
-            Ok(false) => {}
-            Err(e) => {
-                tracing::debug!(sale = sale.id, error = %e, "could not preload the sale");
-                first_error.get_or_insert(e);
-            }
-        }
-    }
-    match first_error {
-        Some(e) => Err(e),
-        None => Ok(loaded),
-    }
-}
-
-async fn preload_one(
-    store: &Store,
-    gate: &dyn Gate,
-    cache: &SaleCache,
-    sale: &Sale,
-    opens_before: i64,
-) -> Result<bool, SchedulerError> {
-    gate.know_segments(&[(sale.id, sale.segments)]);
-    for segment in 0..sale.segments.max(1) {
-        if gate.forget_segment_if_stale(sale.id, segment).await? {
-            tracing::warn!(
-                sale = sale.id,
-                segment,
-                "the sale's gate was loaded into another Redis server (a failover, or a restart with older data): rebuilding it from SQL and its stream"
-            );
-        }
-    }
-    Ok(sale.begins_at <= opens_before && load_sale(store, gate, cache, sale).await?)
+    #[error(transparent)]
+    Load(#[from] LoadError),
 }
 
 pub struct Scheduler {
@@ -375,7 +51,7 @@ impl Scheduler {
         // Every duty runs whatever the others did: a failing one (a sale's Redis master
         // away) must not stop expiries, returns or the writer's streams.
         let mut first_error: Option<SchedulerError> = None;
-        let preloaded = preload(
+        let preloaded = crate::loader::preload(
             &self.store,
             self.gate.as_ref(),
             &self.cache,
@@ -383,7 +59,7 @@ impl Scheduler {
         )
         .await;
         if let Err(e) = preloaded {
-            first_error.get_or_insert(e);
+            first_error.get_or_insert(e.into());
         }
         let expired = match crate::lifecycle::expire_due(&self.store).await {
             Ok(n) => n,
@@ -399,9 +75,7 @@ impl Scheduler {
                 0
             }
         };
-        match crate::segments::rebalance::finish_stalled_moves(&self.store, self.gate.as_ref())
-            .await
-        {
+        match crate::gate::rebalance::finish_stalled_moves(&self.store, self.gate.as_ref()).await {
             Ok(0) => {}
             Ok(moves) => tracing::info!(moves, "moves between segments finished for their mover"),
             Err(e) => {
@@ -445,71 +119,5 @@ impl Scheduler {
                 break;
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::gate::memory::MemoryGate;
-
-    async fn store_with_sale() -> (Store, Sale) {
-        let dir = std::env::temp_dir().join(format!("seckill-sched-{}", rand::random::<u64>()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let store = Store::connect(&format!("sqlite://{}/s.db", dir.display()), 2)
-            .await
-            .unwrap();
-        store.migrate().await.unwrap();
-        let now = crate::now_ms();
-        let sale = Sale {
-            id: 42,
-            title: "t".into(),
-            price_cents: 100,
-            initial_stock: 5,
-            stock: 5,
-            per_user_limit: 1,
-            begins_at: now - 1000,
-            ends_at: now + 60_000,
-            payment_window_secs: 60,
-            approved: true,
-            paused: false,
-            updated_at: now,
-            anti_bot: Default::default(),
-            segments: 1,
-        };
-        store.create_sale(&sale).await.unwrap();
-        (store, sale)
-    }
-
-    /// The race CI found: the tick held the sale's load when an approval asked for it, and
-    /// the approval answered before the sale was in the gate.
-    #[tokio::test]
-    async fn a_load_that_meets_another_waits_for_it_and_returns_loaded() {
-        let (store, sale) = store_with_sale().await;
-        let (log, _reader) = crate::orderlog::local::channel();
-        let gate = Arc::new(MemoryGate::new(log));
-        let cache = Arc::new(SaleCache::default());
-        let lock = cache.load_lock(sale.id);
-        let held = lock.lock().await;
-        let waiter = {
-            let (store, gate, cache, sale) =
-                (store.clone(), gate.clone(), cache.clone(), sale.clone());
-            tokio::spawn(async move { load_sale(&store, gate.as_ref(), &cache, &sale).await })
-        };
-        // The purchase path does not wait: it answers `not_loaded` and its caller retries.
-        assert!(
-            !load_sale_unless_loading(&store, gate.as_ref(), &cache, &sale)
-                .await
-                .unwrap()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        assert!(
-            !waiter.is_finished(),
-            "returned while another load held the sale"
-        );
-        assert!(!gate.is_loaded(sale.id).await.unwrap());
-        drop(held);
-        assert!(waiter.await.unwrap().unwrap());
-        assert!(gate.is_loaded(sale.id).await.unwrap());
     }
 }

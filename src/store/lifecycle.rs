@@ -31,7 +31,7 @@ pub struct LoadSnapshot {
     /// Every order of the sale in SQL.
     pub counted: Vec<i64>,
     /// Moves between segments this snapshot's stock counts (segmented sales only).
-    pub moves: Vec<(i64, crate::gate::MoveMark)>,
+    pub moves: Vec<(i64, super::moves::MoveMark)>,
 }
 
 /// Which part of a sale a snapshot is of: one segment of `segments` (0 of 1: all of it).
@@ -48,7 +48,7 @@ impl Part {
     };
 
     fn holds(&self, user_id: i64) -> bool {
-        crate::segments::segment_of(user_id, self.segments) == self.segment
+        crate::model::segments::segment_of(user_id, self.segments) == self.segment
     }
 }
 
@@ -594,8 +594,8 @@ impl Store {
         sale_id: i64,
         part: Part,
         initial: i64,
-    ) -> Result<(i64, Vec<(i64, crate::gate::MoveMark)>), StoreError> {
-        use crate::gate::MoveMark;
+    ) -> Result<(i64, Vec<(i64, super::moves::MoveMark)>), StoreError> {
+        use super::moves::MoveMark;
         sqlx::query(&self.sql(
             "UPDATE segment_moves SET state = 'refused', updated_at = ? \
              WHERE sale_id = ? AND from_segment = ? AND state = 'planned'",
@@ -614,7 +614,8 @@ impl Store {
         .bind(part.segment)
         .fetch_all(&mut *conn)
         .await?;
-        let mut allocated = crate::segments::allocation(initial, part.segments, part.segment);
+        let mut allocated =
+            crate::model::segments::allocation(initial, part.segments, part.segment);
         let mut marks = Vec::new();
         for r in &rows {
             let (id, from, qty): (i64, i64, i64) = (r.try_get(0)?, r.try_get(1)?, r.try_get(3)?);

@@ -238,7 +238,7 @@ impl Store {
         wait: Option<std::time::Duration>,
     ) -> Result<Store, StoreError> {
         sqlx::any::install_default_drivers();
-        let shown = crate::config::mask_url(url);
+        let shown = crate::text::mask_url(url);
         let (dialect, url) = if url.starts_with("sqlite:") {
             let url = if url.contains("mode=") {
                 url.to_string()
@@ -253,7 +253,7 @@ impl Store {
         } else if url.starts_with("mysql:") || url.starts_with("mariadb:") {
             (Dialect::MySql, url.replacen("mariadb:", "mysql:", 1))
         } else {
-            return Err(StoreError::BadUrl(crate::config::mask_url(url)));
+            return Err(StoreError::BadUrl(crate::text::mask_url(url)));
         };
         let failed = |source: sqlx::Error| connect_error(dialect, &shown, source);
         let options = AnyConnectOptions::from_str(&url).map_err(failed)?;
@@ -317,8 +317,8 @@ impl Store {
     /// options) and returns its URL: for runs that must leave nothing in the database they
     /// were given (`seckill bench`). `name` must be a plain identifier.
     pub async fn create_database(url: &str, name: &str) -> Result<String, StoreError> {
-        let sibling = sibling_url(url, name)
-            .ok_or_else(|| StoreError::BadUrl(crate::config::mask_url(url)))?;
+        let sibling =
+            sibling_url(url, name).ok_or_else(|| StoreError::BadUrl(crate::text::mask_url(url)))?;
         let store = Store::connect(url, 2).await?;
         if store.dialect == Dialect::Sqlite {
             return Err(StoreError::BadUrl(

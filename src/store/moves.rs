@@ -1,4 +1,4 @@
-//! SQL side of the moves of stock between the segments of a sale (see `segments`). A move
+//! SQL side of the moves of stock between the segments of a sale (see `gate::rebalance`). A move
 //! is planned here before any unit leaves its donor, and each later step is a guarded
 //! state change, so a rebuild of either segment (which reads these rows) and the mover
 //! never disagree on whether the units moved: planned -> taken -> done, or -> refused.
@@ -7,6 +7,27 @@ use sqlx::Row;
 
 use super::journal::{Cause, Movement};
 use super::{Store, StoreError};
+
+/// What a move of stock between segments was, as one segment remembers it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MoveMark {
+    /// Units left this segment (the donor).
+    Taken,
+    /// The donor refused (or never took) the units: the move never happens.
+    Refused,
+    /// Units came into this segment (the receiver).
+    Given,
+}
+
+impl MoveMark {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MoveMark::Taken => "taken",
+            MoveMark::Refused => "refused",
+            MoveMark::Given => "given",
+        }
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SegmentMove {

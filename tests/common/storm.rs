@@ -255,7 +255,7 @@ pub fn tokens_for(secret: &str, users: &[i64]) -> Vec<(i64, String)> {
 /// `count` user ids from `from` on whose buyers a sale of `segments` pins to `segment`.
 pub fn users_of_segment(segments: i64, segment: i64, from: i64, count: usize) -> Vec<i64> {
     (from..)
-        .filter(|u| seckill::segments::segment_of(*u, segments) == segment)
+        .filter(|u| seckill::model::segments::segment_of(*u, segments) == segment)
         .take(count)
         .collect()
 }
@@ -292,7 +292,7 @@ pub async fn check_segments(
             .iter()
             .filter(|o| {
                 matches!(o.status, OrderStatus::PendingPayment | OrderStatus::Paid)
-                    && seckill::segments::segment_of(o.user_id, n) == s
+                    && seckill::model::segments::segment_of(o.user_id, n) == s
             })
             .map(|o| o.quantity)
             .sum();
@@ -307,7 +307,7 @@ pub async fn check_segments(
         let stock = stocks[s as usize].expect("every segment is in the gate");
         assert_eq!(
             stock + live,
-            seckill::segments::allocation(sale.initial_stock, n, s) + net,
+            seckill::model::segments::allocation(sale.initial_stock, n, s) + net,
             "segment {s}: gate stock {stock} + live units {live} = allocation + moves"
         );
         out.push(stock);

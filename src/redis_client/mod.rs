@@ -1,7 +1,7 @@
 //! How this process reaches Redis: one standalone server (directly, or through the
 //! Sentinel follower's local forwarder) or a Redis Cluster (`redis+cluster://` seed nodes).
-//! Owns the URL forms, the connection settings and the one connection type every other
-//! module uses, so that the gate, order log, ids and scheduler are the same code for both.
+//! Owns the connection settings, the key layout (`keys`), leases (`lease`), the Sentinel
+//! follower (`sentinel`) and the one connection type every other module uses, so that the gate, order log, ids and scheduler are the same code for both.
 //! It never decides anything and never retries a command of its own accord: in a cluster,
 //! MOVED/ASK/TRYAGAIN are followed by the cluster client (routing, not failures).
 
@@ -13,43 +13,14 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr};
 use redis::{Cmd, FromRedisValue, Pipeline, RedisError, RedisFuture, RedisResult, Value};
 
-/// The scheme of a Redis Cluster URL: `redis+cluster://HOST:PORT[,HOST:PORT...]`.
-pub const CLUSTER_SCHEME: &str = "redis+cluster://";
+pub use crate::config::redis_url::{is_cluster_url, parse_cluster_url};
+
+pub mod keys;
+pub mod lease;
+pub mod sentinel;
 
 /// How long a command or a connection attempt may take before it fails.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
-
-pub fn is_cluster_url(url: &str) -> bool {
-    url.starts_with(CLUSTER_SCHEME)
-}
-
-/// The seed nodes of a cluster URL as `redis://` URLs, credentials applied to each.
-pub fn parse_cluster_url(url: &str) -> Result<Vec<String>, String> {
-    let rest = url
-        .strip_prefix(CLUSTER_SCHEME)
-        .ok_or_else(|| format!("a cluster URL starts with {CLUSTER_SCHEME}"))?;
-    let rest = rest.trim_end_matches('/');
-    if rest.contains('/') {
-        return Err("a cluster has one database (0): no /DB after the seed nodes".into());
-    }
-    let (auth, hosts) = match rest.rsplit_once('@') {
-        Some((auth, hosts)) => (format!("{auth}@"), hosts),
-        None => (String::new(), rest),
-    };
-    let seeds: Vec<String> = hosts
-        .split(',')
-        .map(str::trim)
-        .filter(|h| !h.is_empty())
-        .map(|h| format!("redis://{auth}{h}/"))
-        .collect();
-    if seeds.is_empty() {
-        return Err("name at least one seed node: redis+cluster://HOST:PORT[,HOST:PORT...]".into());
-    }
-    for seed in &seeds {
-        redis::Client::open(seed.as_str()).map_err(|e| format!("{e}"))?;
-    }
-    Ok(seeds)
-}
 
 /// What a process opens connections from.
 #[derive(Clone)]
@@ -308,21 +279,6 @@ impl ConnectionLike for RedisConn {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn cluster_urls_name_their_seeds() {
-        assert_eq!(
-            parse_cluster_url("redis+cluster://a:7000,b:7001/").unwrap(),
-            vec!["redis://a:7000/", "redis://b:7001/"]
-        );
-        assert_eq!(
-            parse_cluster_url("redis+cluster://:pw@a:7000,b:7001").unwrap(),
-            vec!["redis://:pw@a:7000/", "redis://:pw@b:7001/"]
-        );
-        assert!(parse_cluster_url("redis+cluster://").is_err());
-        assert!(parse_cluster_url("redis+cluster://a:7000/3").is_err());
-        assert!(parse_cluster_url("redis://a:7000").is_err());
-    }
 
     #[test]
     fn failing_nodes_are_not_subscribed_to() {

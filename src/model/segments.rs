@@ -7,25 +7,20 @@
 //! - a buyer is pinned to one segment by user id ([`segment_of`]), so their per-user limit
 //!   is checked in one place, atomically, as on an unsegmented sale;
 //! - no unit is stranded: when the buyer's segment is empty and another still holds units,
-//!   units are moved over ([`rebalance`]: a move planned in SQL, taken from the donor and
+//!   units are moved over (`gate::rebalance`: a move planned in SQL, taken from the donor and
 //!   given to the receiver, each step idempotent by move id, finished by the scheduler if
 //!   its mover dies), and `sold_out` is answered only when every segment is empty and no
 //!   move is under way;
 //! - SQL holds each segment's allocation (its even share of the initial stock plus the
 //!   moves that took effect), so one lost segment is rebuilt alone.
 //!
-//! This module owns the arithmetic of segments and the moves between them. It never
-//! decides a purchase itself (the gate does) and is never in the path of a purchase whose
-//! segment has stock.
-
-pub mod rebalance;
+//! This module owns the arithmetic of segments: who belongs where, and each segment's
+//! share. Where a segment's keys live is the key layout's (`redis_client::keys::hash_tag`);
+//! the moves between segments are the gate's (`gate::rebalance`). Pure functions.
 
 /// Most segments a sale may have: more would only spread a sale thinner than any cluster
 /// this is meant for, and each empty segment costs a move.
 pub const MAX_SEGMENTS: i64 = 64;
-
-/// Redis Cluster's slot count.
-const SLOTS: u32 = 16_384;
 
 /// The segment a buyer belongs to, for a sale of `segments` parts. User ids are minted by
 /// the id generator (time, worker, sequence): mixed first, so every segment gets its share.
@@ -47,46 +42,6 @@ pub fn allocation(initial_stock: i64, segments: i64, segment: i64) -> i64 {
     initial_stock / n + i64::from(segment < initial_stock % n)
 }
 
-/// The text inside the braces of a segment's keys. An unsegmented sale keeps `{sale_id}`.
-/// Segment `s` of `n` gets `{sale_id.s.j}` with the first `j` whose slot falls in the middle
-/// half of the s-th n-th of the slot range: on a cluster whose masters own even, contiguous
-/// slot ranges (what `redis-cli --cluster create` and rebalancing make) and `n` a multiple
-/// of the masters (or at most their number), the segments land on different masters.
-pub fn hash_tag(sale_id: i64, segments: i64, segment: i64) -> String {
-    if segments <= 1 {
-        return sale_id.to_string();
-    }
-    let width = SLOTS / segments as u32;
-    let low = segment as u32 * width + width / 4;
-    let high = low + (width / 2).max(1);
-    // Expected 2n tries; the bound only guards against an impossible search.
-    for j in 0..100_000 {
-        let tag = format!("{sale_id}.{segment}.{j}");
-        let slot = slot_of(tag.as_bytes()) as u32;
-        if (low..high).contains(&slot) {
-            return tag;
-        }
-    }
-    format!("{sale_id}.{segment}")
-}
-
-/// Redis Cluster's slot of a hash tag: CRC16 (XMODEM) modulo the slot count. (The redis
-/// crate computes it too, but keeps the number private.)
-pub fn slot_of(tag: &[u8]) -> u16 {
-    let mut crc: u16 = 0;
-    for byte in tag {
-        crc ^= (*byte as u16) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    (crc as u32 % SLOTS) as u16
-}
-
 /// The number of segments chosen for `"segments": "auto"`: one per master of a cluster
 /// (each master then decides its share), but never below 20 units per segment (a segment
 /// that small empties at once and turns every purchase into a move), and one on a single
@@ -99,39 +54,6 @@ pub fn auto_segments(masters: usize, stock: i64) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn slots_match_the_redis_crate() {
-        for key in ["42", "7.1.3", "foo", "123456789"] {
-            assert_eq!(
-                Some(redis::cluster_routing::Slot::for_key(key)),
-                redis::cluster_routing::Slot::new(slot_of(key.as_bytes())),
-                "{key}"
-            );
-        }
-        // Keys hash by their tag, which is what this is given.
-        assert_eq!(
-            Some(redis::cluster_routing::Slot::for_key("p:{7.1.3}:sale")),
-            redis::cluster_routing::Slot::new(slot_of(b"7.1.3"))
-        );
-        // The example of the Redis Cluster specification.
-        assert_eq!(slot_of(b"123456789"), 0x31C3);
-    }
-
-    #[test]
-    fn segments_of_a_sale_sit_in_distinct_thirds_of_the_slots() {
-        for sale in [1_i64, 42, 7_000_000_123] {
-            let thirds: Vec<u32> = (0..3)
-                .map(|s| slot_of(hash_tag(sale, 3, s).as_bytes()) as u32 / (SLOTS / 3))
-                .collect();
-            assert_eq!(thirds, vec![0, 1, 2], "sale {sale}");
-        }
-        assert_eq!(
-            hash_tag(42, 1, 0),
-            "42",
-            "an unsegmented sale keeps its keys"
-        );
-    }
 
     #[test]
     fn allocations_add_up_to_the_stock() {

@@ -11,62 +11,11 @@ use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
+pub use crate::config::redis_url::{is_sentinel_url, parse, SentinelUrl};
+
 /// How often Sentinel is asked for the master.
 const ASK_EVERY: Duration = Duration::from_millis(500);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SentinelUrl {
-    pub sentinels: Vec<(String, u16)>,
-    pub master_name: String,
-    /// `user:password@` for the Redis servers (not the Sentinels), if any.
-    pub credentials: Option<String>,
-    pub db: Option<String>,
-}
-
-pub fn is_sentinel_url(url: &str) -> bool {
-    url.starts_with("redis+sentinel://")
-}
-
-/// Parses `redis+sentinel://[user:password@]HOST:PORT[,HOST:PORT…]/MASTER_NAME[/DB]`.
-pub fn parse(url: &str) -> Result<SentinelUrl, String> {
-    let rest = url
-        .strip_prefix("redis+sentinel://")
-        .ok_or("a Sentinel URL starts with redis+sentinel://")?;
-    let (credentials, rest) = match rest.rsplit_once('@') {
-        Some((c, r)) => (Some(c.to_string()), r),
-        None => (None, rest),
-    };
-    let (hosts, path) = rest
-        .split_once('/')
-        .ok_or("name the master: redis+sentinel://HOST:PORT/MASTER_NAME")?;
-    let mut parts = path.split('/');
-    let master_name = parts.next().unwrap_or_default().to_string();
-    if master_name.is_empty() {
-        return Err("name the master: redis+sentinel://HOST:PORT/MASTER_NAME".into());
-    }
-    let db = parts.next().filter(|d| !d.is_empty()).map(String::from);
-    if db.as_deref().is_some_and(|d| d.parse::<u32>().is_err()) {
-        return Err("the database after the master name must be a number".into());
-    }
-    let mut sentinels = Vec::new();
-    for host in hosts.split(',') {
-        let (h, p) = host.rsplit_once(':').unwrap_or((host, "26379"));
-        let port = p
-            .parse::<u16>()
-            .map_err(|_| format!("bad Sentinel port in {host:?}"))?;
-        if h.is_empty() {
-            return Err(format!("bad Sentinel address {host:?}"));
-        }
-        sentinels.push((h.to_string(), port));
-    }
-    Ok(SentinelUrl {
-        sentinels,
-        master_name,
-        credentials,
-        db,
-    })
-}
 
 /// Starts following the master; returns the URL every Redis client of this process uses
 /// (the local forwarder). Fails if no Sentinel names a master that answers.
@@ -182,14 +131,14 @@ async fn forget_stale_sales(
 ) -> Result<usize, redis::RedisError> {
     let client = redis::Client::open(server_url(url, host, *port))?;
     let mut conn = client.get_multiplexed_async_connection().await?;
-    let script = redis::Script::new(include_str!("gate/forget_stale.lua"));
+    let script = redis::Script::new(super::lease::FORGET_STALE_LUA);
     let mut cursor: u64 = 0;
     let mut forgotten = 0;
     loop {
         let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
             .arg(cursor)
             .arg("MATCH")
-            .arg(format!("{prefix}:{{*}}:sale"))
+            .arg(super::keys::every_sale_pattern(prefix))
             .arg("COUNT")
             .arg(1000)
             .query_async(&mut conn)
@@ -229,36 +178,5 @@ async fn forward(listener: TcpListener, master: watch::Receiver<(String, u16)>) 
                 _ = master.changed() => {}
             }
         });
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sentinel_urls() {
-        let u = parse("redis+sentinel://a:26379,b:26380/mymaster").unwrap();
-        assert_eq!(
-            u.sentinels,
-            vec![("a".to_string(), 26379), ("b".to_string(), 26380)]
-        );
-        assert_eq!(u.master_name, "mymaster");
-        assert_eq!(u.credentials, None);
-        let u = parse("redis+sentinel://:pw@h/m/2").unwrap();
-        assert_eq!(u.sentinels, vec![("h".to_string(), 26379)]);
-        assert_eq!(
-            (u.credentials.as_deref(), u.db.as_deref()),
-            (Some(":pw"), Some("2"))
-        );
-        for bad in [
-            "redis://h/m",
-            "redis+sentinel://h:1",
-            "redis+sentinel://h:1/",
-            "redis+sentinel://h:x/m",
-            "redis+sentinel://h/m/x",
-        ] {
-            assert!(parse(bad).is_err(), "{bad}");
-        }
     }
 }

@@ -8,6 +8,10 @@ use std::path::PathBuf;
 use clap::Args;
 use serde::Deserialize;
 
+use crate::text::mask_url;
+
+pub mod redis_url;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read config file {path}: {source}")]
@@ -241,6 +245,39 @@ impl GateKind {
     }
 }
 
+/// A per-user, per-sale request rate (GCRA): `per_sec` on average, `burst` at once.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RateLimit {
+    pub per_sec: f64,
+    pub burst: u32,
+}
+
+impl RateLimit {
+    /// Milliseconds between requests at the steady rate; 0 when off.
+    pub fn interval_ms(&self) -> i64 {
+        if self.per_sec <= 0.0 {
+            0
+        } else {
+            ((1000.0 / self.per_sec).round() as i64).max(1)
+        }
+    }
+
+    /// How far ahead of the steady rate a burst may run, in milliseconds.
+    pub fn tolerance_ms(&self) -> i64 {
+        self.interval_ms() * (self.burst.max(1) as i64 - 1)
+    }
+
+    /// One GCRA step from the stored theoretical arrival time: the new one, or the wait in ms.
+    pub fn check(&self, tat: i64, now: i64) -> Result<i64, i64> {
+        let tat = tat.max(now);
+        let wait = tat - now - self.tolerance_ms();
+        if wait > 0 {
+            Err(wait)
+        } else {
+            Ok(tat + self.interval_ms())
+        }
+    }
+}
 /// Who confirms payments.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -312,8 +349,8 @@ pub struct Config {
     pub run_writer: bool,
     pub writer_batch: usize,
     pub writer_concurrency: usize,
-    pub rate_user: crate::gate::RateLimit,
-    pub rate_address: crate::gate::RateLimit,
+    pub rate_user: RateLimit,
+    pub rate_address: RateLimit,
     pub trusted_proxies: Vec<std::net::IpAddr>,
     pub preload_ahead_secs: u64,
     pub writer_lag_not_ready_secs: u64,
@@ -351,9 +388,7 @@ impl Config {
     fn merge(a: ConfigArgs, f: ConfigArgs) -> Result<Config, ConfigError> {
         let redis_url = a.redis_url.or(f.redis_url).filter(|s| !s.is_empty());
         let embedded = redis_url.is_none();
-        let cluster = redis_url
-            .as_deref()
-            .is_some_and(crate::redis_client::is_cluster_url);
+        let cluster = redis_url.as_deref().is_some_and(redis_url::is_cluster_url);
         let database_url = a
             .database_url
             .or(f.database_url)
@@ -430,7 +465,7 @@ impl Config {
                 1000
             }),
             writer_concurrency: a.writer_concurrency.or(f.writer_concurrency).unwrap_or(4),
-            rate_user: crate::gate::RateLimit {
+            rate_user: RateLimit {
                 per_sec: a.rate_user_per_sec.or(f.rate_user_per_sec).unwrap_or(5.0),
                 burst: a.rate_user_burst.or(f.rate_user_burst).unwrap_or(10),
             },
@@ -439,7 +474,7 @@ impl Config {
                     .rate_address_per_sec
                     .or(f.rate_address_per_sec)
                     .unwrap_or(0.0);
-                crate::gate::RateLimit {
+                RateLimit {
                     per_sec,
                     burst: a
                         .rate_address_burst
@@ -595,10 +630,10 @@ impl Config {
             });
         }
         if let Some(url) = &self.redis_url {
-            let valid = if crate::sentinel::is_sentinel_url(url) {
-                crate::sentinel::parse(url).map(|_| ())
-            } else if crate::redis_client::is_cluster_url(url) {
-                crate::redis_client::parse_cluster_url(url).map(|_| ())
+            let valid = if redis_url::is_sentinel_url(url) {
+                redis_url::parse(url).map(|_| ())
+            } else if redis_url::is_cluster_url(url) {
+                redis_url::parse_cluster_url(url).map(|_| ())
             } else {
                 redis::Client::open(url.as_str())
                     .map(|_| ())
@@ -797,44 +832,6 @@ fn read_file(path: &PathBuf) -> Result<ConfigArgs, ConfigError> {
     })
 }
 
-/// Hides the password of a URL such as `postgres://user:pw@host/db`, and the values of
-/// query parameters that carry secrets (`?password=...`, `?sslpassword=...`, tokens).
-pub fn mask_url(url: &str) -> String {
-    let (base, query) = match url.split_once('?') {
-        Some((b, q)) => (b, Some(q)),
-        None => (url, None),
-    };
-    let mut out = match base.split_once("://") {
-        None => base.to_string(),
-        Some((scheme, rest)) => match rest.rsplit_once('@') {
-            Some((cred, host)) => match cred.split_once(':') {
-                Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
-                None => format!("{scheme}://{cred}@{host}"),
-            },
-            None => base.to_string(),
-        },
-    };
-    if let Some(query) = query {
-        let masked: Vec<String> = query
-            .split('&')
-            .map(|pair| match pair.split_once('=') {
-                Some((k, _)) if secret_param(k) => format!("{k}=***"),
-                _ => pair.to_string(),
-            })
-            .collect();
-        out.push('?');
-        out.push_str(&masked.join("&"));
-    }
-    out
-}
-
-fn secret_param(key: &str) -> bool {
-    let k = key.to_ascii_lowercase();
-    ["pass", "pwd", "secret", "token", "key", "auth"]
-        .iter()
-        .any(|s| k.contains(s))
-}
-
 /// The embedded order log's folder: beside a SQLite file (`seckill.db` ->
 /// `seckill.db.orders`), `./seckill.orders` for a server database; none for an in-memory
 /// SQLite database.
@@ -895,28 +892,6 @@ mod tests {
         let ok: ConfigArgs = toml::from_str("writer_batch = 5\nlisten = \"0.0.0.0:9000\"").unwrap();
         assert_eq!(ok.writer_batch, Some(5));
         assert!(toml::from_str::<ConfigArgs>("no_such_key = 1").is_err());
-    }
-
-    #[test]
-    fn masks_passwords() {
-        assert_eq!(
-            mask_url("mysql://root:pw@h:3306/d"),
-            "mysql://root:***@h:3306/d"
-        );
-        assert_eq!(
-            mask_url("redis://127.0.0.1:6379/"),
-            "redis://127.0.0.1:6379/"
-        );
-        assert_eq!(
-            mask_url("postgres://u@h/db?sslmode=require&password=hunter2"),
-            "postgres://u@h/db?sslmode=require&password=***"
-        );
-        assert_eq!(
-            mask_url("redis://:p@ss@h:6379/0"),
-            "redis://:***@h:6379/0",
-            "an @ inside the password"
-        );
-        assert_eq!(mask_url("sqlite://seckill.db"), "sqlite://seckill.db");
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! Domain types shared by every part of the flow: sales, orders, their states.
 //! Pure data: nothing here does I/O.
 
+pub mod segments;
+
 use serde::Serialize;
 
 /// A sale as the gate and the edge need it: its window, limits and price.
