@@ -21,7 +21,7 @@ use crate::ids::{self, IdGenerator};
 use crate::lifecycle::payment::{PaymentProvider, RedirectProvider, SimulatedProvider};
 use crate::loader::SaleCache;
 use crate::orderlog::redis_stream::StreamLog;
-use crate::orderlog::{local, OrderLog};
+use crate::orderlog::{local, Backlog, NoBacklog, OrderLog};
 use crate::redis_client::{RedisClient, RedisConn};
 use crate::scheduler::Scheduler;
 use crate::store::lifecycle::SqlDecision;
@@ -146,12 +146,11 @@ pub enum Role {
 /// The deployment-specific parts; everything else is shared.
 struct Parts {
     gate: Arc<dyn Gate>,
+    /// The order log as its writers read it, and as everyone else sees what waits in it.
     log: Arc<dyn OrderLog>,
-    /// The embedded order log's producer side (memory gate only), for queued counts.
-    local_log: Option<local::LocalLog>,
+    backlog: Arc<dyn Backlog>,
     ids: Arc<IdGenerator>,
     redis: Option<RedisConn>,
-    streams: Option<Arc<StreamLog>>,
     breaker: Option<Arc<Breaker>>,
     /// The embedded server's claim on a PostgreSQL or MySQL database.
     claim: DatabaseClaim,
@@ -192,17 +191,17 @@ async fn embedded_parts(config: &Config, store: &Store, role: Role) -> Result<Pa
             (Arc::new(gate) as Arc<dyn Gate>, Some((log, reader)))
         }
     };
-    let (local_log, reader) = match log {
-        Some((log, reader)) => (Some(log), reader),
-        None => (None, local::channel().1),
+    let (backlog, reader): (Arc<dyn Backlog>, _) = match log {
+        Some((log, reader)) => (Arc::new(log), reader),
+        // The SQL gates write SQL before they answer: nothing waits.
+        None => (Arc::new(NoBacklog), local::channel().1),
     };
     Ok(Parts {
         gate,
         log: Arc::new(reader),
-        local_log,
+        backlog,
         ids: Arc::new(IdGenerator::fixed(worker)),
         redis: None,
-        streams: None,
         breaker: None,
         claim,
     })
@@ -275,10 +274,9 @@ async fn distributed_parts(config: &Config, store: &Store, url: &str) -> Result<
     Ok(Parts {
         gate,
         log: streams.clone(),
-        local_log: None,
+        backlog: streams,
         ids,
         redis: Some(conn),
-        streams: Some(streams),
         breaker,
         claim: None,
     })
@@ -288,7 +286,6 @@ async fn distributed_parts(config: &Config, store: &Store, url: &str) -> Result<
 pub struct App {
     pub state: Arc<AppState>,
     pub log: Arc<dyn OrderLog>,
-    pub streams: Option<Arc<StreamLog>>,
     _claim: DatabaseClaim,
 }
 
@@ -403,10 +400,9 @@ pub async fn assemble(config: Config, role: Role) -> Result<App, AppError> {
     let Parts {
         gate,
         log,
-        local_log,
+        backlog,
         ids,
         redis,
-        streams,
         breaker,
         claim,
     } = parts;
@@ -444,7 +440,7 @@ pub async fn assemble(config: Config, role: Role) -> Result<App, AppError> {
         secret_guard,
         sales: Arc::new(SaleCache::default()),
         redis,
-        local_log,
+        backlog,
         writer_stats: Arc::new(WriterStats::default()),
         metrics: Metrics::default(),
         audit: Default::default(),
@@ -452,7 +448,6 @@ pub async fn assemble(config: Config, role: Role) -> Result<App, AppError> {
     Ok(App {
         state,
         log,
-        streams,
         _claim: claim,
     })
 }
@@ -463,7 +458,7 @@ impl App {
             store: self.state.store.clone(),
             gate: self.state.gate.clone(),
             cache: self.state.sales.clone(),
-            streams: self.streams.clone(),
+            backlog: self.state.backlog.clone(),
             preload_ahead_ms: self.state.config.preload_ahead_secs as i64 * 1000,
         }
     }
@@ -486,7 +481,7 @@ impl App {
         Some(crate::reconcile::auditor::Auditor {
             store: st.store.clone(),
             gate: st.gate.clone(),
-            in_flight: st.in_flight(),
+            backlog: st.backlog.clone(),
             cache: st.sales.clone(),
             board: st.audit.clone(),
             every: Duration::from_secs(every),
@@ -501,7 +496,7 @@ impl App {
             gate: self.state.gate.clone(),
             batch_max: self.state.config.writer_batch,
             stats: self.state.writer_stats.clone(),
-            fenced: self.streams.is_some(),
+            fenced: self.log.shared(),
         }
     }
 
@@ -529,7 +524,7 @@ impl App {
         }
         if run_writer {
             // The local log has one consumer by nature (and SQLite one writer at a time).
-            let loops = if self.streams.is_some() {
+            let loops = if self.log.shared() {
                 self.state.config.writer_concurrency
             } else {
                 1

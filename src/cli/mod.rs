@@ -321,12 +321,13 @@ async fn reconcile(
             .filter(|s| s.approved && s.ends_at > since)
             .collect(),
     };
-    let in_flight = st.in_flight();
+    let backlog = st.backlog.clone();
     let mut all_exact = true;
     for sale in &sales {
-        let account = crate::reconcile::account(&st.store, st.gate.as_ref(), &in_flight, sale.id)
-            .await
-            .map_err(|e| AppError::Other(e.to_string()))?;
+        let account =
+            crate::reconcile::account(&st.store, st.gate.as_ref(), backlog.as_ref(), sale.id)
+                .await
+                .map_err(|e| AppError::Other(e.to_string()))?;
         print_account(&account);
         if account.exact() {
             continue;
@@ -338,7 +339,7 @@ async fn reconcile(
         let done = crate::reconcile::repair(
             &st.store,
             st.gate.as_ref(),
-            &in_flight,
+            backlog.as_ref(),
             &st.sales,
             sale,
             "seckill reconcile",

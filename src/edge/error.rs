@@ -286,6 +286,13 @@ impl From<GateError> for ApiError {
     }
 }
 
+impl From<crate::orderlog::LogError> for ApiError {
+    fn from(e: crate::orderlog::LogError) -> Self {
+        tracing::debug!(error = %e, "order log unavailable");
+        ApiError::Unavailable(format!("order log: {e}"))
+    }
+}
+
 impl From<IdError> for ApiError {
     fn from(e: IdError) -> Self {
         // The lease's loss and return are logged where they happen.

@@ -60,8 +60,8 @@ pub struct AppState {
     pub secret_guard: auth::SecretGuard,
     pub sales: Arc<SaleCache>,
     pub redis: Option<crate::redis_client::RedisConn>,
-    /// The embedded order log (memory gate only), for its backlog.
-    pub local_log: Option<crate::orderlog::local::LocalLog>,
+    /// What waits in the order log (the local log, the Redis streams, or nothing).
+    pub backlog: Arc<dyn crate::orderlog::Backlog>,
     pub writer_stats: Arc<WriterStats>,
     pub address_limiter: limits::AddressLimiter,
     /// Captchas issued per (sale, user), in this process (`antibot::CAPTCHA_RATE`).
@@ -74,20 +74,6 @@ pub struct AppState {
     pub metrics: Metrics,
     /// Drift the continuous audit found (filled on the instance holding the audit lease).
     pub audit: Arc<crate::reconcile::auditor::Board>,
-}
-
-impl AppState {
-    /// Where this deployment's accepted orders wait before SQL has them.
-    pub fn in_flight(&self) -> crate::reconcile::InFlight {
-        match (&self.redis, &self.local_log) {
-            (Some(conn), _) => crate::reconcile::InFlight::Streams {
-                conn: conn.clone(),
-                prefix: self.config.redis_prefix.clone(),
-            },
-            (None, Some(log)) => crate::reconcile::InFlight::Local(log.clone()),
-            (None, None) => crate::reconcile::InFlight::Nothing,
-        }
-    }
 }
 
 /// What the edge measures, for `/metrics`.
@@ -368,23 +354,16 @@ fn recent_sales(st: &AppState) -> Vec<(i64, i64)> {
         .collect()
 }
 
-/// Per recent sale of a distributed deployment: (sale, unwritten orders, age of the oldest
-/// in ms). Empty for the embedded deployment, whose writer runs in this process.
+/// Per recent sale: (sale, unwritten orders, age of the oldest in ms, 0 when the log does
+/// not know it). Empty when no order ever waits (the SQL gates).
 async fn order_log_lag(st: &AppState) -> Result<Vec<(i64, i64, i64)>, ApiError> {
-    let Some(conn) = &st.redis else {
+    if !st.backlog.holds_orders() {
         return Ok(Vec::new());
-    };
+    }
     let now = crate::now_ms();
     let mut out = Vec::new();
     for (sale, segments) in recent_sales(st) {
-        let (len, oldest) = crate::orderlog::redis_stream::unwritten(
-            &mut conn.clone(),
-            &st.config.redis_prefix,
-            sale,
-            segments,
-        )
-        .await
-        .map_err(|e| ApiError::Unavailable(format!("redis: {e}")))?;
+        let (len, oldest) = st.backlog.lag(sale, segments).await?;
         out.push((sale, len, oldest.map_or(0, |t| (now - t).max(0))));
     }
     Ok(out)

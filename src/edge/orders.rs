@@ -450,37 +450,23 @@ pub async fn list_orders(
     let orders = st.store.orders_of_user(user_id, 200).await?;
     let mut views: Vec<OrderView> = orders.iter().map(OrderView::from).collect();
     let written: std::collections::HashSet<i64> = orders.iter().map(|o| o.id).collect();
-    // Orders answered `ok` and not yet in SQL: the embedded log knows them by buyer; in a
-    // distributed deployment the sales' streams hold them.
-    let queued_orders = match (&st.local_log, &st.redis) {
-        (Some(log), _) => log.queued_of_user(user_id),
-        (None, Some(conn)) => {
-            let mut in_sql: std::collections::HashMap<i64, i64> = Default::default();
-            for o in &orders {
-                if matches!(o.status, OrderStatus::PendingPayment | OrderStatus::Paid) {
-                    *in_sql.entry(o.sale_id).or_default() += o.quantity;
-                }
-            }
-            // Orders wait for writers for moments, not hours.
-            let since = crate::now_ms() - 3_600_000;
-            let sales: Vec<(i64, i64, i64)> = st
-                .sales
-                .all()
-                .iter()
-                .filter(|s| s.ends_at > since)
-                .map(|s| (s.id, in_sql.get(&s.id).copied().unwrap_or(0), s.segments))
-                .collect();
-            crate::orderlog::redis_stream::queued_of_user(
-                &mut conn.clone(),
-                &st.config.redis_prefix,
-                &sales,
-                user_id,
-            )
-            .await
-            .map_err(|e| ApiError::Unavailable(format!("redis: {e}")))?
+    // Orders answered `ok` and not yet in SQL, from the order log.
+    let mut in_sql: std::collections::HashMap<i64, i64> = Default::default();
+    for o in &orders {
+        if matches!(o.status, OrderStatus::PendingPayment | OrderStatus::Paid) {
+            *in_sql.entry(o.sale_id).or_default() += o.quantity;
         }
-        (None, None) => Vec::new(),
-    };
+    }
+    // Orders wait for writers for moments, not hours.
+    let since = crate::now_ms() - 3_600_000;
+    let sales: Vec<(i64, i64, i64)> = st
+        .sales
+        .all()
+        .iter()
+        .filter(|s| s.ends_at > since)
+        .map(|s| (s.id, in_sql.get(&s.id).copied().unwrap_or(0), s.segments))
+        .collect();
+    let queued_orders = st.backlog.queued_of_user(user_id, &sales).await?;
     // Newest first, as SQL's are.
     {
         let mut queued: Vec<_> = queued_orders

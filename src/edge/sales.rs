@@ -586,20 +586,9 @@ pub async fn sale_stats(
         .ok_or_else(|| ApiError::NotFound(format!("sale {id} does not exist")))?;
     let counts = st.store.sale_counts(id).await?;
     let gate = st.gate.stock(id).await?;
-    let backlog = match &st.redis {
-        Some(conn) => {
-            let mut conn = conn.clone();
-            let b = crate::orderlog::redis_stream::backlog(
-                &mut conn,
-                &st.config.redis_prefix,
-                id,
-                sale.segments,
-            )
-            .await
-            .map_err(|e| ApiError::Unavailable(format!("redis: {e}")))?;
-            Some(b)
-        }
-        None => st.local_log.as_ref().map(|log| (log.backlog(id), 0, 0)),
+    let backlog = match st.backlog.holds_orders() {
+        true => Some(st.backlog.counts(id, sale.segments).await?),
+        false => None,
     };
     Ok(Json(SaleStats {
         id: id.to_string(),
@@ -612,9 +601,9 @@ pub async fn sale_stats(
         units_in_live_orders: counts.units,
         orders_by_status: counts.by_status,
         payments_by_status: st.store.payment_counts(id).await?.into_iter().collect(),
-        log_backlog: backlog.map(|b| b.0),
-        log_pending: backlog.map(|b| b.1),
-        dead_letters: backlog.map(|b| b.2),
+        log_backlog: backlog.map(|b| b.unwritten),
+        log_pending: backlog.map(|b| b.pending),
+        dead_letters: backlog.map(|b| b.dead),
     }))
 }
 
@@ -663,20 +652,9 @@ pub async fn sale_audit(
         .ok_or_else(|| ApiError::NotFound(format!("sale {id} does not exist")))?;
     let (live_orders, live_units, distinct_buyers, max_units_per_buyer) =
         st.store.live_totals(id).await?;
-    let log_backlog = match &st.redis {
-        Some(conn) => {
-            let mut conn = conn.clone();
-            crate::orderlog::redis_stream::backlog(
-                &mut conn,
-                &st.config.redis_prefix,
-                id,
-                sale.segments,
-            )
-            .await
-            .map(|b| Some(b.0))
-            .map_err(|e| ApiError::Unavailable(format!("redis: {e}")))?
-        }
-        None => st.local_log.as_ref().map(|log| log.backlog(id)),
+    let log_backlog = match st.backlog.holds_orders() {
+        true => Some(st.backlog.counts(id, sale.segments).await?.unwritten),
+        false => None,
     };
     Ok(Json(Audit {
         id: id.to_string(),
@@ -771,7 +749,7 @@ pub async fn reconcile(
 ) -> Result<Response, ApiError> {
     let id = parse_id(&id, "sale id")?;
     let account =
-        crate::reconcile::account(&st.store, st.gate.as_ref(), &st.in_flight(), id).await?;
+        crate::reconcile::account(&st.store, st.gate.as_ref(), st.backlog.as_ref(), id).await?;
     Ok(no_store(Reconciliation {
         exact: account.exact(),
         account,
@@ -823,7 +801,7 @@ pub async fn repair(
         crate::reconcile::repair(
             &st.store,
             st.gate.as_ref(),
-            &st.in_flight(),
+            st.backlog.as_ref(),
             &st.sales,
             &sale,
             "admin api",

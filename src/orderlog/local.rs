@@ -276,6 +276,48 @@ impl LocalLog {
     }
 }
 
+/// The embedded log keeps its unwritten orders in memory, by order id (at most
+/// `MAX_BACKLOG`): every question is answered from there, without I/O.
+#[async_trait]
+impl super::Backlog for LocalLog {
+    fn holds_orders(&self) -> bool {
+        true
+    }
+
+    async fn counts(&self, sale: i64, _: i64) -> Result<super::Counts, LogError> {
+        Ok(super::Counts {
+            unwritten: self.backlog(sale),
+            ..Default::default()
+        })
+    }
+
+    async fn unwritten(
+        &self,
+        sale: i64,
+        _: i64,
+        _: usize,
+    ) -> Result<Option<(Vec<(i64, i64)>, i64)>, LogError> {
+        Ok(Some((LocalLog::unwritten(self, sale), 0)))
+    }
+
+    async fn queued_of_user(
+        &self,
+        user: i64,
+        _: &[(i64, i64, i64)],
+    ) -> Result<Vec<(i64, i64, i64)>, LogError> {
+        Ok(LocalLog::queued_of_user(self, user))
+    }
+
+    async fn lag(&self, sale: i64, _: i64) -> Result<(i64, Option<i64>), LogError> {
+        // This process's own writer drains it; its age is the writer's lag histogram's.
+        Ok((self.backlog(sale), None))
+    }
+
+    async fn watch(&self, _: &[(i64, i64)]) -> Result<(), LogError> {
+        Ok(())
+    }
+}
+
 impl LocalLogReader {
     /// Marks entries settled (in SQL or dead), and deletes the segments left with none.
     fn settle(&self, receipts: &[Receipt]) {

@@ -84,4 +84,99 @@ pub trait OrderLog: Send + Sync {
     fn recovering(&self) -> bool {
         false
     }
+
+    /// True when writers in many processes read this log (the Redis streams): a batch
+    /// they hold must be fenced against a gate rebuild (`Store::hold_writer_fence`), and a
+    /// process may run several writer loops. The local log has one reader by nature.
+    fn shared(&self) -> bool {
+        false
+    }
+}
+
+/// Backlog counts of a sale's log: entries not yet written, of which pending with a
+/// writer, and dead letters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
+    pub unwritten: i64,
+    pub pending: i64,
+    pub dead: i64,
+}
+
+/// The producer's side of the order log, as the edge, the audit, readiness and the
+/// scheduler see it: what waits in it and for whom. One per deployment, held as a trait
+/// object: the local log, the Redis streams, or nothing at all (the SQL gates write SQL
+/// before they answer). `(sale, segments)` names a sale's log (one stream per segment).
+#[async_trait]
+pub trait Backlog: Send + Sync {
+    /// False when no order ever waits here (the SQL gates): there is nothing beside SQL to
+    /// compare a gate with.
+    fn holds_orders(&self) -> bool;
+
+    /// What waits in a sale's log.
+    async fn counts(&self, sale: i64, segments: i64) -> Result<Counts, LogError>;
+
+    /// (user, quantity) of each order of the sale not yet in SQL, and its dead letters;
+    /// `None` when more than `cap` entries wait (too many to count one by one).
+    async fn unwritten(
+        &self,
+        sale: i64,
+        segments: i64,
+        cap: usize,
+    ) -> Result<Option<(Vec<(i64, i64)>, i64)>, LogError>;
+
+    /// The buyer's orders answered `ok` and not yet in SQL, as (order, sale, quantity).
+    /// `sales` are the recent sales as (sale, units the buyer holds in SQL, segments): a
+    /// log that cannot list a buyer's orders directly reads only where the gate holds more
+    /// of theirs than SQL does.
+    async fn queued_of_user(
+        &self,
+        user: i64,
+        sales: &[(i64, i64, i64)],
+    ) -> Result<Vec<(i64, i64, i64)>, LogError>;
+
+    /// Orders of the sale not yet in SQL and the acceptance time (Unix ms) of the oldest,
+    /// when this log knows it: what readiness and the lag metrics watch.
+    async fn lag(&self, sale: i64, segments: i64) -> Result<(i64, Option<i64>), LogError>;
+
+    /// Starts reading these sales' logs (their writers' group made sure of).
+    async fn watch(&self, sales: &[(i64, i64)]) -> Result<(), LogError>;
+}
+
+/// The log of a deployment whose gate writes SQL itself: nothing ever waits.
+pub struct NoBacklog;
+
+#[async_trait]
+impl Backlog for NoBacklog {
+    fn holds_orders(&self) -> bool {
+        false
+    }
+
+    async fn counts(&self, _: i64, _: i64) -> Result<Counts, LogError> {
+        Ok(Counts::default())
+    }
+
+    async fn unwritten(
+        &self,
+        _: i64,
+        _: i64,
+        _: usize,
+    ) -> Result<Option<(Vec<(i64, i64)>, i64)>, LogError> {
+        Ok(Some((Vec::new(), 0)))
+    }
+
+    async fn queued_of_user(
+        &self,
+        _: i64,
+        _: &[(i64, i64, i64)],
+    ) -> Result<Vec<(i64, i64, i64)>, LogError> {
+        Ok(Vec::new())
+    }
+
+    async fn lag(&self, _: i64, _: i64) -> Result<(i64, Option<i64>), LogError> {
+        Ok((0, None))
+    }
+
+    async fn watch(&self, _: &[(i64, i64)]) -> Result<(), LogError> {
+        Ok(())
+    }
 }

@@ -466,6 +466,52 @@ impl OrderLog for StreamLog {
     fn finished(&self) -> bool {
         false
     }
+
+    fn shared(&self) -> bool {
+        true
+    }
+}
+
+#[async_trait]
+impl super::Backlog for StreamLog {
+    fn holds_orders(&self) -> bool {
+        true
+    }
+
+    async fn counts(&self, sale: i64, segments: i64) -> Result<super::Counts, LogError> {
+        let (unwritten, pending, dead) =
+            backlog(&mut self.conn.clone(), &self.prefix, sale, segments).await?;
+        Ok(super::Counts {
+            unwritten,
+            pending,
+            dead,
+        })
+    }
+
+    async fn unwritten(
+        &self,
+        sale: i64,
+        segments: i64,
+        cap: usize,
+    ) -> Result<Option<(Vec<(i64, i64)>, i64)>, LogError> {
+        unwritten_orders(&mut self.conn.clone(), &self.prefix, sale, segments, cap).await
+    }
+
+    async fn queued_of_user(
+        &self,
+        user: i64,
+        sales: &[(i64, i64, i64)],
+    ) -> Result<Vec<(i64, i64, i64)>, LogError> {
+        queued_of_user(&mut self.conn.clone(), &self.prefix, sales, user).await
+    }
+
+    async fn lag(&self, sale: i64, segments: i64) -> Result<(i64, Option<i64>), LogError> {
+        unwritten(&mut self.conn.clone(), &self.prefix, sale, segments).await
+    }
+
+    async fn watch(&self, sales: &[(i64, i64)]) -> Result<(), LogError> {
+        StreamLog::watch(self, sales).await
+    }
 }
 
 /// A sale's orders accepted and not yet written, and the acceptance time (Unix ms) of the

@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::sync::watch;
 
-use super::{account, Account, InFlight, ReconcileError};
+use super::{account, Account, ReconcileError};
 use crate::gate::Gate;
 use crate::loader::SaleCache;
 use crate::redis_client::RedisConn;
@@ -89,7 +89,7 @@ impl Lease {
 pub struct Auditor {
     pub store: Store,
     pub gate: Arc<dyn Gate>,
-    pub in_flight: InFlight,
+    pub backlog: std::sync::Arc<dyn crate::orderlog::Backlog>,
     pub cache: Arc<SaleCache>,
     pub board: Arc<Board>,
     pub every: Duration,
@@ -147,7 +147,7 @@ impl Auditor {
         streaks.retain(|sale, _| live.contains(sale));
         lock(&self.board.drift).retain(|sale, _| live.contains(sale));
         for sale in live {
-            match account(&self.store, self.gate.as_ref(), &self.in_flight, sale).await {
+            match account(&self.store, self.gate.as_ref(), self.backlog.as_ref(), sale).await {
                 Ok(a) => self.judge(streaks, a, now),
                 // Nothing to conclude this round; a streak needs unbroken rounds.
                 Err(ReconcileError::TooMuchInFlight(_)) => {

@@ -22,8 +22,8 @@ use serde::Serialize;
 use crate::gate::{Gate, GateError};
 use crate::loader::{LoadError, SaleCache};
 use crate::model::Sale;
+use crate::orderlog::Backlog;
 use crate::orderlog::LogError;
-use crate::redis_client::RedisConn;
 use crate::store::journal::{Cause, Movement};
 use crate::store::{Store, StoreError};
 
@@ -45,40 +45,6 @@ pub enum ReconcileError {
     NoSuchSale(i64),
     #[error("more than {MAX_IN_FLIGHT} orders of sale {0} wait in a stream: too much in flight to audit")]
     TooMuchInFlight(i64),
-}
-
-/// Where orders accepted by the gate wait before SQL has them.
-#[derive(Clone)]
-pub enum InFlight {
-    /// The sales' Redis streams.
-    Streams { conn: RedisConn, prefix: String },
-    /// The embedded order log of this process.
-    Local(crate::orderlog::local::LocalLog),
-    /// The gate writes SQL itself (the SQL gates): nothing waits.
-    Nothing,
-}
-
-impl InFlight {
-    /// (user, quantity) of each order of the sale not in SQL yet, and the dead letters.
-    async fn unwritten(
-        &self,
-        sale: i64,
-        segments: i64,
-    ) -> Result<(Vec<(i64, i64)>, i64), ReconcileError> {
-        match self {
-            InFlight::Streams { conn, prefix } => crate::orderlog::redis_stream::unwritten_orders(
-                &mut conn.clone(),
-                prefix,
-                sale,
-                segments,
-                MAX_IN_FLIGHT,
-            )
-            .await?
-            .ok_or(ReconcileError::TooMuchInFlight(sale)),
-            InFlight::Local(log) => Ok((log.unwritten(sale), 0)),
-            InFlight::Nothing => Ok((Vec::new(), 0)),
-        }
-    }
 }
 
 /// Most buyers compared one by one; past it, only their numbers are compared.
@@ -141,7 +107,7 @@ impl Account {
 pub async fn account(
     store: &Store,
     gate: &dyn Gate,
-    in_flight: &InFlight,
+    in_flight: &dyn Backlog,
     sale_id: i64,
 ) -> Result<Account, ReconcileError> {
     let segments = store
@@ -150,15 +116,18 @@ pub async fn account(
         .ok_or(ReconcileError::NoSuchSale(sale_id))?
         .segments;
     // A SQL gate decides in SQL itself: nothing apart from SQL to compare, only the journal.
-    let gate_now = match in_flight {
-        InFlight::Nothing => None,
-        _ => gate.stock(sale_id).await?,
+    let gate_now = match in_flight.holds_orders() {
+        false => None,
+        true => gate.stock(sale_id).await?,
     };
     let holders = match gate_now {
         Some(_) => gate.holders(sale_id, MAX_BUYERS_COMPARED).await?,
         None => None,
     };
-    let (in_flight_orders, dead_letters) = in_flight.unwritten(sale_id, segments).await?;
+    let (in_flight_orders, dead_letters) = in_flight
+        .unwritten(sale_id, segments, MAX_IN_FLIGHT)
+        .await?
+        .ok_or(ReconcileError::TooMuchInFlight(sale_id))?;
     let sql = store
         .sql_account(sale_id)
         .await?
@@ -241,7 +210,7 @@ pub struct Repair {
 pub async fn repair(
     store: &Store,
     gate: &dyn Gate,
-    in_flight: &InFlight,
+    in_flight: &dyn Backlog,
     cache: &SaleCache,
     sale: &Sale,
     actor: &str,

@@ -12,7 +12,6 @@ use tokio::sync::watch;
 
 use crate::gate::{Gate, GateError};
 use crate::loader::{LoadError, SaleCache};
-use crate::orderlog::redis_stream::StreamLog;
 use crate::store::{Store, StoreError};
 
 #[derive(Debug, thiserror::Error)]
@@ -33,7 +32,7 @@ pub struct Scheduler {
     pub store: Store,
     pub gate: Arc<dyn Gate>,
     pub cache: Arc<SaleCache>,
-    pub streams: Option<Arc<StreamLog>>,
+    pub backlog: Arc<dyn crate::orderlog::Backlog>,
     pub preload_ahead_ms: i64,
 }
 
@@ -89,16 +88,14 @@ impl Scheduler {
                 "unpaid orders expired; stock handed back to the gate"
             );
         }
-        if let Some(streams) = &self.streams {
-            let sales: Vec<(i64, i64)> = self
-                .cache
-                .all()
-                .iter()
-                .map(|s| (s.id, s.segments))
-                .collect();
-            if let Err(e) = streams.watch(&sales).await {
-                first_error.get_or_insert(e.into());
-            }
+        let sales: Vec<(i64, i64)> = self
+            .cache
+            .all()
+            .iter()
+            .map(|s| (s.id, s.segments))
+            .collect();
+        if let Err(e) = self.backlog.watch(&sales).await {
+            first_error.get_or_insert(e.into());
         }
         match first_error {
             Some(e) => Err(e),
