@@ -2,23 +2,35 @@
 //!
 //! ```text
 //! client ─HTTP─> edge ─> gate ─> orderlog ─> writer ─> store (SQL)
-//!                  ▲                                      ▲
-//!              scheduler (preloads approved sales into the gate, from the store)
+//!                  ▲       ▲                              │
+//!                  │     loader (rebuilds the gate from SQL + the order log)
+//!              scheduler (preloads, expiries, returns: lifecycle)
 //! ```
 //!
-//! - [`edge`]: HTTP: auth tokens, input checks, the sale cache; maps every error to the contract.
-//! - [`gate`]: the one atomic step that decides a purchase (in memory, or a Lua script in Redis).
-//! - [`orderlog`]: accepted orders on their way to SQL (a local queue, or a Redis Stream).
-//! - [`writer`]: drains the order log into SQL in batches, exactly once per order.
-//! - [`store`]: the SQL database (SQLite, PostgreSQL, MySQL/MariaDB): schema and queries.
-//! - [`lifecycle`]: after the purchase: payment (simulated provider), cancel, expiry, stock returns.
-//! - [`scheduler`]: background duties: preload sales, expire unpaid orders, return stock to the gate.
+//! The modules in layer order, bottom to top; each imports only those above it in this
+//! list (`scripts/layers.py src` checks it; CI runs it):
+//!
+//! - [`model`]: the domain's types (sales, orders, states) and the segment arithmetic.
+//! - [`text`]: hex, URLs with their secrets masked, phone numbers in E.164.
+//! - [`config`]: the one typed configuration (flags, `SECKILL_*`, a TOML file), Redis URL forms.
 //! - [`metrics`]: Prometheus counters and histograms on atomics.
-//! - [`ids`]: 64-bit time-ordered ids, unique across instances.
-//! - [`app`]: assembles the parts for one of the two deployments (embedded or distributed).
+//! - [`logline`]: log lines that would repeat per request, at most once per interval.
+//! - [`backoff`]: waits between retries, with jitter.
+//! - [`redis_client`]: the Redis connection (server, Sentinel, Cluster), the key layout, leases.
+//! - [`store`]: the SQL database (SQLite, PostgreSQL, MySQL/MariaDB): schema, every statement.
+//! - [`ids`]: 64-bit time-ordered ids, unique across instances (worker ids leased in Redis).
+//! - [`orderlog`]: accepted orders on their way to SQL (a local file, or Redis Streams).
+//! - [`gate`]: the one atomic step that decides a purchase (memory, Lua in Redis, SQL), and
+//!   its decorators (circuit breaker, sold-out shortcut, moves between segments).
+//! - [`loader`]: the catalogue cache and the fenced load of a sale into the gate from SQL.
+//! - [`writer`]: drains the order log into SQL in batches, exactly once per order.
+//! - [`lifecycle`]: after the purchase: payment, cancel, expiry, stock back to the gate.
+//! - [`reconcile`]: the gate compared with SQL and what is in flight; audit and repair.
+//! - [`scheduler`]: the one-second tick that runs the background duties.
+//! - [`edge`]: HTTP: the front door, auth, limits, input checks, pages; maps every error.
+//! - [`app`]: assembles the parts for one of the deployments (embedded or distributed).
 //! - [`bench`]: `seckill bench`, the load generator and its report (speaks HTTP only).
-//! - [`cli`]: the `seckill` command: serve, worker, migrate, users mint.
-//! - [`config`]: one typed configuration: flags, then `SECKILL_*` env, then a TOML file.
+//! - [`cli`]: the `seckill` command: serve, worker, migrate, bench, reconcile, users mint.
 
 pub mod app;
 pub mod backoff;
