@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use super::layer::Layer;
+
 use super::{Gate, GateError, GateStock, Purchase, Release, Released, SaleLoad, Verdict};
 
 pub struct Breaker {
@@ -192,7 +194,11 @@ fn is_outage(e: &redis::RedisError) -> bool {
 }
 
 #[async_trait]
-impl Gate for Breaker {
+impl Layer for Breaker {
+    fn inner(&self) -> &dyn Gate {
+        self.inner.as_ref()
+    }
+
     async fn purchase(&self, p: Purchase) -> Result<Verdict, GateError> {
         self.call(p.sale_id, self.inner.purchase(p), CALL_TIMEOUT)
             .await
@@ -269,10 +275,6 @@ impl Gate for Breaker {
             CALL_TIMEOUT,
         )
         .await
-    }
-
-    fn know_segments(&self, sales: &[(i64, i64)]) {
-        self.inner.know_segments(sales)
     }
 
     async fn segment_stocks(

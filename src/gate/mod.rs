@@ -6,6 +6,7 @@
 
 pub mod batch;
 pub mod breaker;
+pub mod layer;
 pub mod memory;
 pub mod rebalance;
 pub mod redis;

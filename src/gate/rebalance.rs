@@ -14,10 +14,9 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 
-use crate::gate::{
-    Gate, GateError, GateStock, LoadStart, LoadTicket, MoveStep, Purchase, Rejection, Release,
-    Released, SaleLoad, Spend, Verdict,
-};
+use super::layer::Layer;
+
+use crate::gate::{Gate, GateError, MoveStep, Purchase, Rejection, Verdict};
 use crate::store::moves::SegmentMove;
 use crate::store::{Store, StoreError};
 
@@ -234,7 +233,11 @@ pub async fn finish_stalled_moves(store: &Store, gate: &dyn Gate) -> Result<usiz
 }
 
 #[async_trait]
-impl Gate for Rebalancer {
+impl Layer for Rebalancer {
+    fn inner(&self) -> &dyn Gate {
+        self.inner.as_ref()
+    }
+
     async fn purchase(&self, p: Purchase) -> Result<Verdict, GateError> {
         let verdict = self.inner.purchase(p).await?;
         if p.segments <= 1 || !matches!(verdict, Verdict::Rejected(Rejection::SoldOut { .. })) {
@@ -265,119 +268,5 @@ impl Gate for Rebalancer {
         Err(GateError::Unavailable(
             "stock is moving between this sale's segments; retry".into(),
         ))
-    }
-
-    async fn load(&self, load: &SaleLoad) -> Result<bool, GateError> {
-        self.inner.load(load).await
-    }
-
-    async fn begin_load(&self, sale_id: i64) -> Result<LoadStart, GateError> {
-        self.inner.begin_load(sale_id).await
-    }
-
-    async fn begin_segment_load(&self, sale_id: i64, segment: i64) -> Result<LoadStart, GateError> {
-        self.inner.begin_segment_load(sale_id, segment).await
-    }
-
-    async fn finish_load(&self, ticket: LoadTicket, load: &SaleLoad) -> Result<bool, GateError> {
-        self.inner.finish_load(ticket, load).await
-    }
-
-    async fn abandon_load(&self, ticket: LoadTicket) {
-        self.inner.abandon_load(ticket).await
-    }
-
-    async fn forget_if_stale(&self, sale_id: i64) -> Result<bool, GateError> {
-        self.inner.forget_if_stale(sale_id).await
-    }
-
-    async fn holders(
-        &self,
-        sale_id: i64,
-        cap: usize,
-    ) -> Result<Option<Vec<(i64, i64)>>, GateError> {
-        self.inner.holders(sale_id, cap).await
-    }
-
-    async fn forget_segment_for_repair(&self, sale_id: i64, segment: i64) -> Result<(), GateError> {
-        self.inner.forget_segment_for_repair(sale_id, segment).await
-    }
-
-    async fn forget_segment_if_stale(&self, sale_id: i64, segment: i64) -> Result<bool, GateError> {
-        self.inner.forget_segment_if_stale(sale_id, segment).await
-    }
-
-    async fn confirm_written(&self, orders: &[crate::model::NewOrder]) -> Result<(), GateError> {
-        self.inner.confirm_written(orders).await
-    }
-
-    fn know_segments(&self, sales: &[(i64, i64)]) {
-        self.inner.know_segments(sales)
-    }
-
-    async fn segment_stocks(
-        &self,
-        sale_id: i64,
-        segments: i64,
-    ) -> Result<Vec<Option<i64>>, GateError> {
-        self.inner.segment_stocks(sale_id, segments).await
-    }
-
-    async fn take_for_move(
-        &self,
-        sale_id: i64,
-        segments: i64,
-        segment: i64,
-        move_id: i64,
-        quantity: i64,
-    ) -> Result<MoveStep, GateError> {
-        self.inner
-            .take_for_move(sale_id, segments, segment, move_id, quantity)
-            .await
-    }
-
-    async fn give_for_move(
-        &self,
-        sale_id: i64,
-        segments: i64,
-        segment: i64,
-        move_id: i64,
-        quantity: i64,
-    ) -> Result<MoveStep, GateError> {
-        self.inner
-            .give_for_move(sale_id, segments, segment, move_id, quantity)
-            .await
-    }
-
-    async fn is_loaded(&self, sale_id: i64) -> Result<bool, GateError> {
-        self.inner.is_loaded(sale_id).await
-    }
-
-    async fn stock(&self, sale_id: i64) -> Result<Option<GateStock>, GateError> {
-        self.inner.stock(sale_id).await
-    }
-
-    async fn release(&self, r: Release) -> Result<Released, GateError> {
-        self.inner.release(r).await
-    }
-
-    async fn set_paused(&self, sale_id: i64, paused: bool) -> Result<(), GateError> {
-        self.inner.set_paused(sale_id, paused).await
-    }
-
-    async fn end_early(&self, sale_id: i64, at: i64) -> Result<(), GateError> {
-        self.inner.end_early(sale_id, at).await
-    }
-
-    async fn spend(&self, sale_id: i64, spend: Spend) -> Result<bool, GateError> {
-        self.inner.spend(sale_id, spend).await
-    }
-
-    async fn queued_order(
-        &self,
-        sale_id: i64,
-        order_id: i64,
-    ) -> Result<Option<(i64, i64)>, GateError> {
-        self.inner.queued_order(sale_id, order_id).await
     }
 }

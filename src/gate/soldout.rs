@@ -11,12 +11,12 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
 
+use super::layer::Layer;
+
 use crate::metrics::Counter;
 use crate::model::BySale;
 
-use super::{
-    Gate, GateError, GateStock, Purchase, Rejection, Release, Released, SaleLoad, Verdict,
-};
+use super::{Gate, GateError, Purchase, Rejection, Release, Released, SaleLoad, Verdict};
 
 /// Per sale: (returns seen << 1) | sold-out bit.
 type Flag = Arc<AtomicU64>;
@@ -82,7 +82,11 @@ impl SoldOutShortcut {
 }
 
 #[async_trait]
-impl Gate for SoldOutShortcut {
+impl Layer for SoldOutShortcut {
+    fn inner(&self) -> &dyn Gate {
+        self.inner.as_ref()
+    }
+
     async fn purchase(&self, p: Purchase) -> Result<Verdict, GateError> {
         let flag = self.flag(p.sale_id);
         let seen = flag.load(Ordering::Acquire);
@@ -105,14 +109,6 @@ impl Gate for SoldOutShortcut {
         Ok(loaded)
     }
 
-    async fn is_loaded(&self, sale_id: i64) -> Result<bool, GateError> {
-        self.inner.is_loaded(sale_id).await
-    }
-
-    async fn begin_load(&self, sale_id: i64) -> Result<super::LoadStart, GateError> {
-        self.inner.begin_load(sale_id).await
-    }
-
     async fn finish_load(
         &self,
         ticket: super::LoadTicket,
@@ -123,63 +119,6 @@ impl Gate for SoldOutShortcut {
             self.reopen(load.sale.id);
         }
         Ok(loaded)
-    }
-
-    async fn forget_if_stale(&self, sale_id: i64) -> Result<bool, GateError> {
-        self.inner.forget_if_stale(sale_id).await
-    }
-
-    async fn abandon_load(&self, ticket: super::LoadTicket) {
-        self.inner.abandon_load(ticket).await
-    }
-
-    async fn begin_segment_load(
-        &self,
-        sale_id: i64,
-        segment: i64,
-    ) -> Result<super::LoadStart, GateError> {
-        self.inner.begin_segment_load(sale_id, segment).await
-    }
-
-    async fn holders(
-        &self,
-        sale_id: i64,
-        cap: usize,
-    ) -> Result<Option<Vec<(i64, i64)>>, GateError> {
-        self.inner.holders(sale_id, cap).await
-    }
-
-    async fn forget_segment_for_repair(&self, sale_id: i64, segment: i64) -> Result<(), GateError> {
-        self.inner.forget_segment_for_repair(sale_id, segment).await
-    }
-
-    async fn forget_segment_if_stale(&self, sale_id: i64, segment: i64) -> Result<bool, GateError> {
-        self.inner.forget_segment_if_stale(sale_id, segment).await
-    }
-
-    fn know_segments(&self, sales: &[(i64, i64)]) {
-        self.inner.know_segments(sales)
-    }
-
-    async fn segment_stocks(
-        &self,
-        sale_id: i64,
-        segments: i64,
-    ) -> Result<Vec<Option<i64>>, GateError> {
-        self.inner.segment_stocks(sale_id, segments).await
-    }
-
-    async fn take_for_move(
-        &self,
-        sale_id: i64,
-        segments: i64,
-        segment: i64,
-        move_id: i64,
-        quantity: i64,
-    ) -> Result<super::MoveStep, GateError> {
-        self.inner
-            .take_for_move(sale_id, segments, segment, move_id, quantity)
-            .await
     }
 
     async fn give_for_move(
@@ -198,38 +137,10 @@ impl Gate for SoldOutShortcut {
         Ok(given)
     }
 
-    async fn confirm_written(&self, orders: &[crate::model::NewOrder]) -> Result<(), GateError> {
-        self.inner.confirm_written(orders).await
-    }
-
-    async fn stock(&self, sale_id: i64) -> Result<Option<GateStock>, GateError> {
-        self.inner.stock(sale_id).await
-    }
-
     async fn release(&self, r: Release) -> Result<Released, GateError> {
         let released = self.inner.release(r).await?;
         self.reopen(r.sale_id);
         Ok(released)
-    }
-
-    async fn set_paused(&self, sale_id: i64, paused: bool) -> Result<(), GateError> {
-        self.inner.set_paused(sale_id, paused).await
-    }
-
-    async fn end_early(&self, sale_id: i64, at: i64) -> Result<(), GateError> {
-        self.inner.end_early(sale_id, at).await
-    }
-
-    async fn spend(&self, sale_id: i64, spend: super::Spend) -> Result<bool, GateError> {
-        self.inner.spend(sale_id, spend).await
-    }
-
-    async fn queued_order(
-        &self,
-        sale_id: i64,
-        order_id: i64,
-    ) -> Result<Option<(i64, i64)>, GateError> {
-        self.inner.queued_order(sale_id, order_id).await
     }
 }
 
