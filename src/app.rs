@@ -486,6 +486,8 @@ impl App {
             board: st.audit.clone(),
             every: Duration::from_secs(every),
             lease,
+            repair: st.config.audit_repair,
+            repairs: Default::default(),
         })
     }
 

@@ -22,9 +22,9 @@
 //! - [`orderlog`]: accepted orders on their way to SQL (a local file, or Redis Streams).
 //! - [`gate`]: the one atomic step that decides a purchase (memory, Lua in Redis, SQL), and
 //!   its decorators (circuit breaker, sold-out shortcut, moves between segments).
+//! - [`lifecycle`]: after the purchase: payment, cancel, expiry, stock back to the gate.
 //! - [`loader`]: the catalogue cache and the fenced load of a sale into the gate from SQL.
 //! - [`writer`]: drains the order log into SQL in batches, exactly once per order.
-//! - [`lifecycle`]: after the purchase: payment, cancel, expiry, stock back to the gate.
 //! - [`reconcile`]: the gate compared with SQL and what is in flight; audit and repair.
 //! - [`scheduler`]: the one-second tick that runs the background duties.
 //! - [`edge`]: HTTP: the front door, auth, limits, input checks, pages; maps every error.

@@ -481,3 +481,117 @@ async fn a_sql_gate_has_only_its_journal_to_reconcile_and_never_reports_drift() 
     assert_eq!(count_cause(&j, "accepted"), 20, "{j}");
     assert_eq!(count_cause(&j, "cancelled"), 3, "{j}");
 }
+
+/// With `--audit-repair` (the default outside these tests), confirmed drift is repaired by
+/// the audit itself: a `repaired` row by `audit`, the gate exact again within seconds, the
+/// buyers it forgot known again. Drift that comes back after three repairs pauses the sale
+/// with an alert in `/metrics` instead of a fourth repair.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn confirmed_drift_is_repaired_by_the_audit_and_a_sale_that_keeps_drifting_is_paused() {
+    const STOCK: i64 = 100;
+    let db = common::fresh_database(Sql::Postgres).await;
+    let secret = common::unique("secret");
+    let prefix = common::unique("heal");
+    let env = vec![
+        ("SECKILL_DATABASE_URL".to_string(), db.clone()),
+        ("SECKILL_REDIS_URL".to_string(), REDIS.to_string()),
+        ("SECKILL_REDIS_PREFIX".to_string(), prefix.clone()),
+        ("SECKILL_TOKEN_SECRET".to_string(), secret.clone()),
+        ("SECKILL_AUDIT_EVERY_SECS".to_string(), "1".to_string()),
+        ("SECKILL_AUDIT_REPAIR".to_string(), "1".to_string()),
+    ];
+    let (instances, _workers) = common::storm::instances_and_workers(env.clone()).await;
+    let c = client();
+    let sale: i64 = common::open_sale(&c, &instances[0], STOCK, 1)
+        .await
+        .parse()
+        .unwrap();
+    let bases: Vec<String> = instances.iter().map(|s| s.base.clone()).collect();
+    let told = storm_on(
+        bases.clone(),
+        sale.to_string(),
+        tokens(&secret, 1..41),
+        Arrival::Crowd(40),
+        Arc::default(),
+    )
+    .await;
+    assert_eq!(ok_orders(&told).len(), 40);
+    common::check_reconciled(&c, &instances[0], &sale.to_string()).await;
+    let keys = SaleKeys::new(&prefix, sale);
+    let (_, mut redis) = seckill::app::redis_manager(REDIS).await.unwrap();
+    let repaired_rows = |j: &Value| {
+        j["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["cause"] == "repaired" && r["actor"] == "audit")
+            .count()
+    };
+    let forgotten = 1_i64;
+    for round in 1..=3 {
+        // The gate forgets a buyer and gains units nobody returned.
+        let _: i64 = redis::cmd("HDEL")
+            .arg(&keys.buyers)
+            .arg(forgotten)
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+        let _: i64 = redis::cmd("HINCRBY")
+            .arg(&keys.sale)
+            .arg("stock")
+            .arg(7)
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+        common::eventually(30, "the audit repairs the drift by itself", || {
+            let c = c.clone();
+            let s = &instances[0];
+            async move { repaired_rows(&journal(&c, s, sale).await) == round }
+        })
+        .await;
+        common::check_reconciled(&c, &instances[0], &sale.to_string()).await;
+        let again = tokens(&secret, forgotten..forgotten + 1).remove(0).1;
+        let (_, body) = common::buy(&c, &bases[1], &sale.to_string(), &again).await;
+        assert_eq!(body["code"], "already_purchased", "round {round}: {body}");
+    }
+    let mut repairs = 0;
+    for s in &instances {
+        repairs += common::metric(
+            &common::metrics(&c, s).await,
+            "seckill_reconcile_repairs_total",
+        );
+    }
+    assert_eq!(repairs, 3);
+    // A fourth time within ten minutes: paused, not repaired.
+    let _: i64 = redis::cmd("HINCRBY")
+        .arg(&keys.sale)
+        .arg("stock")
+        .arg(7)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    common::eventually(30, "the audit pauses the drifting sale", || {
+        let c = c.clone();
+        let instances = &instances;
+        async move {
+            let mut paused = false;
+            for s in instances {
+                paused |= common::metrics(&c, s)
+                    .await
+                    .contains(&format!("seckill_reconcile_paused{{sale=\"{sale}\"}} 1"));
+            }
+            paused
+        }
+    })
+    .await;
+    let newcomer = tokens(&secret, 900..901).remove(0).1;
+    common::eventually(10, "purchases answer paused", || {
+        let c = c.clone();
+        let (base, newcomer) = (bases[0].clone(), newcomer.clone());
+        async move {
+            common::buy(&c, &base, &sale.to_string(), &newcomer).await.1["code"] == "paused"
+        }
+    })
+    .await;
+    assert_eq!(repaired_rows(&journal(&c, &instances[0], sale).await), 3);
+}

@@ -8,10 +8,11 @@ mod common;
 use std::sync::Arc;
 
 use seckill::gate::redis::RedisGate;
-use seckill::gate::{Gate, LoadStart, Purchase, Rejection, SaleLoad, Verdict};
+use seckill::gate::{Gate, LoadStart, Purchase, Rejection, Release, Released, SaleLoad, Verdict};
 use seckill::loader::{self, SaleCache};
 use seckill::model::{NewOrder, Sale};
 use seckill::redis_client::keys::SaleKeys;
+use seckill::store::lifecycle::{Outcome, StockReturn};
 use seckill::store::Store;
 
 async fn gate(prefix: &str) -> Arc<RedisGate> {
@@ -365,4 +366,208 @@ async fn a_waiting_load_returns_once_another_processs_load_is_in_place() {
     assert!(!installed_here, "the other process's load is kept");
     let stock = here.stock(sale.id).await.unwrap().unwrap();
     assert_eq!((stock.remaining, stock.buyers), (90, 10));
+}
+
+/// Cancels `user`'s order of the sale in SQL (which records its return) and answers it.
+async fn cancel_in_sql(store: &Store, sale_id: i64, user: i64) -> StockReturn {
+    let order = store
+        .orders_of_sale(sale_id)
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|o| o.user_id == user)
+        .expect("the buyer's order");
+    store
+        .transition(
+            order.id,
+            Some(user),
+            Outcome::Cancelled,
+            seckill::now_ms(),
+            "test",
+        )
+        .await
+        .unwrap();
+    StockReturn {
+        order_id: order.id,
+        sale_id,
+        user_id: user,
+        quantity: order.quantity,
+    }
+}
+
+fn release_of(r: &StockReturn) -> Release {
+    Release {
+        sale_id: r.sale_id,
+        order_id: r.order_id,
+        user_id: r.user_id,
+        quantity: r.quantity,
+    }
+}
+
+/// A return that meets a rebuild between its SQL snapshot and its install (issue 29's
+/// loss): it is kept in the outbox, not marked done, and handed over once the sale is in,
+/// exactly once; its buyer may buy again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_return_that_meets_a_rebuild_is_kept_for_it_and_counted_once() {
+    let (store, _) = common::fresh_store(common::Sql::Postgres).await;
+    let prefix = common::unique("retload");
+    let sale = sale_with_buyers(&store, 100, 10).await;
+    let g = gate(&prefix).await;
+    assert!(
+        loader::load_sale(&store, g.as_ref(), &SaleCache::default(), &sale)
+            .await
+            .unwrap()
+    );
+    let keys = SaleKeys::new(&prefix, sale.id);
+    let _: () = redis::cmd("DEL")
+        .arg(&keys.sale)
+        .query_async(&mut redis().await)
+        .await
+        .unwrap();
+    let LoadStart::Ticket(ticket) = g.begin_load(sale.id).await.unwrap() else {
+        panic!("lock");
+    };
+    let snapshot = store
+        .load_snapshot(sale.id, std::time::Duration::ZERO)
+        .await
+        .unwrap();
+    // Buyer 3 cancels after the snapshot, before the install.
+    let r = cancel_in_sql(&store, sale.id, 3).await;
+    assert_eq!(
+        seckill::lifecycle::return_to_gate(&store, g.as_ref(), &r)
+            .await
+            .unwrap(),
+        Released::Deferred
+    );
+    assert_eq!(
+        store
+            .pending_returns(Some(sale.id), 10)
+            .await
+            .unwrap()
+            .len(),
+        1,
+        "kept for after the load"
+    );
+    let load = SaleLoad {
+        sale: sale.clone(),
+        remaining: snapshot.stock,
+        buyers: snapshot.buyers,
+        released: snapshot.released,
+        counted: snapshot.counted,
+        segment: 0,
+        moves: Vec::new(),
+    };
+    assert!(g.finish_load(ticket, &load).await.unwrap());
+    let stock = g.stock(sale.id).await.unwrap().unwrap();
+    assert_eq!(
+        (stock.remaining, stock.buyers),
+        (90, 10),
+        "as of the snapshot"
+    );
+    assert_eq!(
+        seckill::lifecycle::pump_returns_of(&store, g.as_ref(), sale.id)
+            .await
+            .unwrap(),
+        1
+    );
+    let stock = g.stock(sale.id).await.unwrap().unwrap();
+    assert_eq!((stock.remaining, stock.buyers), (91, 9), "the return, once");
+    assert!(store
+        .pending_returns(Some(sale.id), 10)
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(g.release(release_of(&r)).await.unwrap(), Released::Before);
+    assert!(matches!(
+        g.purchase(buy(sale.id, 3)).await.unwrap(),
+        Verdict::Accepted { .. }
+    ));
+    // And the loader hands over what met its load by itself.
+    let _: () = redis::cmd("DEL")
+        .arg(&keys.sale)
+        .query_async(&mut redis().await)
+        .await
+        .unwrap();
+    let LoadStart::Ticket(held) = g.begin_load(sale.id).await.unwrap() else {
+        panic!("lock");
+    };
+    let r = cancel_in_sql(&store, sale.id, 4).await;
+    assert_eq!(
+        seckill::lifecycle::return_to_gate(&store, g.as_ref(), &r)
+            .await
+            .unwrap(),
+        Released::Deferred
+    );
+    g.abandon_load(held).await;
+    assert!(
+        loader::load_sale(&store, g.as_ref(), &SaleCache::default(), &sale)
+            .await
+            .unwrap()
+    );
+    assert!(store
+        .pending_returns(Some(sale.id), 10)
+        .await
+        .unwrap()
+        .is_empty());
+    // SQL: 100 - 10 written + 3 and 4 back = 92; buyer 3's new order is still in the
+    // stream (no writer runs here): 91.
+    let stock = g.stock(sale.id).await.unwrap().unwrap();
+    assert_eq!((stock.remaining, stock.buyers), (91, 9));
+}
+
+/// A release that comes late to a rebuilt gate, of a return the rebuild counted already
+/// (issue 29's double count: a stale outbox batch, the cancel handler and the scheduler
+/// racing), changes nothing; so does the release of an order the gate never counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_release_of_what_the_rebuild_counted_changes_nothing() {
+    let (store, _) = common::fresh_store(common::Sql::Postgres).await;
+    let prefix = common::unique("retlate");
+    let sale = sale_with_buyers(&store, 100, 10).await;
+    let g = gate(&prefix).await;
+    let cache = SaleCache::default();
+    assert!(loader::load_sale(&store, g.as_ref(), &cache, &sale)
+        .await
+        .unwrap());
+    let r = cancel_in_sql(&store, sale.id, 4).await;
+    assert_eq!(g.release(release_of(&r)).await.unwrap(), Released::Now);
+    // Redis loses everything of the sale; the return was marked done or not, either way.
+    let keys = SaleKeys::new(&prefix, sale.id);
+    let _: () = redis::cmd("DEL")
+        .arg(&keys.sale)
+        .arg(&keys.buyers)
+        .arg(&keys.released)
+        .arg(&keys.counted)
+        .arg(&keys.accepted)
+        .query_async(&mut redis().await)
+        .await
+        .unwrap();
+    assert!(loader::load_sale(&store, g.as_ref(), &cache, &sale)
+        .await
+        .unwrap());
+    assert_eq!((g.stock(sale.id).await.unwrap().unwrap().remaining), 91);
+    for _ in 0..3 {
+        assert_eq!(g.release(release_of(&r)).await.unwrap(), Released::Before);
+    }
+    let stock = g.stock(sale.id).await.unwrap().unwrap();
+    assert_eq!((stock.remaining, stock.buyers), (91, 9));
+
+    // An order written after the load (its writer has not confirmed it) and cancelled:
+    // the gate never counted it, so it gives nothing back, and the late confirm skips it.
+    let late = order(sale.id, 20);
+    store
+        .write_orders(std::slice::from_ref(&late))
+        .await
+        .unwrap();
+    let r = cancel_in_sql(&store, sale.id, 20).await;
+    assert_eq!(g.release(release_of(&r)).await.unwrap(), Released::Before);
+    g.confirm_written(std::slice::from_ref(&late))
+        .await
+        .unwrap();
+    let stock = g.stock(sale.id).await.unwrap().unwrap();
+    assert_eq!((stock.remaining, stock.buyers), (91, 9));
+    assert_eq!(
+        store.sale(sale.id).await.unwrap().unwrap().stock,
+        91,
+        "SQL agrees"
+    );
 }

@@ -176,6 +176,11 @@ pub struct ConfigArgs {
     /// the continuous audit off [default: 2].
     #[arg(long, env = "SECKILL_AUDIT_EVERY_SECS", global = true)]
     pub audit_every_secs: Option<u64>,
+    /// Repair a sale's gate by itself once the audit confirms it drifted from SQL (and
+    /// pause a sale that keeps drifting); false only reports drift [default: true].
+    #[arg(long, env = "SECKILL_AUDIT_REPAIR", global = true, num_args = 0..=1, default_missing_value = "true",
+          value_parser = clap::builder::BoolishValueParser::new())]
+    pub audit_repair: Option<bool>,
     /// Lifetime of a user token [default: 604800].
     #[arg(long, env = "SECKILL_TOKEN_TTL_SECS", global = true)]
     pub token_ttl_secs: Option<u64>,
@@ -355,6 +360,7 @@ pub struct Config {
     pub preload_ahead_secs: u64,
     pub writer_lag_not_ready_secs: u64,
     pub audit_every_secs: u64,
+    pub audit_repair: bool,
     pub token_ttl_secs: u64,
     pub db_max_connections: u32,
     pub max_connections: usize,
@@ -492,6 +498,7 @@ impl Config {
                 .or(f.writer_lag_not_ready_secs)
                 .unwrap_or(30),
             audit_every_secs: a.audit_every_secs.or(f.audit_every_secs).unwrap_or(2),
+            audit_repair: a.audit_repair.or(f.audit_repair).unwrap_or(true),
             token_ttl_secs: a.token_ttl_secs.or(f.token_ttl_secs).unwrap_or(7 * 86400),
             db_max_connections: a.db_max_connections.or(f.db_max_connections).unwrap_or(16),
             max_connections: a
@@ -800,6 +807,7 @@ impl Config {
                 self.writer_lag_not_ready_secs
             ),
             format!("audit_every_secs   = {}", self.audit_every_secs),
+            format!("audit_repair       = {}", self.audit_repair),
             format!("token_ttl_secs     = {}", self.token_ttl_secs),
             format!("db_max_connections = {}", self.db_max_connections),
             format!("max_connections    = {}", self.max_connections),

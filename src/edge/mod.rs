@@ -519,6 +519,19 @@ async fn metrics(_: auth::MetricsReader, State(st): State<Arc<AppState>>) -> Res
         "# HELP seckill_reconcile_auditing Whether this instance holds the audit lease.\n# TYPE seckill_reconcile_auditing gauge\nseckill_reconcile_auditing {}\n",
         audit.auditing.load(Ordering::Relaxed) as u8
     ));
+    render_counter(
+        "seckill_reconcile_repairs_total",
+        "Gates this instance's audit rebuilt from SQL by itself, after confirming drift.",
+        audit.repairs.load(Ordering::Relaxed),
+        &mut out,
+    );
+    let paused = audit.paused();
+    if !paused.is_empty() {
+        out.push_str("# HELP seckill_reconcile_paused Sales this instance's audit paused because their gate kept drifting from SQL: alert on any.\n# TYPE seckill_reconcile_paused gauge\n");
+        for sale in paused.keys() {
+            out.push_str(&format!("seckill_reconcile_paused{{sale=\"{sale}\"}} 1\n"));
+        }
+    }
     let drift = audit.drift();
     if !drift.is_empty() {
         out.push_str("# HELP seckill_reconcile_drift Confirmed differences between a sale's gate and SQL plus what is in flight, by kind (stock units; buyers missing from or unknown to SQL; journal minus stock).\n# TYPE seckill_reconcile_drift gauge\n");

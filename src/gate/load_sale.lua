@@ -7,14 +7,15 @@
 -- KEYS[9] staged counted orders (set)  KEYS[10] counted set
 -- KEYS[11] confirms made while loading (hash order_id -> 'user_id:quantity')
 -- KEYS[12] moves hash (move id -> taken | refused | given: moves between segments)
+-- KEYS[13] staged released orders (set): every order SQL cancelled or expired
 -- ARGV: owner, stock, limit, begins, ends, paused, price, expire_at_ms, group, fence,
---       n_released, then n_released order ids, then n_moves, then move id, mark pairs
+--       n_moves, then move id, mark pairs
 -- Returns 1 loaded, 0 already loaded, -2 the lock was lost (nothing written).
 if redis.call('GET', KEYS[8]) ~= ARGV[1] then
   return -2
 end
 local function give_up()
-  redis.call('DEL', KEYS[5], KEYS[9], KEYS[8])
+  redis.call('DEL', KEYS[5], KEYS[9], KEYS[13], KEYS[8])
 end
 if redis.call('EXISTS', KEYS[1]) == 1 then
   give_up()
@@ -27,14 +28,13 @@ end
 if redis.call('EXISTS', KEYS[9]) == 1 then
   redis.call('RENAME', KEYS[9], KEYS[10])
 end
-local n_released = tonumber(ARGV[11])
-for i = 12, 11 + n_released do
-  redis.call('SADD', KEYS[6], ARGV[i])
+-- Returns SQL counted in the stock: a release of any of them later changes nothing.
+if redis.call('EXISTS', KEYS[13]) == 1 then
+  redis.call('RENAME', KEYS[13], KEYS[6])
 end
 -- Moves SQL counted in this segment's stock: their later steps here change nothing.
 redis.call('DEL', KEYS[12])
-local moves_at = 12 + n_released
-for i = moves_at + 1, moves_at + 2 * tonumber(ARGV[moves_at]), 2 do
+for i = 12, 11 + 2 * tonumber(ARGV[11]), 2 do
   redis.call('HSET', KEYS[12], ARGV[i], ARGV[i + 1])
 end
 local stock = tonumber(ARGV[2])

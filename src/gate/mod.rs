@@ -264,6 +264,9 @@ pub enum Released {
     Before,
     /// The sale is not in the gate; its next load reads the returned stock from SQL.
     NotLoaded,
+    /// A load of the sale is under way and its SQL snapshot may predate the return: the
+    /// return is kept and released again once the sale is in the gate.
+    Deferred,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -318,6 +318,7 @@ impl RedisGate {
         }
         let staged_buyers = k.staged(ticket.fence, "buyers");
         let staged_counted = k.staged(ticket.fence, "counted");
+        let staged_released = k.staged(ticket.fence, "released");
         for chunk in load.buyers.chunks(STAGE_CHUNK) {
             let mut call = self.stage_load.key(&k.lock);
             call.key(&staged_buyers).arg(&ticket.owner).arg("hash");
@@ -326,13 +327,18 @@ impl RedisGate {
             }
             let _: i64 = call.invoke_async(&mut conn).await?;
         }
-        for chunk in load.counted.chunks(STAGE_CHUNK) {
-            let mut call = self.stage_load.key(&k.lock);
-            call.key(&staged_counted).arg(&ticket.owner).arg("set");
-            for id in chunk {
-                call.arg(*id);
+        for (ids, staged) in [
+            (&load.counted, &staged_counted),
+            (&load.released, &staged_released),
+        ] {
+            for chunk in ids.chunks(STAGE_CHUNK) {
+                let mut call = self.stage_load.key(&k.lock);
+                call.key(staged).arg(&ticket.owner).arg("set");
+                for id in chunk {
+                    call.arg(*id);
+                }
+                let _: i64 = call.invoke_async(&mut conn).await?;
             }
-            let _: i64 = call.invoke_async(&mut conn).await?;
         }
         let s = &load.sale;
         let mut call = self.load.key(&k.sale);
@@ -347,6 +353,7 @@ impl RedisGate {
             .key(&k.counted)
             .key(&k.confirms)
             .key(&k.moves)
+            .key(&staged_released)
             .arg(&ticket.owner)
             .arg(load.remaining)
             .arg(s.per_user_limit)
@@ -357,11 +364,7 @@ impl RedisGate {
             .arg(s.ends_at.saturating_add(KEEP_AFTER_END_MS))
             .arg(WRITER_GROUP)
             .arg(ticket.fence)
-            .arg(load.released.len());
-        for order_id in &load.released {
-            call.arg(*order_id);
-        }
-        call.arg(load.moves.len());
+            .arg(load.moves.len());
         for (id, mark) in &load.moves {
             call.arg(*id).arg(mark.as_str());
         }
@@ -610,6 +613,9 @@ impl Gate for RedisGate {
             .key(&k.sale)
             .key(&k.buyers)
             .key(&k.released)
+            .key(&k.lock)
+            .key(&k.accepted)
+            .key(&k.counted)
             .arg(r.order_id)
             .arg(r.user_id)
             .arg(r.quantity)
@@ -619,7 +625,10 @@ impl Gate for RedisGate {
             .await?;
         Ok(match done {
             1 => Released::Now,
-            0 => Released::Before,
+            // 2: an order the gate never counted; nothing to give back, as for one given
+            // back before.
+            0 | 2 => Released::Before,
+            -3 => Released::Deferred,
             _ => Released::NotLoaded,
         })
     }

@@ -1,14 +1,27 @@
 -- Gives a cancelled or expired order's units back to the gate and frees the buyer's
--- slot, exactly once per order: the released set remembers every order given back.
--- KEYS[1] sale hash  KEYS[2] buyers hash  KEYS[3] released set
+-- slot, exactly once per order: the released set remembers every order given back, and
+-- a load fills it with every order SQL has cancelled or expired (the stock it loads
+-- counts them all), so a release that comes late to a rebuilt gate changes nothing.
+-- KEYS[1] sale hash  KEYS[2] buyers hash  KEYS[3] released set  KEYS[4] load lock
+-- KEYS[5] accepted hash  KEYS[6] counted set
 -- ARGV[1] order_id  ARGV[2] user_id  ARGV[3] quantity  ARGV[4] stock channel  ARGV[5] sale_id
--- Returns 1 released now, 0 released before, -1 sale not in the gate (its next load
--- reads the returned stock from SQL).
+-- Returns 1 released now; 0 released before; 2 an order this gate never counted (written
+-- after its load's snapshot and not confirmed yet: its confirm will skip it), nothing to
+-- give back; -1 the sale is not in the gate and nobody is loading it (its next load reads
+-- the return from SQL); -3 a load is under way, whose snapshot may predate the return:
+-- keep it and release it again once the sale is in.
 if redis.call('EXISTS', KEYS[1]) == 0 then
+  if redis.call('EXISTS', KEYS[4]) == 1 then
+    return -3
+  end
   return -1
 end
 if redis.call('SADD', KEYS[3], ARGV[1]) == 0 then
   return 0
+end
+if redis.call('HEXISTS', KEYS[5], ARGV[1]) == 0
+  and redis.call('SISMEMBER', KEYS[6], ARGV[1]) == 0 then
+  return 2
 end
 local qty = tonumber(ARGV[3])
 redis.call('HINCRBY', KEYS[1], 'stock', qty)

@@ -1,4 +1,4 @@
--- Stages part of a sale's load (buyers, counted orders) in keys of the loader's own,
+-- Stages part of a sale's load (buyers, counted and released orders) in keys of the loader's own,
 -- only while the loader holds the sale's load lock: a loader that lost its lock writes
 -- nothing. The staged keys become live in load_sale.lua, in one step.
 -- KEYS[1] load lock  KEYS[2] staging key (a hash for buyers, a set for order ids)

@@ -20,7 +20,8 @@ pub enum LifecycleError {
 }
 
 /// Hands one return to the gate and clears it from the outbox. Safe to repeat: the gate
-/// takes each order's units back once.
+/// takes each order's units back once. A return met by a load of its sale under way
+/// (`Deferred`) stays in the outbox, and is handed over again once the sale is in.
 pub async fn return_to_gate(
     store: &Store,
     gate: &dyn Gate,
@@ -34,7 +35,9 @@ pub async fn return_to_gate(
             quantity: r.quantity,
         })
         .await?;
-    store.mark_returned(r.order_id, crate::now_ms()).await?;
+    if released != Released::Deferred {
+        store.mark_returned(r.order_id, crate::now_ms()).await?;
+    }
     Ok(released)
 }
 
@@ -55,6 +58,8 @@ pub async fn pump_returns(store: &Store, gate: &dyn Gate) -> Result<usize, Lifec
                 continue;
             }
             match return_to_gate(store, gate, r).await {
+                // Being loaded: the rest of this sale's returns wait for the load too.
+                Ok(Released::Deferred) => skipped.push(r.sale_id),
                 Ok(_) => handed += 1,
                 Err(e) => {
                     skipped.push(r.sale_id);
@@ -66,6 +71,30 @@ pub async fn pump_returns(store: &Store, gate: &dyn Gate) -> Result<usize, Lifec
     match first_error {
         Some(e) => Err(e),
         None => Ok(handed),
+    }
+}
+
+/// Hands the returns of one sale to the gate: right after its load, for those a release
+/// met while it was being loaded (`Released::Deferred`), so that their buyers may buy
+/// again at once rather than at the scheduler's next pass.
+pub async fn pump_returns_of(
+    store: &Store,
+    gate: &dyn Gate,
+    sale_id: i64,
+) -> Result<usize, LifecycleError> {
+    let mut handed = 0;
+    loop {
+        let batch = store.pending_returns(Some(sale_id), 500).await?;
+        for r in &batch {
+            if return_to_gate(store, gate, r).await? == Released::Deferred {
+                // Being loaded again: that load's end hands them over.
+                return Ok(handed);
+            }
+            handed += 1;
+        }
+        if batch.len() < 500 {
+            return Ok(handed);
+        }
     }
 }
 

@@ -285,6 +285,11 @@ async fn load_part(
         if let Err(e) = store.journal_note(&[note]).await {
             tracing::warn!(sale = sale.id, error = %e, "could not journal the load");
         }
+        // Returns that met this load under way were kept for it; the scheduler would hand
+        // them over within a second, their buyers may buy again now.
+        if let Err(e) = crate::lifecycle::pump_returns_of(store, gate, sale.id).await {
+            tracing::debug!(sale = sale.id, error = %e, "returns left to the scheduler");
+        }
         Ok(PartLoad::Installed)
     } else {
         // Fenced out: a newer load (or a forget) came after this one took its lock.

@@ -1,7 +1,12 @@
 //! The continuous audit: every few seconds, one instance at a time (a lease in Redis when
 //! there is one), each live sale's account; a difference that stays the same over
 //! `CONFIRM_ROUNDS` audits is drift, logged once, kept on the board for `/metrics` and
-//! the admin stats until it clears. It reads and reports; it never repairs.
+//! the admin stats until it clears. Confirmed drift of the gate (stock or buyers) is
+//! repaired at once by the same fenced rebuild an operator would ask for (`--audit-repair
+//! false` only reports it); a sale that drifts again and again (`PAUSE_AFTER_REPAIRS` in
+//! `REPAIR_WINDOW_MS`), or whose gate cannot be rebuilt while it runs, is paused instead,
+//! with an alert: a fault that repairs do not cure needs a person. Journal drift is SQL's
+//! own and only reported. It never changes SQL's orders or stock.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -22,6 +27,9 @@ pub const CONFIRM_ROUNDS: u32 = 3;
 
 /// Sales audited: open, or ended less than this long ago (late returns still settle).
 const AFTER_END_MS: i64 = 60_000;
+/// Repairs of one sale within `REPAIR_WINDOW_MS` after which its next drift pauses it.
+pub const PAUSE_AFTER_REPAIRS: usize = 3;
+pub const REPAIR_WINDOW_MS: i64 = 600_000;
 
 /// Drift found and not cleared, per sale; what `/metrics` and the stats show.
 #[derive(Default)]
@@ -30,6 +38,10 @@ pub struct Board {
     pub audits: AtomicU64,
     /// Whether this instance holds the audit lease (the others' boards stay empty).
     pub auditing: AtomicBool,
+    /// Repairs this instance's audit made by itself.
+    pub repairs: AtomicU64,
+    /// Sales this instance's audit paused because repairs did not hold, with why.
+    paused: Mutex<BTreeMap<i64, String>>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -46,6 +58,11 @@ impl Board {
 
     pub fn finding(&self, sale: i64) -> Option<Finding> {
         lock(&self.drift).get(&sale).cloned()
+    }
+
+    /// Sales the audit paused, and why.
+    pub fn paused(&self) -> BTreeMap<i64, String> {
+        lock(&self.paused).clone()
     }
 }
 
@@ -94,6 +111,18 @@ pub struct Auditor {
     pub board: Arc<Board>,
     pub every: Duration,
     pub lease: Option<Lease>,
+    /// Repair confirmed drift of the gate by itself (else only report it).
+    pub repair: bool,
+    /// When each sale was last repaired by the audit (Unix ms), and whether a repair of it
+    /// is under way.
+    pub repairs: Arc<Mutex<HashMap<i64, RepairLog>>>,
+}
+
+/// The audit's repairs of one sale.
+#[derive(Default)]
+pub struct RepairLog {
+    at: Vec<i64>,
+    running: bool,
 }
 
 /// A difference seen in consecutive audits.
@@ -188,6 +217,10 @@ impl Auditor {
         if streak.rounds < CONFIRM_ROUNDS {
             return;
         }
+        let gate_drift = a.stock_drift != 0 || a.buyers_missing != 0 || a.buyers_unknown != 0;
+        if self.repair && gate_drift && streak.rounds == CONFIRM_ROUNDS {
+            self.repair_or_pause(sale, &a, now);
+        }
         let mut board = lock(&self.board.drift);
         let known = board.get(&sale).map(|f| f.account.differences());
         if known != Some(differences) {
@@ -209,5 +242,115 @@ impl Auditor {
                 since_ms: streak.since_ms,
             },
         );
+    }
+}
+
+impl Auditor {
+    /// Repairs a sale's confirmed drift, as its own task (a rebuild outlasts an audit
+    /// round); pauses the sale instead when repairs have not held. A paused sale is left
+    /// alone: an operator is on it.
+    fn repair_or_pause(&self, sale_id: i64, a: &Account, now: i64) {
+        let Some(sale) = self.cache.get(sale_id).filter(|s| !s.paused) else {
+            return;
+        };
+        let what = format!(
+            "stock {:+}, buyers missing {}, buyers unknown {}",
+            a.stock_drift, a.buyers_missing, a.buyers_unknown
+        );
+        let repair = {
+            let mut repairs = lock(&self.repairs);
+            let log = repairs.entry(sale_id).or_default();
+            if log.running {
+                return;
+            }
+            log.at.retain(|at| now - at < REPAIR_WINDOW_MS);
+            if log.at.len() >= PAUSE_AFTER_REPAIRS {
+                // After a resume, the sale gets its repairs afresh.
+                log.at.clear();
+                false
+            } else {
+                log.running = true;
+                log.at.push(now);
+                true
+            }
+        };
+        let (store, gate, backlog, cache, board, repairs) = (
+            self.store.clone(),
+            self.gate.clone(),
+            self.backlog.clone(),
+            self.cache.clone(),
+            self.board.clone(),
+            self.repairs.clone(),
+        );
+        tokio::spawn(async move {
+            if !repair {
+                let why = format!(
+                    "drift came back after {PAUSE_AFTER_REPAIRS} repairs in {} minutes ({what})",
+                    REPAIR_WINDOW_MS / 60_000
+                );
+                pause(&store, gate.as_ref(), &board, sale_id, why).await;
+                return;
+            }
+            let reason = format!("drift confirmed over {CONFIRM_ROUNDS} audits: {what}");
+            let repaired = super::repair(
+                &store,
+                gate.as_ref(),
+                backlog.as_ref(),
+                &cache,
+                &sale,
+                "audit",
+                &reason,
+            )
+            .await;
+            if let Some(log) = lock(&repairs).get_mut(&sale_id) {
+                log.running = false;
+            }
+            match repaired {
+                Ok(r) => {
+                    board.repairs.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(
+                        sale = sale_id,
+                        exact = r.after.exact(),
+                        "the audit repaired the sale's gate from SQL ({what})"
+                    );
+                }
+                // A gate that cannot be rebuilt while it runs (the embedded one).
+                Err(ReconcileError::Gate(crate::gate::GateError::Misconfigured(why))) => {
+                    let why = format!("{what}; {why}");
+                    pause(&store, gate.as_ref(), &board, sale_id, why).await;
+                }
+                Err(e) => tracing::warn!(
+                    sale = sale_id,
+                    error = %e,
+                    "the audit's repair failed; it tries again once the drift is confirmed again"
+                ),
+            }
+        });
+    }
+}
+
+/// Pauses a sale whose gate the audit cannot keep right, and says so loudly: purchases
+/// answer `paused` until an operator resumes it (after `seckill reconcile --repair`, or a
+/// restart of an embedded server).
+async fn pause(store: &Store, gate: &dyn Gate, board: &Board, sale_id: i64, why: String) {
+    let paused = async {
+        store.set_paused(sale_id, true).await?;
+        gate.set_paused(sale_id, true).await?;
+        Ok::<(), ReconcileError>(())
+    }
+    .await;
+    match paused {
+        Ok(()) => {
+            tracing::error!(
+                sale = sale_id,
+                "SALE PAUSED BY THE AUDIT: its gate keeps drifting from SQL ({why}). Find the \
+                 cause, repair it (`seckill reconcile --sale {sale_id} --repair`), then resume \
+                 the sale"
+            );
+            lock(&board.paused).insert(sale_id, why);
+        }
+        Err(e) => {
+            tracing::error!(sale = sale_id, error = %e, "the audit could not pause a drifting sale ({why})")
+        }
     }
 }

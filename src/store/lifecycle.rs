@@ -25,6 +25,7 @@ fn is_lock_timeout(e: &StoreError) -> bool {
 #[derive(Debug, Clone, Default)]
 pub struct LoadSnapshot {
     pub stock: i64,
+    /// Every cancelled or expired order: `stock` counts their units back.
     pub released: Vec<i64>,
     /// (user_id, units held in live orders).
     pub buyers: Vec<(i64, i64)>,
@@ -409,7 +410,8 @@ impl Store {
 
     /// What the gate is rebuilt from, read in one snapshot while the sale's row is locked
     /// (no order write or return of the sale can fall between its parts): the SQL stock,
-    /// the returns still owed to the gate (the stock counts them already), the units each
+    /// every cancelled or expired order (the stock counts their units back, whether or not
+    /// their return reached a gate: a release of one later is a repeat), the units each
     /// buyer holds in live orders, and every order of the sale (the stock counts them all).
     ///
     /// On PostgreSQL and MySQL it first waits (up to `wait_for_writers`) until no order
@@ -537,18 +539,6 @@ impl Store {
             Some(r) => (r.try_get(0)?, r.try_get(1)?),
             None => return Err(StoreError::UnknownSale(sale_id)),
         };
-        let rows = sqlx::query(&self.sql(
-            "SELECT order_id, user_id FROM stock_returns WHERE sale_id = ? AND gate_done_at IS NULL",
-        ))
-        .bind(sale_id)
-        .fetch_all(&mut *conn)
-        .await?;
-        let mut released = Vec::with_capacity(rows.len());
-        for r in &rows {
-            if part.holds(r.try_get(1)?) {
-                released.push(r.try_get::<i64, _>(0)?);
-            }
-        }
         let rows = sqlx::query(
             &self.sql("SELECT id, user_id, quantity, status FROM orders WHERE sale_id = ?"),
         )
@@ -557,15 +547,21 @@ impl Store {
         .await?;
         let mut held: HashMap<i64, i64> = HashMap::new();
         let mut counted = Vec::with_capacity(rows.len());
+        let mut released = Vec::new();
         for r in &rows {
             let user: i64 = r.try_get(1)?;
             if !part.holds(user) {
                 continue;
             }
-            counted.push(r.try_get::<i64, _>(0)?);
+            let id: i64 = r.try_get(0)?;
+            counted.push(id);
             let status: String = r.try_get(3)?;
             if OrderStatus::LIVE.contains(&status.as_str()) {
                 *held.entry(user).or_default() += r.try_get::<i64, _>(2)?;
+            } else {
+                // Cancelled or expired: the stock counts its units back already, whether
+                // or not its return reached a gate; a release of it later is a repeat.
+                released.push(id);
             }
         }
         let (stock, moves) = if part.segments > 1 {

@@ -185,13 +185,24 @@ impl PrivateCluster {
 
     /// The node (index) that is master of `key`'s slot now.
     pub async fn master_of(&self, key: &str) -> usize {
+        for _ in 0..20 {
+            if let Some(node) = self.try_master_of(key).await {
+                return node;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        panic!("no master named for {key} (CLUSTER KEYSLOT / CLUSTER NODES)");
+    }
+
+    /// [`PrivateCluster::master_of`], or `None` when a node did not answer in time (a busy
+    /// box) or no master serves the slot yet (a failover under way).
+    async fn try_master_of(&self, key: &str) -> Option<usize> {
         let slot: i64 = query(
             self.live_port(),
             redis::cmd("CLUSTER").arg("KEYSLOT").arg(key),
         )
-        .await
-        .expect("CLUSTER KEYSLOT");
-        let roles = self.roles().await.expect("CLUSTER NODES");
+        .await?;
+        let roles = self.roles().await?;
         let port = roles
             .iter()
             .find(|(_, (master, slots))| {
@@ -200,9 +211,13 @@ impl PrivateCluster {
                         .iter()
                         .any(|(a, b)| (*a as i64) <= slot && slot <= (*b as i64))
             })
-            .map(|(p, _)| *p)
-            .expect("a master serves every slot");
-        self.ports.iter().position(|p| *p == port).unwrap()
+            .map(|(p, _)| *p)?;
+        self.ports.iter().position(|p| *p == port)
+    }
+
+    /// The port of node `i`.
+    pub fn port(&self, i: usize) -> u16 {
+        self.ports[i]
     }
 
     pub fn pid(&self, i: usize) -> u32 {
