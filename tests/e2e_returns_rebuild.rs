@@ -100,13 +100,16 @@ impl Deployment {
     }
 }
 
+/// A stream entry as XRANGE answers it: (id, fields).
+type StreamEntry = (String, HashMap<String, String>);
+
 /// FLUSHDB on the sale's Redis, returning the order ids its stream held at that instant
 /// (read in the same MULTI): the orders the flush may have taken before a writer read them.
 async fn flush(port: u16, sale: i64) -> Vec<i64> {
     let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
     let stream = SaleKeys::new(PREFIX, sale).stream;
-    let (entries, ()): (Vec<(String, HashMap<String, String>)>, ()) = redis::pipe()
+    let (entries, ()): (Vec<StreamEntry>, ()) = redis::pipe()
         .atomic()
         .cmd("XRANGE")
         .arg(&stream)

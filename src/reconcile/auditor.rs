@@ -217,9 +217,13 @@ impl Auditor {
         if streak.rounds < CONFIRM_ROUNDS {
             return;
         }
+        let since_ms = streak.since_ms;
         let gate_drift = a.stock_drift != 0 || a.buyers_missing != 0 || a.buyers_unknown != 0;
-        if self.repair && gate_drift && streak.rounds == CONFIRM_ROUNDS {
+        if self.repair && gate_drift {
             self.repair_or_pause(sale, &a, now);
+            // Whatever drift is seen after the repair is new: confirmed afresh (the same
+            // numbers again would otherwise continue this streak and never be acted on).
+            streaks.remove(&sale);
         }
         let mut board = lock(&self.board.drift);
         let known = board.get(&sale).map(|f| f.account.differences());
@@ -239,7 +243,7 @@ impl Auditor {
             sale,
             Finding {
                 account: a,
-                since_ms: streak.since_ms,
+                since_ms,
             },
         );
     }
