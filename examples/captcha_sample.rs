@@ -1,6 +1,6 @@
 //! Writes a sheet of captchas (one above the other) to look at: `cargo run --example
 //! captcha_sample -- OUT.png`.
-use seckill::edge::captcha::{encode_png, render, HEIGHT, WIDTH};
+use seckill::edge::antibot::captcha::{encode_png, render, HEIGHT, WIDTH};
 
 fn main() {
     let out = std::env::args()

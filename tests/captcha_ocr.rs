@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use seckill::edge::captcha;
+use seckill::edge::antibot::captcha;
 
 /// 100 pictures, at most 2 read. `SECKILL_OCR_PICTURES` and `SECKILL_OCR_SEED` measure on
 /// more or other pictures (the limit scales: 2 in 100).

@@ -271,7 +271,7 @@ async fn a_captcha_picture_cannot_be_drawn_again_from_what_the_client_sees() {
         let answer =
             seckill::edge::antibot::answer_for(TOKEN_SECRET, sale.parse().unwrap(), 504, id)
                 .unwrap();
-        let redrawn = seckill::edge::captcha::render(&answer, nonce);
+        let redrawn = seckill::edge::antibot::captcha::render(&answer, nonce);
         assert_ne!(
             redrawn, png,
             "the picture was drawn again from the public nonce"

@@ -709,7 +709,7 @@ async fn all_order_ids(
 }
 
 fn rfc3339(ms: i64) -> String {
-    crate::edge::sales::rfc3339(ms)
+    crate::edge::http::input::rfc3339(ms)
 }
 
 async fn storm_once(target: &Target, args: &BenchArgs, gate: &str) -> Result<Report, BenchError> {

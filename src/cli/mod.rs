@@ -195,7 +195,7 @@ async fn serve(config: Config) -> Result<(), AppError> {
     let listener = app.state.connections.limit(listener).tap_io(|conn| {
         let _ = conn.get_mut().set_nodelay(true);
     });
-    crate::edge::front::serve(listener, app.state.clone(), app::shutdown_signal()).await;
+    crate::edge::http::front::serve(listener, app.state.clone(), app::shutdown_signal()).await;
     tracing::info!("HTTP drained; stopping background tasks");
     let _ = stop.send(true);
     for t in tasks {

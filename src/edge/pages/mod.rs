@@ -17,7 +17,8 @@ use axum::routing::get;
 use axum::Router;
 use sha2::{Digest, Sha256};
 
-use super::error::ApiError;
+use super::http::error::ApiError;
+use super::http::input::{client_holds, parse_id};
 
 /// Scripts and styles only from this origin, no inline code, no plugins, no framing;
 /// captchas are `data:` images; the API is on the same origin.
@@ -133,7 +134,7 @@ const ASSETS: [(&str, &str, &str); 7] = [
 
 fn etag_of(body: &[u8]) -> HeaderValue {
     // Hex digits in quotes: always a valid header value.
-    HeaderValue::from_str(&super::etag_of(body))
+    HeaderValue::from_str(&super::http::input::etag_of(body))
         .unwrap_or_else(|_| HeaderValue::from_static("\"0\""))
 }
 
@@ -183,7 +184,7 @@ fn serve(asset: &'static Asset, headers: &HeaderMap) -> Response {
     let fresh = asset
         .etag
         .to_str()
-        .is_ok_and(|etag| super::client_holds(headers, etag));
+        .is_ok_and(|etag| client_holds(headers, etag));
     let mut response = if fresh {
         StatusCode::NOT_MODIFIED.into_response()
     } else {
@@ -226,7 +227,7 @@ fn page_with_id(
     name: &'static str,
 ) -> impl Fn(Path<String>, HeaderMap) -> std::future::Ready<Response> + Clone {
     move |Path(id), headers| {
-        std::future::ready(match (super::parse_id(&id, "id"), find(name)) {
+        std::future::ready(match (parse_id(&id, "id"), find(name)) {
             (Ok(_), Some(asset)) => serve(asset, &headers),
             (Err(e), _) => e.into_response(),
             (_, None) => ApiError::NotFound("no such page".into()).into_response(),

@@ -31,9 +31,10 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::watch;
 use tower_service::Service;
 
+use super::super::buyer::orders;
+use super::super::AppState;
 use super::connections::{Activity, Counted};
 use super::cors::{self, Cors};
-use super::{orders, AppState};
 
 /// Serves `listener` until `shutdown` resolves; then stops accepting, lets every
 /// connection finish the request it is serving, and returns once all are closed.
@@ -42,7 +43,7 @@ where
     L: Listener<Io = Counted<I>, Addr = SocketAddr>,
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let router = super::router(state.clone());
+    let router = super::super::router(state.clone());
     let cors = Arc::new(super::cors::Cors::new(&state.config.cors_origins));
     // Connections hold a receiver of each: the first tells them to close, the second
     // tells this loop when the last of them has.
@@ -180,7 +181,7 @@ impl Front {
         }
         let mut req = req.map(Body::new);
         req.extensions_mut()
-            .insert(super::auth::PeerAddr(self.peer.ip()));
+            .insert(super::super::auth::PeerAddr(self.peer.ip()));
         // The router is always ready: no poll_ready needed before call.
         let routed = self.router.clone().call(req);
         later(Box::pin(async move {

@@ -15,10 +15,10 @@ use futures_util::FutureExt;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde::{Deserialize, Serialize};
 
-use super::auth::{user_of, AuthUser};
-use super::error::ApiError;
-use super::sales::rfc3339;
-use super::{parse_id, parse_json, AppState, MAX_BODY_BYTES};
+use super::super::auth::{user_of, AuthUser};
+use super::super::http::error::ApiError;
+use super::super::http::input::{parse_id, parse_json, rfc3339};
+use super::super::{AppState, MAX_BODY_BYTES, REQUEST_TIMEOUT};
 use crate::gate::{Purchase, Rejection, Verdict};
 use crate::model::{Order, OrderStatus, Sale};
 
@@ -29,10 +29,10 @@ const WINDOW_SLACK_MS: i64 = 1000;
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct PurchaseBody {
-    #[serde(default, deserialize_with = "crate::edge::not_null")]
+    #[serde(default, deserialize_with = "crate::edge::http::input::not_null")]
     quantity: Option<i64>,
     /// The anti-bot purchase token, when the sale asks for one.
-    #[serde(default, deserialize_with = "crate::edge::not_null")]
+    #[serde(default, deserialize_with = "crate::edge::http::input::not_null")]
     token: Option<String>,
 }
 
@@ -181,7 +181,7 @@ async fn within_time_limit<T>(
         return done;
     }
     // Boxed: the timer would otherwise take room in every purchase's future.
-    Box::pin(tokio::time::timeout(super::REQUEST_TIMEOUT, answer))
+    Box::pin(tokio::time::timeout(REQUEST_TIMEOUT, answer))
         .await
         .unwrap_or_else(|_| Err(ApiError::too_slow()))
 }
@@ -311,7 +311,7 @@ fn admit(st: &AppState, sale: &Sale, ask: &Ask, now: i64) -> Result<Admitted, Ap
     if now >= sale.ends_at + WINDOW_SLACK_MS {
         return Err(ApiError::from_rejection(Rejection::Ended, limit));
     }
-    let token = super::antibot::purchase_token(st, sale, ask.user_id, ask.token.as_deref())?;
+    let token = super::super::antibot::purchase_token(st, sale, ask.user_id, ask.token.as_deref())?;
     if let Some(Verdict::Rejected(sold_out)) = st.sold_out.answer(sale.id) {
         return Err(ApiError::from_rejection(sold_out, limit));
     }

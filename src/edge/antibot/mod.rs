@@ -5,6 +5,8 @@
 //! Never put a captcha's answer in a response: it is derived from the secret and the
 //! nonce, and exists only as pixels.
 
+pub mod captcha;
+
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -15,9 +17,9 @@ use base64::Engine;
 use serde::{Deserialize, Serialize};
 
 use super::auth::{AuthUser, TokenSigner};
-use super::error::ApiError;
-use super::sales::{approved_sale, no_store, rfc3339};
-use super::{parse_id, AppState};
+use super::http::error::ApiError;
+use super::http::input::{no_store, parse_id, rfc3339};
+use super::AppState;
 use crate::gate::Spend;
 use crate::model::{AntiBot, Sale};
 
@@ -188,7 +190,7 @@ pub async fn captcha(
     State(st): State<Arc<AppState>>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let sale = approved_sale(&st, parse_id(&id, "sale id")?).await?;
+    let sale = st.approved_sale(parse_id(&id, "sale id")?).await?;
     if sale.anti_bot != AntiBot::Captcha {
         return Err(ApiError::Conflict(
             "this sale does not ask for a captcha".into(),
@@ -209,7 +211,7 @@ pub async fn captcha(
     }
     let spend = issue(CAPTCHA_TTL_MS);
     let digits = answer(&st.tokens, sale.id, user_id, spend.nonce);
-    let png = super::captcha::render(
+    let png = captcha::render(
         &digits,
         picture_seed(&st.tokens, sale.id, user_id, spend.nonce),
     );
@@ -246,7 +248,7 @@ pub async fn token(
     query: Result<Query<TokenQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let Query(query) = query.map_err(|e| ApiError::invalid(e.body_text()))?;
-    let sale = approved_sale(&st, parse_id(&id, "sale id")?).await?;
+    let sale = st.approved_sale(parse_id(&id, "sale id")?).await?;
     let now = crate::now_ms();
     let limit = sale.per_user_limit;
     if now < sale.begins_at {

@@ -10,6 +10,8 @@ use axum::response::{IntoResponse, Response};
 
 use crate::gate::{GateError, Rejection};
 use crate::ids::IdError;
+use crate::lifecycle::LifecycleError;
+use crate::store::lifecycle::TransitionError;
 use crate::store::StoreError;
 
 #[derive(Debug, thiserror::Error)]
@@ -323,6 +325,31 @@ impl From<crate::reconcile::ReconcileError> for ApiError {
             R::TooMuchInFlight(_) => {
                 ApiError::Unavailable(format!("{e}; retry when the writers have caught up"))
             }
+        }
+    }
+}
+
+impl From<TransitionError> for ApiError {
+    fn from(e: TransitionError) -> Self {
+        match e {
+            TransitionError::NoSuchOrder(id) => {
+                ApiError::NotFound(format!("order {id} does not exist"))
+            }
+            TransitionError::Illegal { from, to } => ApiError::Rejected {
+                code: "invalid_transition",
+                message: format!("the order is {from}; it cannot become {to}").into(),
+            },
+            TransitionError::Store(e) => e.into(),
+        }
+    }
+}
+
+impl From<LifecycleError> for ApiError {
+    fn from(e: LifecycleError) -> Self {
+        match e {
+            LifecycleError::Transition(t) => t.into(),
+            LifecycleError::Store(s) => s.into(),
+            LifecycleError::Gate(g) => g.into(),
         }
     }
 }

@@ -1,0 +1,350 @@
+//! A sale's books, for the admin and the dashboard: stats, the SQL audit, its order ids
+//! and stock journal a page at a time, the reconciliation of gate and SQL and its repair,
+//! and this instance's live counters.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::response::Response;
+use axum::Json;
+use serde::{Deserialize, Serialize};
+
+use super::super::auth::Admin;
+use super::super::http::error::ApiError;
+use super::super::http::input::{no_store, parse_id, parse_json, rfc3339};
+use super::super::{AppState, PURCHASE_CODES};
+
+#[derive(Serialize)]
+pub struct SaleStats {
+    id: String,
+    initial_stock: i64,
+    gate_stock: Option<i64>,
+    gate_buyers: Option<i64>,
+    /// Orders the gate accepted since it was (last) loaded.
+    gate_accepted: Option<i64>,
+    sql_stock: i64,
+    orders_written: i64,
+    units_in_live_orders: i64,
+    orders_by_status: std::collections::HashMap<String, i64>,
+    payments_by_status: std::collections::HashMap<String, i64>,
+    log_backlog: Option<i64>,
+    log_pending: Option<i64>,
+    dead_letters: Option<i64>,
+}
+
+pub async fn sale_stats(
+    _: Admin,
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Json<SaleStats>, ApiError> {
+    let id = parse_id(&id, "sale id")?;
+    let sale = st
+        .store
+        .sale(id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("sale {id} does not exist")))?;
+    let counts = st.store.sale_counts(id).await?;
+    let gate = st.gate.stock(id).await?;
+    let backlog = match st.backlog.holds_orders() {
+        true => Some(st.backlog.counts(id, sale.segments).await?),
+        false => None,
+    };
+    Ok(Json(SaleStats {
+        id: id.to_string(),
+        initial_stock: sale.initial_stock,
+        gate_stock: gate.map(|g| g.remaining),
+        gate_buyers: gate.map(|g| g.buyers),
+        gate_accepted: gate.map(|g| g.accepted),
+        sql_stock: sale.stock,
+        orders_written: counts.orders,
+        units_in_live_orders: counts.units,
+        orders_by_status: counts.by_status,
+        payments_by_status: st.store.payment_counts(id).await?.into_iter().collect(),
+        log_backlog: backlog.map(|b| b.unwritten),
+        log_pending: backlog.map(|b| b.pending),
+        dead_letters: backlog.map(|b| b.dead),
+    }))
+}
+
+#[derive(Serialize)]
+pub struct Audit {
+    id: String,
+    initial_stock: i64,
+    sql_stock: i64,
+    per_user_limit: i64,
+    /// Orders in SQL that hold stock (pending payment or paid).
+    live_orders: i64,
+    live_units: i64,
+    distinct_buyers: i64,
+    max_units_per_buyer: i64,
+    /// Units sold beyond the stock; anything but 0 is a bug.
+    oversold: i64,
+    /// Orders accepted by the gate and not yet in SQL.
+    log_backlog: Option<i64>,
+}
+
+/// The database's own account of a sale, for load tests and operators: what was sold, to
+/// how many buyers, the most any buyer holds. Computed in SQL, in constant memory.
+pub async fn sale_audit(
+    _: Admin,
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Json<Audit>, ApiError> {
+    let id = parse_id(&id, "sale id")?;
+    let sale = st
+        .store
+        .sale(id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("sale {id} does not exist")))?;
+    let (live_orders, live_units, distinct_buyers, max_units_per_buyer) =
+        st.store.live_totals(id).await?;
+    let log_backlog = match st.backlog.holds_orders() {
+        true => Some(st.backlog.counts(id, sale.segments).await?.unwritten),
+        false => None,
+    };
+    Ok(Json(Audit {
+        id: id.to_string(),
+        initial_stock: sale.initial_stock,
+        sql_stock: sale.stock,
+        per_user_limit: sale.per_user_limit,
+        live_orders,
+        live_units,
+        distinct_buyers,
+        max_units_per_buyer,
+        oversold: (live_units - sale.initial_stock).max(0),
+        log_backlog,
+    }))
+}
+
+/// `?after=&limit=` of the paged admin lists: after the last id of the previous page.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Page {
+    after: Option<i64>,
+    limit: Option<i64>,
+}
+
+impl Page {
+    /// `(after, limit)`, the limit `default` when left out and at most `max`.
+    fn bounds(&self, default: i64, max: i64) -> Result<(i64, i64), ApiError> {
+        let limit = self.limit.unwrap_or(default);
+        if !(1..=max).contains(&limit) {
+            return Err(ApiError::invalid(format!(
+                "limit must be between 1 and {max}"
+            )));
+        }
+        match self.after.unwrap_or(0) {
+            after if after < 0 => Err(ApiError::invalid("after must be an id of the list, or 0")),
+            after => Ok((after, limit)),
+        }
+    }
+}
+
+/// The `next` of a page that came back full: its last id.
+fn next_after(
+    ids: impl DoubleEndedIterator<Item = i64> + ExactSizeIterator,
+    limit: i64,
+) -> Option<String> {
+    let full = ids.len() as i64 == limit;
+    ids.last().filter(|_| full).map(|id| id.to_string())
+}
+
+#[derive(Serialize)]
+pub struct OrderIds {
+    order_ids: Vec<String>,
+    /// Pass as `after` for the next page; absent on the last page.
+    next: Option<String>,
+}
+
+/// The ids of a sale's live orders, a page at a time (`?after=ID&limit=N`, N <= 100000).
+pub async fn sale_order_ids(
+    _: Admin,
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    page: Result<axum::extract::Query<Page>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<OrderIds>, ApiError> {
+    let id = parse_id(&id, "sale id")?;
+    let page = page.map_err(|e| ApiError::invalid(format!("bad query: {e}")))?;
+    let (after, limit) = page.bounds(10_000, 100_000)?;
+    // An unknown (or deleted) sale is 404, not an empty list.
+    super::sales::existing_sale(&st, id).await?;
+    let ids = st.store.live_order_ids(id, after, limit).await?;
+    let next = next_after(ids.iter().copied(), limit);
+    Ok(Json(OrderIds {
+        order_ids: ids.iter().map(|i| i.to_string()).collect(),
+        next,
+    }))
+}
+
+// ---- reconciliation -----------------------------------------------------------------------
+
+#[derive(Serialize)]
+pub struct Reconciliation {
+    #[serde(flatten)]
+    account: crate::reconcile::Account,
+    exact: bool,
+    /// Drift the continuous audit confirmed (on the instance holding the audit lease).
+    drift_confirmed_since: Option<String>,
+}
+
+/// `GET /api/admin/sales/{id}/reconcile`: the sale's gate against SQL and what is in flight.
+pub async fn reconcile(
+    _: Admin,
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let id = parse_id(&id, "sale id")?;
+    let account =
+        crate::reconcile::account(&st.store, st.gate.as_ref(), st.backlog.as_ref(), id).await?;
+    Ok(no_store(Reconciliation {
+        exact: account.exact(),
+        account,
+        drift_confirmed_since: st.audit.finding(id).map(|f| rfc3339(f.since_ms)),
+    }))
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RepairRequest {
+    #[serde(default, deserialize_with = "crate::edge::http::input::not_null")]
+    reason: Option<String>,
+}
+
+/// `POST /api/admin/sales/{id}/reconcile {reason?}`: rebuilds the sale's gate from SQL
+/// and the order log, and journals who asked and why.
+pub async fn repair(
+    _: Admin,
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    let id = parse_id(&id, "sale id")?;
+    let req: RepairRequest = if body.iter().all(crate::is_json_space) {
+        RepairRequest::default()
+    } else {
+        parse_json(&body)?
+    };
+    let reason = req
+        .reason
+        .unwrap_or_else(|| "repair asked through the admin API".into());
+    if reason.chars().count() > 200 {
+        return Err(ApiError::invalid("reason must be at most 200 characters"));
+    }
+    let sale = st
+        .store
+        .sale(id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("sale {id} does not exist")))?;
+    if !sale.approved {
+        return Err(ApiError::Conflict(format!(
+            "sale {id} is a draft: it has no gate to repair"
+        )));
+    }
+    // A task of its own: cut short by the request's time limit (a rebuild may wait for
+    // writers and for another process's load), a repair would leave its segments to the
+    // schedulers and no journal row saying who repaired what.
+    let repair = tokio::spawn(async move {
+        crate::reconcile::repair(
+            &st.store,
+            st.gate.as_ref(),
+            st.backlog.as_ref(),
+            &st.sales,
+            &sale,
+            "admin api",
+            &reason,
+        )
+        .await
+    });
+    let done = repair
+        .await
+        .map_err(|e| ApiError::Unavailable(format!("the repair failed: {e}")))??;
+    Ok(no_store(done))
+}
+
+#[derive(Serialize)]
+struct JournalRow {
+    id: String,
+    segment: Option<i64>,
+    delta: i64,
+    cause: String,
+    order_id: Option<String>,
+    actor: Option<String>,
+    detail: Option<String>,
+    at: String,
+}
+
+#[derive(Serialize)]
+struct Journal {
+    sale_id: String,
+    /// The sum of every row's delta, and the sale's stock: equal, always.
+    sum: i64,
+    stock: i64,
+    rows: Vec<JournalRow>,
+    /// Pass as `after` for the next page; absent on the last page.
+    next: Option<String>,
+}
+
+/// `GET /api/admin/sales/{id}/journal?after=&limit=`: the sale's stock movements, oldest first.
+pub async fn journal(
+    _: Admin,
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    query: Result<axum::extract::Query<Page>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    let axum::extract::Query(page) = query.map_err(|e| ApiError::invalid(e.body_text()))?;
+    let id = parse_id(&id, "sale id")?;
+    let (after, limit) = page.bounds(1000, 10_000)?;
+    let (sum, stock) = st.store.journal_balance(id).await?;
+    let stock = stock.ok_or_else(|| ApiError::NotFound(format!("sale {id} does not exist")))?;
+    let entries = st.store.journal(id, after, limit).await?;
+    let next = next_after(entries.iter().map(|e| e.id), limit);
+    Ok(no_store(Journal {
+        sale_id: id.to_string(),
+        sum,
+        stock,
+        rows: entries
+            .into_iter()
+            .map(|e| JournalRow {
+                id: e.id.to_string(),
+                segment: e.segment,
+                delta: e.delta,
+                cause: e.cause,
+                order_id: e.order_id.map(|o| o.to_string()),
+                actor: e.actor,
+                detail: e.detail,
+                at: rfc3339(e.at),
+            })
+            .collect(),
+        next,
+    }))
+}
+
+#[derive(serde::Serialize)]
+struct Live {
+    now_ms: i64,
+    /// Purchase answers of this instance since it started, by code.
+    purchases: std::collections::BTreeMap<&'static str, u64>,
+    /// Purchase request latency of this instance: (upper bound in seconds, requests at or
+    /// under it), cumulative; differences between two readings give the interval's.
+    latency_buckets: Vec<(f64, u64)>,
+    latency_count: u64,
+    writer_orders_written: u64,
+}
+
+/// `GET /api/admin/live`: this instance's counters for the dashboard, which turns two
+/// readings a second apart into rates and the interval's p99.
+pub async fn live(_: Admin, State(st): State<Arc<AppState>>) -> Response {
+    let (latency_buckets, latency_count) = st.metrics.request_seconds.cumulative();
+    no_store(Live {
+        now_ms: crate::now_ms(),
+        purchases: PURCHASE_CODES
+            .iter()
+            .zip(&st.metrics.purchases)
+            .map(|(code, n)| (*code, n.get()))
+            .collect(),
+        latency_buckets,
+        latency_count,
+        writer_orders_written: st.writer_stats.written.load(Ordering::Relaxed),
+    })
+}

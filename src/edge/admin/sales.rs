@@ -1,0 +1,414 @@
+//! Managing sales: create (a draft), edit and delete drafts, approve (loads it into the
+//! gate when it opens soon), end early, pause and resume, list. SQL first, then the gate.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::Json;
+use serde::{Deserialize, Serialize};
+
+use super::super::auth::Admin;
+use super::super::buyer::catalogue::SaleView;
+use super::super::http::error::ApiError;
+use super::super::http::input::{parse_id, parse_json, parse_rfc3339, rfc3339};
+use super::super::AppState;
+use crate::model::Sale;
+
+// ---- admin ------------------------------------------------------------------------------
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewSale {
+    title: String,
+    price_cents: i64,
+    stock: i64,
+    #[serde(default, deserialize_with = "crate::edge::http::input::not_null")]
+    per_user_limit: Option<i64>,
+    begins_at: String,
+    ends_at: String,
+    #[serde(default, deserialize_with = "crate::edge::http::input::not_null")]
+    payment_window_secs: Option<i64>,
+    #[serde(default, deserialize_with = "crate::edge::http::input::not_null")]
+    anti_bot: Option<crate::model::AntiBot>,
+    #[serde(default, deserialize_with = "crate::edge::http::input::not_null")]
+    segments: Option<SegmentsAsked>,
+}
+
+/// `"segments"`: a number of parts, or `"auto"` (see `segments::auto_segments`).
+#[derive(Deserialize, Clone, Copy)]
+#[serde(untagged)]
+enum SegmentsAsked {
+    Count(i64),
+    Auto(AutoWord),
+}
+
+#[derive(Deserialize, Clone, Copy)]
+#[serde(rename_all = "snake_case")]
+enum AutoWord {
+    Auto,
+}
+
+/// The segments a new or edited sale gets.
+async fn segments_for(
+    st: &AppState,
+    asked: Option<SegmentsAsked>,
+    stock: i64,
+) -> Result<i64, ApiError> {
+    match asked {
+        None => Ok(1),
+        Some(SegmentsAsked::Count(n))
+            if (1..=crate::model::segments::MAX_SEGMENTS).contains(&n) =>
+        {
+            if n > stock {
+                return Err(ApiError::invalid(format!(
+                    "segments ({n}) must not exceed the stock ({stock}): every segment starts with a unit"
+                )));
+            }
+            Ok(n)
+        }
+        Some(SegmentsAsked::Count(_)) => Err(ApiError::invalid(format!(
+            "segments must be between 1 and {}, or \"auto\"",
+            crate::model::segments::MAX_SEGMENTS
+        ))),
+        Some(SegmentsAsked::Auto(AutoWord::Auto)) => {
+            let masters = match &st.redis {
+                Some(conn) => crate::redis_client::master_count(&mut conn.clone()).await,
+                None => 1,
+            };
+            Ok(crate::model::segments::auto_segments(masters, stock))
+        }
+    }
+}
+
+pub const MAX_STOCK: i64 = 100_000_000;
+
+pub const MAX_PER_USER_LIMIT: i64 = 1000;
+
+fn validate_new_sale(n: &NewSale) -> Result<(i64, i64), ApiError> {
+    if n.title.trim().is_empty() || n.title.chars().count() > 200 {
+        return Err(ApiError::invalid(
+            "title must be 1 to 200 characters, not only spaces",
+        ));
+    }
+    if !(0..=100_000_000_000).contains(&n.price_cents) {
+        return Err(ApiError::invalid(
+            "price_cents must be between 0 and 100000000000",
+        ));
+    }
+    if !(1..=MAX_STOCK).contains(&n.stock) {
+        return Err(ApiError::invalid(format!(
+            "stock must be between 1 and {MAX_STOCK}"
+        )));
+    }
+    if let Some(l) = n.per_user_limit {
+        if !(1..=MAX_PER_USER_LIMIT).contains(&l) {
+            return Err(ApiError::invalid(format!(
+                "per_user_limit must be between 1 and {MAX_PER_USER_LIMIT}"
+            )));
+        }
+    }
+    if let Some(w) = n.payment_window_secs {
+        if !(1..=7 * 86400).contains(&w) {
+            return Err(ApiError::invalid(
+                "payment_window_secs must be between 1 and 604800",
+            ));
+        }
+    }
+    let begins = parse_rfc3339("begins_at", &n.begins_at)?;
+    let ends = parse_rfc3339("ends_at", &n.ends_at)?;
+    if ends <= begins {
+        return Err(ApiError::invalid("ends_at must be after begins_at"));
+    }
+    if ends <= crate::now_ms() {
+        return Err(ApiError::invalid(
+            "ends_at is in the past: the sale would never open",
+        ));
+    }
+    Ok((begins, ends))
+}
+
+#[derive(Serialize)]
+pub struct Created {
+    id: String,
+    status: &'static str,
+}
+
+pub async fn create_sale(
+    _: Admin,
+    State(st): State<Arc<AppState>>,
+    body: axum::body::Bytes,
+) -> Result<(StatusCode, Json<Created>), ApiError> {
+    let n: NewSale = parse_json(&body)?;
+    let (begins_at, ends_at) = validate_new_sale(&n)?;
+    let segments = segments_for(&st, n.segments, n.stock).await?;
+    let sale = Sale {
+        id: st.ids.next()?,
+        title: n.title.trim().to_string(),
+        price_cents: n.price_cents,
+        initial_stock: n.stock,
+        stock: n.stock,
+        per_user_limit: n.per_user_limit.unwrap_or(1),
+        begins_at,
+        ends_at,
+        payment_window_secs: n.payment_window_secs.unwrap_or(900),
+        approved: false,
+        paused: false,
+        updated_at: 0,
+        anti_bot: n.anti_bot.unwrap_or_default(),
+        segments,
+    };
+    st.store.create_sale(&sale).await?;
+    tracing::info!(
+        sale = sale.id,
+        title = sale.title,
+        stock = sale.stock,
+        "sale created"
+    );
+    Ok((
+        StatusCode::CREATED,
+        Json(Created {
+            id: sale.id.to_string(),
+            status: "draft",
+        }),
+    ))
+}
+
+#[derive(Serialize)]
+pub struct Approved {
+    id: String,
+    status: &'static str,
+    loaded: bool,
+}
+
+pub async fn approve_sale(
+    _: Admin,
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Json<Approved>, ApiError> {
+    let id = parse_id(&id, "sale id")?;
+    let first_time = st.store.approve_sale(id).await?;
+    st.sales.refresh(&st.store).await?;
+    let sale = st.approved_sale(id).await?;
+    let now = crate::now_ms();
+    let opens_soon = sale.begins_at <= now + st.config.preload_ahead_secs as i64 * 1000;
+    let loaded = if sale.ends_at > now && opens_soon {
+        crate::loader::load_sale_and_wait(&st.store, st.gate.as_ref(), &st.sales, &sale).await?;
+        true
+    } else {
+        false
+    };
+    if first_time {
+        tracing::info!(sale = id, loaded, "sale approved");
+    }
+    Ok(Json(Approved {
+        id: id.to_string(),
+        status: "approved",
+        loaded,
+    }))
+}
+
+/// New values for some of a draft's settings (the others stay).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SaleChanges {
+    #[serde(default, deserialize_with = "crate::edge::http::input::not_null")]
+    title: Option<String>,
+    #[serde(default, deserialize_with = "crate::edge::http::input::not_null")]
+    price_cents: Option<i64>,
+    #[serde(default, deserialize_with = "crate::edge::http::input::not_null")]
+    stock: Option<i64>,
+    #[serde(default, deserialize_with = "crate::edge::http::input::not_null")]
+    per_user_limit: Option<i64>,
+    #[serde(default, deserialize_with = "crate::edge::http::input::not_null")]
+    begins_at: Option<String>,
+    #[serde(default, deserialize_with = "crate::edge::http::input::not_null")]
+    ends_at: Option<String>,
+    #[serde(default, deserialize_with = "crate::edge::http::input::not_null")]
+    payment_window_secs: Option<i64>,
+    #[serde(default, deserialize_with = "crate::edge::http::input::not_null")]
+    anti_bot: Option<crate::model::AntiBot>,
+    #[serde(default, deserialize_with = "crate::edge::http::input::not_null")]
+    segments: Option<SegmentsAsked>,
+}
+
+/// The sale, or 404.
+pub async fn existing_sale(st: &AppState, id: i64) -> Result<Sale, ApiError> {
+    st.store
+        .sale(id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("sale {id} does not exist")))
+}
+
+/// Edits a draft: a sale not approved yet was never in a gate, so anything may change.
+pub async fn edit_sale(
+    _: Admin,
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<Json<Created>, ApiError> {
+    let id = parse_id(&id, "sale id")?;
+    let c: SaleChanges = parse_json(&body)?;
+    let sale = existing_sale(&st, id).await?;
+    let not_a_draft = || {
+        ApiError::Conflict(format!(
+            "sale {id} is approved: only a draft can be edited (pause it, or end it early)"
+        ))
+    };
+    if sale.approved {
+        return Err(not_a_draft());
+    }
+    let merged = NewSale {
+        title: c.title.unwrap_or(sale.title),
+        price_cents: c.price_cents.unwrap_or(sale.price_cents),
+        stock: c.stock.unwrap_or(sale.initial_stock),
+        per_user_limit: Some(c.per_user_limit.unwrap_or(sale.per_user_limit)),
+        begins_at: c.begins_at.unwrap_or_else(|| rfc3339(sale.begins_at)),
+        ends_at: c.ends_at.unwrap_or_else(|| rfc3339(sale.ends_at)),
+        payment_window_secs: Some(c.payment_window_secs.unwrap_or(sale.payment_window_secs)),
+        anti_bot: Some(c.anti_bot.unwrap_or(sale.anti_bot)),
+        segments: Some(c.segments.unwrap_or(SegmentsAsked::Count(sale.segments))),
+    };
+    let (begins_at, ends_at) = validate_new_sale(&merged)?;
+    let segments = segments_for(&st, merged.segments, merged.stock).await?;
+    let edited = Sale {
+        title: merged.title.trim().to_string(),
+        price_cents: merged.price_cents,
+        initial_stock: merged.stock,
+        stock: merged.stock,
+        per_user_limit: merged.per_user_limit.unwrap_or(1),
+        begins_at,
+        ends_at,
+        payment_window_secs: merged.payment_window_secs.unwrap_or(900),
+        anti_bot: merged.anti_bot.unwrap_or_default(),
+        segments,
+        ..sale
+    };
+    // Approved meanwhile: the draft's check above is re-made by the update itself.
+    if !st.store.update_draft(&edited).await? {
+        return Err(not_a_draft());
+    }
+    tracing::info!(sale = id, "draft sale edited");
+    Ok(Json(Created {
+        id: id.to_string(),
+        status: "draft",
+    }))
+}
+
+/// Deletes a draft; an approved sale may have buyers and orders, and stays.
+pub async fn delete_sale(
+    _: Admin,
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Json<Created>, ApiError> {
+    let id = parse_id(&id, "sale id")?;
+    existing_sale(&st, id).await?;
+    if !st.store.delete_draft(id).await? {
+        return Err(ApiError::Conflict(format!(
+            "sale {id} is approved: only a draft can be deleted (end it early instead)"
+        )));
+    }
+    tracing::info!(sale = id, "draft sale deleted");
+    Ok(Json(Created {
+        id: id.to_string(),
+        status: "deleted",
+    }))
+}
+
+#[derive(Serialize)]
+pub struct Ended {
+    id: String,
+    status: &'static str,
+    ends_at: String,
+}
+
+/// Ends an approved sale now: SQL first (the record, and the SQL gates' window), then the
+/// gate, which every instance's next purchase reads. Units already sold stay sold. When
+/// the gate cannot be told, the answer is 503 and calling again finishes it.
+pub async fn end_sale(
+    _: Admin,
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Json<Ended>, ApiError> {
+    let id = parse_id(&id, "sale id")?;
+    let sale = existing_sale(&st, id).await?;
+    if !sale.approved {
+        return Err(ApiError::Conflict(format!(
+            "sale {id} is a draft: it never opened (delete it instead)"
+        )));
+    }
+    let now = crate::now_ms();
+    let sale = st
+        .store
+        .end_early(id, now)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("sale {id} does not exist")))?;
+    st.gate.end_early(id, sale.ends_at).await?;
+    st.sales.refresh(&st.store).await?;
+    tracing::info!(sale = id, ends_at = sale.ends_at, "sale ended early");
+    Ok(Json(Ended {
+        id: id.to_string(),
+        status: "ended",
+        ends_at: rfc3339(sale.ends_at),
+    }))
+}
+
+#[derive(Serialize)]
+pub struct PauseState {
+    id: String,
+    paused: bool,
+}
+
+async fn set_paused(st: &AppState, id: &str, paused: bool) -> Result<Json<PauseState>, ApiError> {
+    let id = parse_id(id, "sale id")?;
+    st.store.set_paused(id, paused).await?;
+    st.gate.set_paused(id, paused).await?;
+    st.sales.refresh(&st.store).await?;
+    Ok(Json(PauseState {
+        id: id.to_string(),
+        paused,
+    }))
+}
+
+pub async fn pause_sale(
+    _: Admin,
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Json<PauseState>, ApiError> {
+    set_paused(&st, &id, true).await
+}
+
+pub async fn resume_sale(
+    _: Admin,
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Json<PauseState>, ApiError> {
+    set_paused(&st, &id, false).await
+}
+
+#[derive(Serialize)]
+pub struct AdminSaleView {
+    #[serde(flatten)]
+    sale: SaleView,
+    status: &'static str,
+    paused: bool,
+    sql_stock: i64,
+}
+
+pub async fn admin_list_sales(
+    _: Admin,
+    State(st): State<Arc<AppState>>,
+) -> Result<Json<Vec<AdminSaleView>>, ApiError> {
+    let sales = st.store.all_sales(500).await?;
+    Ok(Json(
+        sales
+            .iter()
+            .map(|s| AdminSaleView {
+                sale: SaleView::from(s),
+                status: if s.approved { "approved" } else { "draft" },
+                paused: s.paused,
+                sql_stock: s.stock,
+            })
+            .collect(),
+    ))
+}

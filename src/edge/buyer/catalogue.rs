@@ -1,0 +1,108 @@
+//! The public catalogue: approved sales (cacheable, from the instance's sale cache), a
+//! sale's live stock from the gate, and the server's clock for the pages' countdowns.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use axum::response::Response;
+use serde::Serialize;
+
+use super::super::http::error::ApiError;
+use super::super::http::input::{cacheable, no_store, parse_id, rfc3339};
+use super::super::AppState;
+use crate::model::{Sale, SaleState};
+
+#[derive(Serialize)]
+pub struct SaleView {
+    id: String,
+    title: String,
+    price_cents: i64,
+    stock: i64,
+    per_user_limit: i64,
+    begins_at: String,
+    ends_at: String,
+    payment_window_secs: i64,
+    /// `off`, `token` or `captcha`: what a buyer must fetch before purchasing.
+    anti_bot: crate::model::AntiBot,
+    /// Parts the stock is kept in (each on its own Redis master in a cluster).
+    segments: i64,
+}
+
+impl From<&Sale> for SaleView {
+    fn from(s: &Sale) -> Self {
+        SaleView {
+            id: s.id.to_string(),
+            title: s.title.clone(),
+            price_cents: s.price_cents,
+            stock: s.initial_stock,
+            per_user_limit: s.per_user_limit,
+            begins_at: rfc3339(s.begins_at),
+            ends_at: rfc3339(s.ends_at),
+            payment_window_secs: s.payment_window_secs,
+            anti_bot: s.anti_bot,
+            segments: s.segments,
+        }
+    }
+}
+
+pub async fn list_sales(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    let now = crate::now_ms();
+    let views: Vec<SaleView> = st
+        .sales
+        .all()
+        .iter()
+        .filter(|s| s.ends_at > now)
+        .map(|s| SaleView::from(s.as_ref()))
+        .collect();
+    cacheable(&headers, &views)
+}
+
+pub async fn get_sale(
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let sale = st.approved_sale(parse_id(&id, "sale id")?).await?;
+    Ok(cacheable(&headers, &SaleView::from(sale.as_ref())))
+}
+
+#[derive(Serialize)]
+pub struct StockView {
+    state: SaleState,
+    remaining: i64,
+}
+
+pub async fn get_stock(
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let sale = st.approved_sale(parse_id(&id, "sale id")?).await?;
+    let (remaining, paused) = match st.gate.stock(sale.id).await? {
+        Some(g) => (g.remaining, g.paused),
+        None => (sale.stock, sale.paused),
+    };
+    let mut paused_sale = (*sale).clone();
+    paused_sale.paused = paused;
+    let view = StockView {
+        state: paused_sale.state_at(crate::now_ms(), remaining),
+        remaining,
+    };
+    Ok(no_store(view))
+}
+
+#[derive(serde::Serialize)]
+struct ServerTime {
+    now: String,
+    now_ms: i64,
+}
+
+/// `GET /api/time`: the server's clock, so that pages count down to an opening by the
+/// clock that decides it, not by the visitor's.
+pub async fn server_time() -> Response {
+    let now = crate::now_ms();
+    no_store(ServerTime {
+        now: rfc3339(now),
+        now_ms: now,
+    })
+}

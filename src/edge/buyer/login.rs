@@ -1,0 +1,182 @@
+//! Logging in by phone: a one-time code (returned in the answer in dev mode, else sent
+//! through the configured SMS hook), then a signed token. Phones are normalised to E.164
+//! first, so one number is one user; guesses at a phone's codes are capped per day.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::Json;
+use serde::{Deserialize, Serialize};
+
+use super::super::auth::constant_time_eq;
+use super::super::http::error::ApiError;
+use super::super::http::input::parse_json;
+use super::super::AppState;
+
+const CODE_TTL_MS: i64 = 5 * 60_000;
+
+const CODE_RESEND_MS: i64 = 30_000;
+
+const CODE_MAX_ATTEMPTS: i64 = 5;
+
+/// Wrong login codes one phone may send in a day, whatever number of codes it asked for:
+/// a new code does not give the guesser new tries. Ten guesses at a six-digit code find
+/// it once in 100,000 days; a person who mistypes ten times a day waits until tomorrow.
+pub const LOGIN_FAILURES_PER_DAY: i64 = 10;
+
+/// The day of `LOGIN_FAILURES_PER_DAY`, opened by the phone's first guess in it.
+pub const LOGIN_FAILURE_WINDOW_MS: i64 = 86_400_000;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CodeRequest {
+    phone: String,
+}
+
+#[derive(Serialize)]
+pub struct CodeSent {
+    sent: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dev_code: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LoginRequest {
+    phone: String,
+    code: String,
+}
+
+#[derive(Serialize)]
+pub struct LoginAnswer {
+    token: String,
+    user_id: String,
+}
+
+/// The phone in E.164, the one spelling that names a user, or 400 `invalid_phone`.
+fn canonical_phone(st: &AppState, raw: &str) -> Result<String, ApiError> {
+    crate::text::normalize_phone(raw, st.config.phone_region())
+        .map_err(|e| ApiError::InvalidPhone(e.to_string()))
+}
+
+/// 429 while `phone` has used up its wrong codes for the day: no code is sent to it (each
+/// costs an SMS) and none is compared.
+async fn refuse_if_locked(st: &AppState, phone: &str, now: i64) -> Result<(), ApiError> {
+    match st
+        .store
+        .login_locked_until(phone, now, LOGIN_FAILURES_PER_DAY, LOGIN_FAILURE_WINDOW_MS)
+        .await?
+    {
+        Some(until) => Err(locked(until, now)),
+        None => Ok(()),
+    }
+}
+
+fn locked(until: i64, now: i64) -> ApiError {
+    ApiError::RateLimited {
+        retry_after_secs: (until.saturating_sub(now).max(1) as u64).div_ceil(1000),
+        message: format!(
+            "{LOGIN_FAILURES_PER_DAY} wrong codes were sent for this phone today; try again later"
+        )
+        .into(),
+    }
+}
+
+pub async fn request_code(
+    State(st): State<Arc<AppState>>,
+    body: axum::body::Bytes,
+) -> Result<Json<CodeSent>, ApiError> {
+    let req: CodeRequest = parse_json(&body)?;
+    let phone = &canonical_phone(&st, &req.phone)?;
+    let now = crate::now_ms();
+    refuse_if_locked(&st, phone, now).await?;
+    if let Some(issued) = st.store.login_code_issued_at(phone, now).await? {
+        let wait = issued + CODE_RESEND_MS - now;
+        if wait > 0 {
+            return Err(ApiError::RateLimited {
+                retry_after_secs: (wait as u64).div_ceil(1000),
+                message: "a code was sent moments ago; wait before asking again".into(),
+            });
+        }
+    }
+    if !st.config.dev && st.config.sms_hook.is_none() {
+        return Err(ApiError::Unavailable(
+            "no SMS hook is configured to deliver login codes".into(),
+        ));
+    }
+    let code = format!("{:06}", rand::random::<u32>() % 1_000_000);
+    st.store
+        .put_login_code(phone, &code, now, now + CODE_TTL_MS)
+        .await?;
+    if st.config.dev {
+        return Ok(Json(CodeSent {
+            sent: true,
+            dev_code: Some(code),
+        }));
+    }
+    if let Some(hook) = &st.config.sms_hook {
+        send_sms(hook, phone, &code).await?;
+    }
+    Ok(Json(CodeSent {
+        sent: true,
+        dev_code: None,
+    }))
+}
+
+async fn send_sms(hook: &str, phone: &str, code: &str) -> Result<(), ApiError> {
+    let status = tokio::process::Command::new("sh")
+        .arg("-c")
+        .arg(hook)
+        .env("SECKILL_PHONE", phone)
+        .env("SECKILL_CODE", code)
+        .status()
+        .await
+        .map_err(|e| {
+            tracing::error!(error = %e, "SMS hook could not run");
+            ApiError::Unavailable("the login code could not be sent".into())
+        })?;
+    if !status.success() {
+        tracing::error!(%status, "SMS hook failed");
+        return Err(ApiError::Unavailable(
+            "the login code could not be sent".into(),
+        ));
+    }
+    Ok(())
+}
+
+pub async fn login(
+    State(st): State<Arc<AppState>>,
+    body: axum::body::Bytes,
+) -> Result<Json<LoginAnswer>, ApiError> {
+    let req: LoginRequest = parse_json(&body)?;
+    let phone = &canonical_phone(&st, &req.phone)?;
+    if req.code.len() > 16 {
+        return Err(ApiError::InvalidCode);
+    }
+    let now = crate::now_ms();
+    if let Some(until) = st
+        .store
+        .take_login_guess(phone, now, LOGIN_FAILURES_PER_DAY, LOGIN_FAILURE_WINDOW_MS)
+        .await?
+    {
+        return Err(locked(until, now));
+    }
+    let expected = st
+        .store
+        .spend_login_attempt(phone, now, CODE_MAX_ATTEMPTS)
+        .await?;
+    let right = expected.is_some_and(|e| constant_time_eq(e.as_bytes(), req.code.as_bytes()));
+    if !right {
+        st.metrics.login_failures.fetch_add(1, Ordering::Relaxed);
+        return Err(ApiError::InvalidCode);
+    }
+    st.store.refund_login_guess(phone).await?;
+    st.store.delete_login_code(phone).await?;
+    let user_id = st.store.user_for_phone(phone, st.ids.next()?).await?;
+    let expires = now / 1000 + st.config.token_ttl_secs as i64;
+    Ok(Json(LoginAnswer {
+        token: st.tokens.sign(user_id, expires),
+        user_id: user_id.to_string(),
+    }))
+}

@@ -1,0 +1,169 @@
+//! Reading what a client sends and writing what every answer shares: JSON object bodies
+//! (never `null` for an optional field), ids, RFC 3339 times, ETags and cache headers.
+//! Pure helpers; no handler lives here.
+
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use time::format_description::well_known::Rfc3339;
+use time::OffsetDateTime;
+
+use super::error::ApiError;
+
+/// For the optional fields of request bodies (`#[serde(default, deserialize_with =
+/// "crate::edge::http::input::not_null")]`): a field left out takes its default (or, in a change, stays
+/// as it is), and `null` is refused, as the published schema says. Read leniently, a
+/// change's `null` could mean "clear it" to one client and "leave it" to another.
+pub fn not_null<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::Deserialize<'de>,
+{
+    match <Option<T> as serde::Deserialize>::deserialize(d)? {
+        Some(v) => Ok(Some(v)),
+        None => Err(serde::de::Error::custom(
+            "null is not a value here: leave the field out instead",
+        )),
+    }
+}
+
+/// Parses a JSON object body into `T`, answering `invalid_request` with serde's reason.
+pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    if !crate::is_json_object(body) {
+        return Err(ApiError::invalid("the body must be a JSON object"));
+    }
+    serde_json::from_slice(body).map_err(|e| ApiError::invalid(format!("invalid JSON body: {e}")))
+}
+
+/// A strong ETag for a body: the first 12 bytes of its SHA-256, quoted.
+pub fn etag_of(body: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    format!("\"{}\"", crate::text::hex(&Sha256::digest(body)[..12]))
+}
+
+/// Whether the request's If-None-Match names `etag` (or `*`): the client holds it.
+pub fn client_holds(headers: &HeaderMap, etag: &str) -> bool {
+    headers
+        .get(header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.split(',').any(|t| t.trim() == etag || t.trim() == "*"))
+}
+
+/// Ids in paths are positive 64-bit integers.
+pub fn parse_id(s: &str, what: &str) -> Result<i64, ApiError> {
+    // No leading zeros: one id has one spelling, as the published pattern says.
+    match decimal(s) {
+        Some(id) if id > 0 && !s.starts_with('0') => Ok(id),
+        _ => Err(ApiError::invalid(format!(
+            "{what} must be a positive 64-bit integer, without leading zeros"
+        ))),
+    }
+}
+
+/// A non-negative decimal integer, digits only, that fits an i64. Every purchase parses
+/// two or three (the sale id, the fields of its token): `str::parse` cost twice as much.
+pub fn decimal(s: &str) -> Option<i64> {
+    if s.is_empty() || s.len() > 19 {
+        return None;
+    }
+    s.bytes().try_fold(0i64, |n, b| {
+        let digit = b.wrapping_sub(b'0');
+        (digit < 10)
+            .then_some(n)?
+            .checked_mul(10)?
+            .checked_add(digit as i64)
+    })
+}
+
+pub fn rfc3339(ms: i64) -> String {
+    OffsetDateTime::from_unix_timestamp_nanos(ms as i128 * 1_000_000)
+        .ok()
+        .and_then(|t| t.format(&Rfc3339).ok())
+        .unwrap_or_default()
+}
+
+pub fn parse_rfc3339(field: &str, s: &str) -> Result<i64, ApiError> {
+    let t = OffsetDateTime::parse(s, &Rfc3339).map_err(|_| {
+        ApiError::invalid(format!(
+            "{field} must be an RFC 3339 time, like 2026-11-22T20:00:00Z"
+        ))
+    })?;
+    i64::try_from(t.unix_timestamp_nanos() / 1_000_000)
+        .map_err(|_| ApiError::invalid(format!("{field} is out of range")))
+}
+
+/// A JSON answer with an ETag; a matching If-None-Match gets 304.
+pub fn cacheable<T: Serialize>(headers: &HeaderMap, value: &T) -> Response {
+    let body = match serde_json::to_vec(value) {
+        Ok(b) => b,
+        Err(e) => {
+            return ApiError::Unavailable(format!("could not encode the answer: {e}"))
+                .into_response()
+        }
+    };
+    let etag = etag_of(&body);
+    let mut response = if client_holds(headers, &etag) {
+        StatusCode::NOT_MODIFIED.into_response()
+    } else {
+        ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+    };
+    let h = response.headers_mut();
+    if let Ok(v) = HeaderValue::from_str(&etag) {
+        h.insert(header::ETAG, v);
+    }
+    h.insert(
+        header::CACHE_CONTROL,
+        HeaderValue::from_static("public, max-age=2"),
+    );
+    response
+}
+
+/// A JSON answer no cache may keep: live state, or single-use values.
+pub fn no_store(value: impl Serialize) -> Response {
+    let mut response = Json(value).into_response();
+    response
+        .headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_id;
+
+    #[test]
+    fn ids_are_positive_decimal_i64s_and_nothing_else() {
+        assert_eq!(parse_id("42", "id").unwrap(), 42);
+        assert_eq!(parse_id("9223372036854775807", "id").unwrap(), i64::MAX);
+        for bad in [
+            "",
+            "0",
+            "007",
+            "-1",
+            "+5",
+            " 5",
+            "5 ",
+            "4a",
+            "9223372036854775808",
+            "99999999999999999999",
+            "１２",
+        ] {
+            assert!(parse_id(bad, "id").is_err(), "{bad:?}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod time_tests {
+    use super::*;
+
+    #[test]
+    fn times_round_trip() {
+        let ms = parse_rfc3339("t", "2026-11-22T20:00:00.250Z").unwrap();
+        assert_eq!(rfc3339(ms), "2026-11-22T20:00:00.25Z");
+        assert!(parse_rfc3339("t", "yesterday").is_err());
+        assert!(parse_rfc3339("t", "2026-13-01T00:00:00Z").is_err());
+    }
+}
