@@ -9,10 +9,28 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 
 use super::auth::MetricsReader;
-use super::http::error::ApiError;
+use super::http::error::{ApiError, ErrorResponse};
 use super::{AppState, PURCHASE_CODES};
 use crate::metrics::render_counter;
 
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = "ops",
+    summary = "Liveness",
+    responses((status = 200, description = "ok", body = String, content_type = "text/plain"))
+)]
+pub async fn healthz() -> &'static str {
+    "ok"
+}
+
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    tag = "ops",
+    summary = "Readiness: database and Redis reachable, the gate serving, writers keeping up",
+    responses((status = 200, description = "ready", body = String, content_type = "text/plain"), (status = 503, response = ErrorResponse))
+)]
 pub async fn readyz(State(st): State<Arc<AppState>>) -> Result<&'static str, ApiError> {
     sqlx::query("SELECT 1")
         .execute(st.store.pool())
@@ -93,6 +111,14 @@ async fn oldest_unwritten(st: &AppState) -> Result<Option<(i64, i64)>, ApiError>
         .max_by_key(|(_, age)| *age))
 }
 
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "ops",
+    summary = "Prometheus metrics",
+    description = "Needs the metrics token or the admin token as a bearer token, unless the server runs with --metrics-public or in dev mode.",
+    responses((status = 200, description = "Prometheus text, version 0.0.4", body = String, content_type = "text/plain"), (status = 401, response = ErrorResponse), (status = 429, response = ErrorResponse))
+)]
 pub async fn metrics(_: MetricsReader, State(st): State<Arc<AppState>>) -> Response {
     let mut out = String::new();
     out.push_str("# HELP seckill_purchases_total Purchase answers by code.\n# TYPE seckill_purchases_total counter\n");
@@ -347,10 +373,17 @@ pub async fn metrics(_: MetricsReader, State(st): State<Arc<AppState>>) -> Respo
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
 }
 
+#[utoipa::path(
+    get,
+    path = "/openapi.json",
+    tag = "ops",
+    summary = "This document",
+    responses((status = 200, description = "OpenAPI 3.1", body = Object))
+)]
 pub async fn openapi() -> Response {
     (
         [(header::CONTENT_TYPE, "application/json")],
-        include_str!("openapi.json"),
+        super::openapi::document(),
     )
         .into_response()
 }

@@ -2,6 +2,7 @@
 //! thing that marks an order paid. Refused unless signed with the shared secret and fresh;
 //! the same callback twice settles once.
 
+use crate::edge::http::error::ErrorResponse;
 use std::sync::Arc;
 
 use axum::extract::State;
@@ -26,11 +27,20 @@ pub fn provider(st: &AppState) -> Result<&dyn PaymentProvider, ApiError> {
     })
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub struct NotifyAnswer {
     result: &'static str,
 }
 
+#[utoipa::path(
+    post,
+    path = "/api/payments/notify",
+    tag = "provider",
+    summary = "Payment provider callback, HMAC-signed",
+    params(("X-Seckill-Timestamp" = String, Header, description = "Unix seconds, within 300 s of the server's clock"), ("X-Seckill-Signature" = String, Header, description = "hex HMAC-SHA256 of \"{timestamp}.{raw body}\" with the shared payment secret")),
+    request_body = crate::lifecycle::payment::Notification,
+    responses((status = 200, description = "paid, failed, duplicate (nothing changed) or refund_due", body = NotifyAnswer), (status = 400, response = ErrorResponse), (status = 401, response = ErrorResponse), (status = 404, response = ErrorResponse), (status = 429, response = ErrorResponse), (status = 503, response = ErrorResponse))
+)]
 pub async fn notify(
     State(st): State<Arc<AppState>>,
     headers: HeaderMap,
@@ -49,6 +59,11 @@ pub async fn notify(
             other => ApiError::Unauthorized(other.to_string()),
         })?;
     let intent_id = parse_id(&n.intent_id, "intent_id")?;
+    if n.provider_ref.chars().count() > 64 {
+        return Err(ApiError::invalid(
+            "provider_ref is longer than 64 characters",
+        ));
+    }
     let not_found = || ApiError::NotFound(format!("payment intent {intent_id} does not exist"));
     let now = crate::now_ms();
     let result = match n.status {

@@ -3,6 +3,8 @@
 //! 404 unless it is the configured provider (dev mode, or `--payment-provider simulated`):
 //! through them anyone may mark their own order paid.
 
+use crate::edge::http::error::ErrorResponse;
+use crate::edge::http::input::Id;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,28 +31,39 @@ fn simulator(st: &AppState) -> Result<&SimulatedProvider, ApiError> {
     })
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct SimulateRequest {
+pub struct SimulateRequest {
     outcome: SimulatedOutcome,
 }
 
-#[derive(Deserialize, Clone, Copy)]
+#[derive(Deserialize, Clone, Copy, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
-enum SimulatedOutcome {
+pub enum SimulatedOutcome {
     Pay,
     Fail,
     /// Pays one second after the order's payment deadline.
     PayLate,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub struct Scheduled {
     intent_id: String,
     deliver_at: String,
 }
 
 /// Tells the simulated provider to call back for an intent: now, or after the deadline.
+#[utoipa::path(
+    post,
+    path = "/api/admin/payments/{id}/simulate",
+    tag = "admin",
+    summary = "Make the simulated provider call back",
+    description = "Only when the simulated provider is configured (dev mode, or --payment-provider simulated); 404 otherwise.",
+    params(("id" = Id, Path, description = "Payment intent id: a positive 64-bit integer, in decimal")),
+    request_body = SimulateRequest,
+    responses((status = 202, description = "The callback is scheduled", body = Scheduled), (status = 400, response = ErrorResponse), (status = 401, response = ErrorResponse), (status = 404, response = ErrorResponse), (status = 429, response = ErrorResponse), (status = 503, response = ErrorResponse)),
+    security(("admin" = []))
+)]
 pub async fn simulate(
     _: Admin,
     State(st): State<Arc<AppState>>,
@@ -81,7 +94,7 @@ async fn own_intent(st: &AppState, user_id: i64, id: &str) -> Result<Payment, Ap
     }
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub struct SimulatedIntent {
     intent_id: String,
     order_id: String,
@@ -93,6 +106,16 @@ pub struct SimulatedIntent {
 }
 
 /// `GET /api/simulated-pay/{id}`: what the simulated provider's pay page shows the buyer.
+#[utoipa::path(
+    get,
+    path = "/api/simulated-pay/{id}",
+    tag = "buyer",
+    summary = "The buyer's payment intent, as the simulated provider's pay page shows it",
+    description = "Only when the simulated provider is configured (dev mode, or --payment-provider simulated); 404 otherwise.",
+    params(("id" = Id, Path, description = "Payment intent id: a positive 64-bit integer, in decimal")),
+    responses((status = 200, description = "The intent and its order", body = SimulatedIntent), (status = 400, response = ErrorResponse), (status = 401, response = ErrorResponse), (status = 404, response = ErrorResponse), (status = 429, response = ErrorResponse), (status = 503, response = ErrorResponse)),
+    security(("user" = []))
+)]
 pub async fn simulated_intent(
     AuthUser(user_id): AuthUser,
     State(st): State<Arc<AppState>>,
@@ -117,6 +140,17 @@ pub async fn simulated_intent(
 
 /// `POST /api/simulated-pay/{id}`: the buyer, on the simulated provider's pay page, pays
 /// (or fails to, or pays too late); the provider then calls back as a real one would.
+#[utoipa::path(
+    post,
+    path = "/api/simulated-pay/{id}",
+    tag = "buyer",
+    summary = "The buyer pays on the simulated provider's pay page (or fails to, or pays after the deadline)",
+    description = "Only when the simulated provider is configured (dev mode, or --payment-provider simulated); 404 otherwise.",
+    params(("id" = Id, Path, description = "Payment intent id: a positive 64-bit integer, in decimal")),
+    request_body = SimulateRequest,
+    responses((status = 202, description = "The callback is scheduled", body = Scheduled), (status = 400, response = ErrorResponse), (status = 401, response = ErrorResponse), (status = 404, response = ErrorResponse), (status = 409, response = ErrorResponse), (status = 429, response = ErrorResponse), (status = 503, response = ErrorResponse)),
+    security(("user" = []))
+)]
 pub async fn simulated_pay(
     AuthUser(user_id): AuthUser,
     State(st): State<Arc<AppState>>,

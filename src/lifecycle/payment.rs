@@ -37,16 +37,18 @@ pub enum NotifyError {
 }
 
 /// What the provider tells us about an intent.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Notification {
     pub intent_id: String,
     pub status: NotifiedStatus,
+    /// The provider's own reference of the payment (64 characters at most).
     #[serde(default)]
+    #[schema(max_length = 64)]
     pub provider_ref: String,
 }
 
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum NotifiedStatus {
     Paid,
@@ -54,7 +56,7 @@ pub enum NotifiedStatus {
 }
 
 /// What a client shows the buyer to pay.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct IntentView {
     pub intent_id: String,
     pub order_id: String,

@@ -28,7 +28,9 @@ pub struct Sale {
 }
 
 /// What a sale asks of a buyer before the purchase call, against scripts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, serde::Deserialize, utoipa::ToSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum AntiBot {
     /// Purchases need nothing but the login token.
@@ -60,7 +62,7 @@ impl AntiBot {
 }
 
 /// The public phase of a sale, as `GET /api/sales/{id}/stock` reports it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum SaleState {
     Upcoming,
@@ -97,7 +99,7 @@ pub struct NewOrder {
     pub accepted_at: i64,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum OrderStatus {
     /// Accepted by the gate, not yet written to SQL.

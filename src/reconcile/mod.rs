@@ -51,7 +51,7 @@ pub enum ReconcileError {
 pub const MAX_BUYERS_COMPARED: usize = 50_000;
 
 /// One sale's gate against SQL and what is in flight.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct Account {
     pub sale_id: String,
     /// False when the gate holds no state for the sale apart from SQL (not loaded yet, or
@@ -198,7 +198,7 @@ fn compare_buyers(owed: &HashMap<i64, i64>, holders: &[(i64, i64)]) -> (i64, i64
 }
 
 /// What a repair did.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Repair {
     pub before: Account,
     pub after: Account,

@@ -2,6 +2,8 @@
 //! and stock journal a page at a time, the reconciliation of gate and SQL and its repair,
 //! and this instance's live counters.
 
+use crate::edge::http::error::ErrorResponse;
+use crate::edge::http::input::Id;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -15,7 +17,7 @@ use super::super::http::error::ApiError;
 use super::super::http::input::{no_store, parse_id, parse_json, rfc3339};
 use super::super::{AppState, PURCHASE_CODES};
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub struct SaleStats {
     id: String,
     initial_stock: i64,
@@ -33,6 +35,15 @@ pub struct SaleStats {
     dead_letters: Option<i64>,
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/admin/sales/{id}/stats",
+    tag = "admin",
+    summary = "Gate stock, SQL stock, orders by status, order-log backlog, dead letters",
+    params(("id" = Id, Path, description = "Sale id: a positive 64-bit integer, in decimal")),
+    responses((status = 200, description = "The sale's numbers", body = SaleStats), (status = 400, response = ErrorResponse), (status = 401, response = ErrorResponse), (status = 404, response = ErrorResponse), (status = 429, response = ErrorResponse), (status = 503, response = ErrorResponse)),
+    security(("admin" = []))
+)]
 pub async fn sale_stats(
     _: Admin,
     State(st): State<Arc<AppState>>,
@@ -67,7 +78,7 @@ pub async fn sale_stats(
     }))
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub struct Audit {
     id: String,
     initial_stock: i64,
@@ -86,6 +97,15 @@ pub struct Audit {
 
 /// The database's own account of a sale, for load tests and operators: what was sold, to
 /// how many buyers, the most any buyer holds. Computed in SQL, in constant memory.
+#[utoipa::path(
+    get,
+    path = "/api/admin/sales/{id}/audit",
+    tag = "admin",
+    summary = "The database's account of a sale, computed in SQL",
+    params(("id" = Id, Path, description = "Sale id: a positive 64-bit integer, in decimal")),
+    responses((status = 200, description = "Live orders and units, distinct buyers, most units per buyer, oversold, order-log backlog", body = Audit), (status = 400, response = ErrorResponse), (status = 401, response = ErrorResponse), (status = 404, response = ErrorResponse), (status = 429, response = ErrorResponse), (status = 503, response = ErrorResponse)),
+    security(("admin" = []))
+)]
 pub async fn sale_audit(
     _: Admin,
     State(st): State<Arc<AppState>>,
@@ -118,7 +138,7 @@ pub async fn sale_audit(
 }
 
 /// `?after=&limit=` of the paged admin lists: after the last id of the previous page.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Page {
     after: Option<i64>,
@@ -150,7 +170,7 @@ fn next_after(
     ids.last().filter(|_| full).map(|id| id.to_string())
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub struct OrderIds {
     order_ids: Vec<String>,
     /// Pass as `after` for the next page; absent on the last page.
@@ -158,6 +178,15 @@ pub struct OrderIds {
 }
 
 /// The ids of a sale's live orders, a page at a time (`?after=ID&limit=N`, N <= 100000).
+#[utoipa::path(
+    get,
+    path = "/api/admin/sales/{id}/order-ids",
+    tag = "admin",
+    summary = "Ids of a sale's live orders, a page at a time",
+    params(("id" = Id, Path, description = "Sale id: a positive 64-bit integer, in decimal"), ("after" = Option<i64>, Query, minimum = 0, description = "The last id of the previous page"), ("limit" = Option<i64>, Query, minimum = 1, maximum = 100000, description = "Ids per page (10,000 when left out)")),
+    responses((status = 200, description = "A page; `next` is absent on the last", body = OrderIds), (status = 400, response = ErrorResponse), (status = 401, response = ErrorResponse), (status = 404, response = ErrorResponse), (status = 429, response = ErrorResponse), (status = 503, response = ErrorResponse)),
+    security(("admin" = []))
+)]
 pub async fn sale_order_ids(
     _: Admin,
     State(st): State<Arc<AppState>>,
@@ -179,7 +208,7 @@ pub async fn sale_order_ids(
 
 // ---- reconciliation -----------------------------------------------------------------------
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub struct Reconciliation {
     #[serde(flatten)]
     account: crate::reconcile::Account,
@@ -189,6 +218,15 @@ pub struct Reconciliation {
 }
 
 /// `GET /api/admin/sales/{id}/reconcile`: the sale's gate against SQL and what is in flight.
+#[utoipa::path(
+    get,
+    path = "/api/admin/sales/{id}/reconcile",
+    tag = "admin",
+    summary = "The sale's gate against SQL and what is in flight, and the journal against the stock",
+    params(("id" = Id, Path, description = "Sale id: a positive 64-bit integer, in decimal")),
+    responses((status = 200, description = "The account; `exact` when nothing differs", body = Reconciliation), (status = 400, response = ErrorResponse), (status = 401, response = ErrorResponse), (status = 404, response = ErrorResponse), (status = 429, response = ErrorResponse), (status = 503, response = ErrorResponse)),
+    security(("admin" = []))
+)]
 pub async fn reconcile(
     _: Admin,
     State(st): State<Arc<AppState>>,
@@ -204,15 +242,27 @@ pub async fn reconcile(
     }))
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct RepairRequest {
+pub struct RepairRequest {
+    /// Why, for the journal row the repair leaves.
     #[serde(default, deserialize_with = "crate::edge::http::input::not_null")]
+    #[schema(max_length = 200, nullable = false)]
     reason: Option<String>,
 }
 
 /// `POST /api/admin/sales/{id}/reconcile {reason?}`: rebuilds the sale's gate from SQL
 /// and the order log, and journals who asked and why.
+#[utoipa::path(
+    post,
+    path = "/api/admin/sales/{id}/reconcile",
+    tag = "admin",
+    summary = "Repair: rebuild the sale's gate from SQL and the order log (fenced), leaving a journal row with who and why",
+    params(("id" = Id, Path, description = "Sale id: a positive 64-bit integer, in decimal")),
+    request_body(content = RepairRequest, description = "Why, for the journal"),
+    responses((status = 200, description = "The account before and after", body = crate::reconcile::Repair), (status = 400, response = ErrorResponse), (status = 401, response = ErrorResponse), (status = 404, response = ErrorResponse), (status = 409, response = ErrorResponse), (status = 429, response = ErrorResponse), (status = 503, response = ErrorResponse)),
+    security(("admin" = []))
+)]
 pub async fn repair(
     _: Admin,
     State(st): State<Arc<AppState>>,
@@ -262,8 +312,8 @@ pub async fn repair(
     Ok(no_store(done))
 }
 
-#[derive(Serialize)]
-struct JournalRow {
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct JournalRow {
     id: String,
     segment: Option<i64>,
     delta: i64,
@@ -274,8 +324,8 @@ struct JournalRow {
     at: String,
 }
 
-#[derive(Serialize)]
-struct Journal {
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct Journal {
     sale_id: String,
     /// The sum of every row's delta, and the sale's stock: equal, always.
     sum: i64,
@@ -286,6 +336,15 @@ struct Journal {
 }
 
 /// `GET /api/admin/sales/{id}/journal?after=&limit=`: the sale's stock movements, oldest first.
+#[utoipa::path(
+    get,
+    path = "/api/admin/sales/{id}/journal",
+    tag = "admin",
+    summary = "The sale's stock journal, oldest first: one row per movement; the rows sum to the stock",
+    params(("id" = Id, Path, description = "Sale id: a positive 64-bit integer, in decimal"), ("after" = Option<i64>, Query, minimum = 0, description = "The last row id of the previous page"), ("limit" = Option<i64>, Query, minimum = 1, maximum = 10000, description = "Rows per page (1,000 when left out)")),
+    responses((status = 200, description = "A page of rows; `next` is absent on the last", body = Journal), (status = 400, response = ErrorResponse), (status = 401, response = ErrorResponse), (status = 404, response = ErrorResponse), (status = 429, response = ErrorResponse), (status = 503, response = ErrorResponse)),
+    security(("admin" = []))
+)]
 pub async fn journal(
     _: Admin,
     State(st): State<Arc<AppState>>,
@@ -320,13 +379,14 @@ pub async fn journal(
     }))
 }
 
-#[derive(serde::Serialize)]
-struct Live {
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct Live {
     now_ms: i64,
     /// Purchase answers of this instance since it started, by code.
     purchases: std::collections::BTreeMap<&'static str, u64>,
     /// Purchase request latency of this instance: (upper bound in seconds, requests at or
     /// under it), cumulative; differences between two readings give the interval's.
+    #[schema(value_type = Vec<Vec<f64>>)]
     latency_buckets: Vec<(f64, u64)>,
     latency_count: u64,
     writer_orders_written: u64,
@@ -334,6 +394,14 @@ struct Live {
 
 /// `GET /api/admin/live`: this instance's counters for the dashboard, which turns two
 /// readings a second apart into rates and the interval's p99.
+#[utoipa::path(
+    get,
+    path = "/api/admin/live",
+    tag = "admin",
+    summary = "This instance's purchase answers by code and latency buckets, for the live dashboard",
+    responses((status = 200, description = "Cumulative counters: two readings give rates", body = Live), (status = 401, response = ErrorResponse), (status = 429, response = ErrorResponse)),
+    security(("admin" = []))
+)]
 pub async fn live(_: Admin, State(st): State<Arc<AppState>>) -> Response {
     let (latency_buckets, latency_count) = st.metrics.request_seconds.cumulative();
     no_store(Live {

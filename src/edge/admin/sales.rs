@@ -1,6 +1,8 @@
 //! Managing sales: create (a draft), edit and delete drafts, approve (loads it into the
 //! gate when it opens soon), end early, pause and resume, list. SQL first, then the gate.
 
+use crate::edge::http::error::ErrorResponse;
+use crate::edge::http::input::Id;
 use std::sync::Arc;
 
 use axum::extract::{Path, State};
@@ -17,37 +19,75 @@ use crate::model::Sale;
 
 // ---- admin ------------------------------------------------------------------------------
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct NewSale {
+pub struct NewSale {
+    /// 1 to 200 characters, not only spaces.
+    #[schema(min_length = 1, max_length = 200, pattern = "\\S")]
     title: String,
+    #[schema(minimum = 0, maximum = 100_000_000_000_i64)]
     price_cents: i64,
+    #[schema(minimum = 1, maximum = 100_000_000)]
     stock: i64,
+    /// At most this many units per buyer (1 when left out).
     #[serde(default, deserialize_with = "crate::edge::http::input::not_null")]
+    #[schema(minimum = 1, maximum = 1000, default = 1, nullable = false)]
     per_user_limit: Option<i64>,
+    #[schema(format = DateTime)]
     begins_at: String,
+    /// After begins_at and in the future (400 otherwise).
+    #[schema(format = DateTime)]
     ends_at: String,
+    /// Time a buyer has to pay (900 s when left out).
     #[serde(default, deserialize_with = "crate::edge::http::input::not_null")]
+    #[schema(minimum = 1, maximum = 604_800, default = 900, nullable = false)]
     payment_window_secs: Option<i64>,
+    /// What a buyer must fetch before purchasing (`off` when left out).
     #[serde(default, deserialize_with = "crate::edge::http::input::not_null")]
+    #[schema(nullable = false)]
     anti_bot: Option<crate::model::AntiBot>,
+    /// Keep the stock in this many parts (1 to 64, at most the stock), each with its own
+    /// Redis hash tag, or `"auto"`: one per Redis Cluster master, at least 20 units each.
     #[serde(default, deserialize_with = "crate::edge::http::input::not_null")]
+    #[schema(nullable = false)]
     segments: Option<SegmentsAsked>,
 }
 
-/// `"segments"`: a number of parts, or `"auto"` (see `segments::auto_segments`).
+/// `"segments"`: a number of parts, or `"auto"` (see `model::segments::auto_segments`).
 #[derive(Deserialize, Clone, Copy)]
 #[serde(untagged)]
-enum SegmentsAsked {
+pub enum SegmentsAsked {
     Count(i64),
     Auto(AutoWord),
 }
 
 #[derive(Deserialize, Clone, Copy)]
 #[serde(rename_all = "snake_case")]
-enum AutoWord {
+pub enum AutoWord {
     Auto,
 }
+
+/// A count of 1 to `MAX_SEGMENTS`, or the word `auto`, as the schema says it.
+impl utoipa::PartialSchema for SegmentsAsked {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Type};
+        OneOfBuilder::new()
+            .item(
+                ObjectBuilder::new()
+                    .schema_type(Type::Integer)
+                    .minimum(Some(1))
+                    .maximum(Some(crate::model::segments::MAX_SEGMENTS)),
+            )
+            .item(
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .enum_values(Some(["auto"])),
+            )
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for SegmentsAsked {}
 
 /// The segments a new or edited sale gets.
 async fn segments_for(
@@ -128,12 +168,22 @@ fn validate_new_sale(n: &NewSale) -> Result<(i64, i64), ApiError> {
     Ok((begins, ends))
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub struct Created {
     id: String,
     status: &'static str,
 }
 
+#[utoipa::path(
+    post,
+    path = "/api/admin/sales",
+    tag = "admin",
+    summary = "Create a sale (draft)",
+    description = "ends_at must be after begins_at and in the future; otherwise 400 invalid_request.",
+    request_body = NewSale,
+    responses((status = 201, description = "Created as a draft", body = Created), (status = 400, response = ErrorResponse), (status = 401, response = ErrorResponse), (status = 429, response = ErrorResponse), (status = 503, response = ErrorResponse)),
+    security(("admin" = []))
+)]
 pub async fn create_sale(
     _: Admin,
     State(st): State<Arc<AppState>>,
@@ -174,13 +224,22 @@ pub async fn create_sale(
     ))
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub struct Approved {
     id: String,
     status: &'static str,
     loaded: bool,
 }
 
+#[utoipa::path(
+    post,
+    path = "/api/admin/sales/{id}/approve",
+    tag = "admin",
+    summary = "Approve a sale; loads it into the gate if it opens soon",
+    params(("id" = Id, Path, description = "Sale id: a positive 64-bit integer, in decimal")),
+    responses((status = 200, description = "Approved", body = Approved), (status = 400, response = ErrorResponse), (status = 401, response = ErrorResponse), (status = 404, response = ErrorResponse), (status = 409, response = ErrorResponse), (status = 429, response = ErrorResponse), (status = 503, response = ErrorResponse)),
+    security(("admin" = []))
+)]
 pub async fn approve_sale(
     _: Admin,
     State(st): State<Arc<AppState>>,
@@ -209,26 +268,42 @@ pub async fn approve_sale(
 }
 
 /// New values for some of a draft's settings (the others stay).
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct SaleChanges {
+pub struct SaleChanges {
+    /// 1 to 200 characters, not only spaces.
     #[serde(default, deserialize_with = "crate::edge::http::input::not_null")]
+    #[schema(min_length = 1, max_length = 200, pattern = "\\S", nullable = false)]
     title: Option<String>,
     #[serde(default, deserialize_with = "crate::edge::http::input::not_null")]
+    #[schema(minimum = 0, maximum = 100_000_000_000_i64, nullable = false)]
     price_cents: Option<i64>,
     #[serde(default, deserialize_with = "crate::edge::http::input::not_null")]
+    #[schema(minimum = 1, maximum = 100_000_000, nullable = false)]
     stock: Option<i64>,
+    /// At most this many units per buyer (1 when left out).
     #[serde(default, deserialize_with = "crate::edge::http::input::not_null")]
+    #[schema(minimum = 1, maximum = 1000, nullable = false)]
     per_user_limit: Option<i64>,
     #[serde(default, deserialize_with = "crate::edge::http::input::not_null")]
+    #[schema(format = DateTime, nullable = false)]
     begins_at: Option<String>,
+    /// After begins_at and in the future (400 otherwise).
     #[serde(default, deserialize_with = "crate::edge::http::input::not_null")]
+    #[schema(format = DateTime, nullable = false)]
     ends_at: Option<String>,
+    /// Time a buyer has to pay (900 s when left out).
     #[serde(default, deserialize_with = "crate::edge::http::input::not_null")]
+    #[schema(minimum = 1, maximum = 604_800, nullable = false)]
     payment_window_secs: Option<i64>,
+    /// What a buyer must fetch before purchasing (`off` when left out).
     #[serde(default, deserialize_with = "crate::edge::http::input::not_null")]
+    #[schema(nullable = false)]
     anti_bot: Option<crate::model::AntiBot>,
+    /// Keep the stock in this many parts (1 to 64, at most the stock), each with its own
+    /// Redis hash tag, or `"auto"`: one per Redis Cluster master, at least 20 units each.
     #[serde(default, deserialize_with = "crate::edge::http::input::not_null")]
+    #[schema(nullable = false)]
     segments: Option<SegmentsAsked>,
 }
 
@@ -241,6 +316,16 @@ pub async fn existing_sale(st: &AppState, id: i64) -> Result<Sale, ApiError> {
 }
 
 /// Edits a draft: a sale not approved yet was never in a gate, so anything may change.
+#[utoipa::path(
+    patch,
+    path = "/api/admin/sales/{id}",
+    tag = "admin",
+    summary = "Edit a draft sale (any of its settings); an approved sale answers 409",
+    params(("id" = Id, Path, description = "Sale id: a positive 64-bit integer, in decimal")),
+    request_body = SaleChanges,
+    responses((status = 200, description = "Edited", body = Created), (status = 400, response = ErrorResponse), (status = 401, response = ErrorResponse), (status = 404, response = ErrorResponse), (status = 409, response = ErrorResponse), (status = 429, response = ErrorResponse), (status = 503, response = ErrorResponse)),
+    security(("admin" = []))
+)]
 pub async fn edit_sale(
     _: Admin,
     State(st): State<Arc<AppState>>,
@@ -296,6 +381,15 @@ pub async fn edit_sale(
 }
 
 /// Deletes a draft; an approved sale may have buyers and orders, and stays.
+#[utoipa::path(
+    delete,
+    path = "/api/admin/sales/{id}",
+    tag = "admin",
+    summary = "Delete a draft sale; an approved sale answers 409 (end it early instead)",
+    params(("id" = Id, Path, description = "Sale id: a positive 64-bit integer, in decimal")),
+    responses((status = 200, description = "Deleted", body = Created), (status = 400, response = ErrorResponse), (status = 401, response = ErrorResponse), (status = 404, response = ErrorResponse), (status = 409, response = ErrorResponse), (status = 429, response = ErrorResponse), (status = 503, response = ErrorResponse)),
+    security(("admin" = []))
+)]
 pub async fn delete_sale(
     _: Admin,
     State(st): State<Arc<AppState>>,
@@ -315,7 +409,7 @@ pub async fn delete_sale(
     }))
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub struct Ended {
     id: String,
     status: &'static str,
@@ -325,6 +419,15 @@ pub struct Ended {
 /// Ends an approved sale now: SQL first (the record, and the SQL gates' window), then the
 /// gate, which every instance's next purchase reads. Units already sold stay sold. When
 /// the gate cannot be told, the answer is 503 and calling again finishes it.
+#[utoipa::path(
+    post,
+    path = "/api/admin/sales/{id}/end",
+    tag = "admin",
+    summary = "End an approved sale now; units sold stay sold. A draft answers 409",
+    params(("id" = Id, Path, description = "Sale id: a positive 64-bit integer, in decimal")),
+    responses((status = 200, description = "Ended: no purchase is decided after this answer, on any instance", body = Ended), (status = 400, response = ErrorResponse), (status = 401, response = ErrorResponse), (status = 404, response = ErrorResponse), (status = 409, response = ErrorResponse), (status = 429, response = ErrorResponse), (status = 503, response = ErrorResponse)),
+    security(("admin" = []))
+)]
 pub async fn end_sale(
     _: Admin,
     State(st): State<Arc<AppState>>,
@@ -353,7 +456,7 @@ pub async fn end_sale(
     }))
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub struct PauseState {
     id: String,
     paused: bool,
@@ -370,6 +473,15 @@ async fn set_paused(st: &AppState, id: &str, paused: bool) -> Result<Json<PauseS
     }))
 }
 
+#[utoipa::path(
+    post,
+    path = "/api/admin/sales/{id}/pause",
+    tag = "admin",
+    summary = "Stop purchases (kill switch)",
+    params(("id" = Id, Path, description = "Sale id: a positive 64-bit integer, in decimal")),
+    responses((status = 200, description = "Paused", body = PauseState), (status = 400, response = ErrorResponse), (status = 401, response = ErrorResponse), (status = 404, response = ErrorResponse), (status = 429, response = ErrorResponse), (status = 503, response = ErrorResponse)),
+    security(("admin" = []))
+)]
 pub async fn pause_sale(
     _: Admin,
     State(st): State<Arc<AppState>>,
@@ -378,6 +490,15 @@ pub async fn pause_sale(
     set_paused(&st, &id, true).await
 }
 
+#[utoipa::path(
+    post,
+    path = "/api/admin/sales/{id}/resume",
+    tag = "admin",
+    summary = "Restart purchases",
+    params(("id" = Id, Path, description = "Sale id: a positive 64-bit integer, in decimal")),
+    responses((status = 200, description = "Resumed", body = PauseState), (status = 400, response = ErrorResponse), (status = 401, response = ErrorResponse), (status = 404, response = ErrorResponse), (status = 429, response = ErrorResponse), (status = 503, response = ErrorResponse)),
+    security(("admin" = []))
+)]
 pub async fn resume_sale(
     _: Admin,
     State(st): State<Arc<AppState>>,
@@ -386,7 +507,7 @@ pub async fn resume_sale(
     set_paused(&st, &id, false).await
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub struct AdminSaleView {
     #[serde(flatten)]
     sale: SaleView,
@@ -395,6 +516,14 @@ pub struct AdminSaleView {
     sql_stock: i64,
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/admin/sales",
+    tag = "admin",
+    summary = "All sales with their SQL stock",
+    responses((status = 200, description = "Newest first", body = Vec<AdminSaleView>), (status = 401, response = ErrorResponse), (status = 429, response = ErrorResponse), (status = 503, response = ErrorResponse)),
+    security(("admin" = []))
+)]
 pub async fn admin_list_sales(
     _: Admin,
     State(st): State<Arc<AppState>>,

@@ -7,6 +7,8 @@
 
 pub mod captcha;
 
+use crate::edge::http::error::ErrorResponse;
+use crate::edge::http::input::Id;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -176,8 +178,8 @@ fn checked(
     })
 }
 
-#[derive(Serialize)]
-struct CaptchaView {
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct CaptchaView {
     captcha_id: String,
     /// `data:image/png;base64,...`, ready for an `<img src>`.
     image: String,
@@ -185,6 +187,15 @@ struct CaptchaView {
 }
 
 /// `GET /api/sales/{id}/captcha`: a new picture; each captcha allows one guess.
+#[utoipa::path(
+    get,
+    path = "/api/sales/{id}/captcha",
+    tag = "buyer",
+    summary = "A captcha picture (captcha sales); one guess each, valid 5 min",
+    params(("id" = Id, Path, description = "Sale id: a positive 64-bit integer, in decimal")),
+    responses((status = 200, description = "The picture, and the id to answer it with", body = CaptchaView), (status = 400, response = ErrorResponse), (status = 401, response = ErrorResponse), (status = 404, response = ErrorResponse), (status = 409, response = ErrorResponse), (status = 429, response = ErrorResponse), (status = 503, response = ErrorResponse)),
+    security(("user" = []))
+)]
 pub async fn captcha(
     AuthUser(user_id): AuthUser,
     State(st): State<Arc<AppState>>,
@@ -226,21 +237,30 @@ pub async fn captcha(
     }))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TokenQuery {
     captcha_id: Option<String>,
     answer: Option<String>,
 }
 
-#[derive(Serialize)]
-struct TokenView {
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct TokenView {
     token: String,
     expires_at: String,
 }
 
 /// `GET /api/sales/{id}/token`: a single-use purchase token for the caller and this sale,
 /// only while the sale is open, and only for a solved captcha when the sale asks for one.
+#[utoipa::path(
+    get,
+    path = "/api/sales/{id}/token",
+    tag = "buyer",
+    summary = "A single-use purchase token for the caller and this sale (anti-bot)",
+    params(("id" = Id, Path, description = "Sale id: a positive 64-bit integer, in decimal"), ("captcha_id" = Option<String>, Query, description = "The captcha answered, on a captcha sale"), ("answer" = Option<String>, Query, description = "Its five digits")),
+    responses((status = 200, description = "Valid 60 s, for one purchase attempt", body = TokenView), (status = 400, response = ErrorResponse), (status = 401, response = ErrorResponse), (status = 403, response = ErrorResponse), (status = 404, response = ErrorResponse), (status = 409, response = ErrorResponse), (status = 429, response = ErrorResponse), (status = 503, response = ErrorResponse)),
+    security(("user" = []))
+)]
 pub async fn token(
     AuthUser(user_id): AuthUser,
     State(st): State<Arc<AppState>>,

@@ -1,6 +1,8 @@
 //! The public catalogue: approved sales (cacheable, from the instance's sale cache), a
 //! sale's live stock from the gate, and the server's clock for the pages' countdowns.
 
+use crate::edge::http::error::ErrorResponse;
+use crate::edge::http::input::Id;
 use std::sync::Arc;
 
 use axum::extract::{Path, State};
@@ -13,7 +15,7 @@ use super::super::http::input::{cacheable, no_store, parse_id, rfc3339};
 use super::super::AppState;
 use crate::model::{Sale, SaleState};
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub struct SaleView {
     id: String,
     title: String,
@@ -46,6 +48,13 @@ impl From<&Sale> for SaleView {
     }
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/sales",
+    tag = "buyer",
+    summary = "Approved sales that have not ended (ETag, Cache-Control)",
+    responses((status = 200, description = "The catalogue", body = Vec<SaleView>), (status = 304, description = "The client holds it (If-None-Match)"))
+)]
 pub async fn list_sales(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Response {
     let now = crate::now_ms();
     let views: Vec<SaleView> = st
@@ -58,6 +67,14 @@ pub async fn list_sales(State(st): State<Arc<AppState>>, headers: HeaderMap) -> 
     cacheable(&headers, &views)
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/sales/{id}",
+    tag = "buyer",
+    summary = "One approved sale (ETag, Cache-Control)",
+    params(("id" = Id, Path, description = "Sale id: a positive 64-bit integer, in decimal")),
+    responses((status = 200, description = "The sale", body = SaleView), (status = 304, description = "The client holds it (If-None-Match)"), (status = 400, response = ErrorResponse), (status = 404, response = ErrorResponse), (status = 429, response = ErrorResponse), (status = 503, response = ErrorResponse))
+)]
 pub async fn get_sale(
     State(st): State<Arc<AppState>>,
     Path(id): Path<String>,
@@ -67,12 +84,20 @@ pub async fn get_sale(
     Ok(cacheable(&headers, &SaleView::from(sale.as_ref())))
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub struct StockView {
     state: SaleState,
     remaining: i64,
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/sales/{id}/stock",
+    tag = "buyer",
+    summary = "Live state and remaining stock",
+    params(("id" = Id, Path, description = "Sale id: a positive 64-bit integer, in decimal")),
+    responses((status = 200, description = "From the gate, never cached", body = StockView), (status = 400, response = ErrorResponse), (status = 404, response = ErrorResponse), (status = 429, response = ErrorResponse), (status = 503, response = ErrorResponse))
+)]
 pub async fn get_stock(
     State(st): State<Arc<AppState>>,
     Path(id): Path<String>,
@@ -91,14 +116,21 @@ pub async fn get_stock(
     Ok(no_store(view))
 }
 
-#[derive(serde::Serialize)]
-struct ServerTime {
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct ServerTime {
     now: String,
     now_ms: i64,
 }
 
 /// `GET /api/time`: the server's clock, so that pages count down to an opening by the
 /// clock that decides it, not by the visitor's.
+#[utoipa::path(
+    get,
+    path = "/api/time",
+    tag = "buyer",
+    summary = "The server's clock (pages count down to an opening by it)",
+    responses((status = 200, description = "Never cached", body = ServerTime), (status = 429, response = ErrorResponse))
+)]
 pub async fn server_time() -> Response {
     let now = crate::now_ms();
     no_store(ServerTime {

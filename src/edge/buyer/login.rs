@@ -2,6 +2,7 @@
 //! through the configured SMS hook), then a signed token. Phones are normalised to E.164
 //! first, so one number is one user; guesses at a phone's codes are capped per day.
 
+use crate::edge::http::error::ErrorResponse;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -28,27 +29,37 @@ pub const LOGIN_FAILURES_PER_DAY: i64 = 10;
 /// The day of `LOGIN_FAILURES_PER_DAY`, opened by the phone's first guess in it.
 pub const LOGIN_FAILURE_WINDOW_MS: i64 = 86_400_000;
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct CodeRequest {
+pub struct CodeRequest {
+    /// A phone number as a person writes it (+86 138 0000 0001, 0086..., or a national
+    /// number in the server's phone region); normalised to E.164. A number that is not
+    /// valid in its country is refused with 400 invalid_phone.
+    #[schema(pattern = "^[0-9 +()\\-.]{1,32}$", max_length = 32)]
     phone: String,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub struct CodeSent {
     sent: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     dev_code: Option<String>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct LoginRequest {
+pub struct LoginRequest {
+    /// A phone number as a person writes it (+86 138 0000 0001, 0086..., or a national
+    /// number in the server's phone region); normalised to E.164. A number that is not
+    /// valid in its country is refused with 400 invalid_phone.
+    #[schema(pattern = "^[0-9 +()\\-.]{1,32}$", max_length = 32)]
     phone: String,
+    /// The code sent to the phone.
+    #[schema(max_length = 16)]
     code: String,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub struct LoginAnswer {
     token: String,
     user_id: String,
@@ -83,6 +94,15 @@ fn locked(until: i64, now: i64) -> ApiError {
     }
 }
 
+#[utoipa::path(
+    post,
+    path = "/api/auth/code",
+    tag = "buyer",
+    summary = "Send a login code (returned as dev_code in dev mode)",
+    description = "The phone is normalised to E.164 (any spelling of one number is one user); a number that does not parse, is not valid in its country, or has an extension gets 400 invalid_phone. 429 rate_limited when asked again within 30 s, or after 10 wrong codes for the phone in a day.",
+    request_body = CodeRequest,
+    responses((status = 200, description = "The code was sent (or, in dev mode, is in `dev_code`)", body = CodeSent), (status = 400, response = ErrorResponse), (status = 429, response = ErrorResponse), (status = 503, response = ErrorResponse))
+)]
 pub async fn request_code(
     State(st): State<Arc<AppState>>,
     body: axum::body::Bytes,
@@ -145,6 +165,15 @@ async fn send_sms(hook: &str, phone: &str, code: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
+#[utoipa::path(
+    post,
+    path = "/api/auth/login",
+    tag = "buyer",
+    summary = "Exchange phone and code for a bearer token",
+    description = "401 invalid_code for a wrong, expired or used-up code; 429 rate_limited once the phone sent 10 wrong codes in 24 h (a new code does not reset the count).",
+    request_body = LoginRequest,
+    responses((status = 200, description = "A bearer token for the user calls", body = LoginAnswer), (status = 400, response = ErrorResponse), (status = 401, response = ErrorResponse), (status = 429, response = ErrorResponse), (status = 503, response = ErrorResponse))
+)]
 pub async fn login(
     State(st): State<Arc<AppState>>,
     body: axum::body::Bytes,

@@ -1,6 +1,8 @@
 //! The purchase endpoint (the hot path: token check, sale cache, one gate call; no SQL)
 //! and the caller's own orders.
 
+use crate::edge::http::error::ErrorResponse;
+use crate::edge::http::input::Id;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
@@ -26,17 +28,21 @@ use crate::model::{Order, OrderStatus, Sale};
 /// a window question on its own; closer to the edges, the gate decides.
 const WINDOW_SLACK_MS: i64 = 1000;
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct PurchaseBody {
+pub struct PurchaseBody {
+    /// Units to buy (1 when left out); never more than the sale's per_user_limit (409
+    /// otherwise).
     #[serde(default, deserialize_with = "crate::edge::http::input::not_null")]
+    #[schema(minimum = 1, maximum = 1000, nullable = false)]
     quantity: Option<i64>,
     /// The anti-bot purchase token, when the sale asks for one.
     #[serde(default, deserialize_with = "crate::edge::http::input::not_null")]
+    #[schema(nullable = false)]
     token: Option<String>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub struct PurchaseOk {
     code: &'static str,
     order_id: String,
@@ -44,8 +50,8 @@ pub struct PurchaseOk {
 
 /// 202: the purchase was sent to the gate and its answer lost. `GET /api/orders/{id}`
 /// tells, within seconds, whether it became an order.
-#[derive(Serialize)]
-struct PendingView {
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct PendingView {
     code: &'static str,
     order_id: String,
     message: &'static str,
@@ -322,7 +328,7 @@ fn admit(st: &AppState, sale: &Sale, ask: &Ask, now: i64) -> Result<Admitted, Ap
     })
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub struct OrderView {
     id: String,
     sale_id: String,
@@ -337,7 +343,7 @@ pub struct OrderView {
     history: Vec<Step>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub struct Step {
     status: String,
     at: String,
@@ -358,6 +364,15 @@ impl From<&Order> for OrderView {
     }
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/orders/{id}",
+    tag = "buyer",
+    summary = "One of the caller's orders (queued until written)",
+    params(("id" = Id, Path, description = "Order id: a positive 64-bit integer, in decimal")),
+    responses((status = 200, description = "The order and its history", body = OrderView), (status = 202, description = "An id answered `pending` whose fate is not known yet: ask again in a second", body = ErrorResponse), (status = 400, response = ErrorResponse), (status = 401, response = ErrorResponse), (status = 404, response = ErrorResponse), (status = 429, response = ErrorResponse), (status = 503, response = ErrorResponse)),
+    security(("user" = []))
+)]
 pub async fn get_order(
     AuthUser(user_id): AuthUser,
     State(st): State<Arc<AppState>>,
@@ -443,6 +458,14 @@ fn queued_view(order_id: i64, sale: &Sale, quantity: i64) -> OrderView {
     }
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/orders",
+    tag = "buyer",
+    summary = "The caller's orders, newest first",
+    responses((status = 200, description = "Queued ones (not in SQL yet) first", body = Vec<OrderView>), (status = 401, response = ErrorResponse), (status = 429, response = ErrorResponse), (status = 503, response = ErrorResponse)),
+    security(("user" = []))
+)]
 pub async fn list_orders(
     AuthUser(user_id): AuthUser,
     State(st): State<Arc<AppState>>,

@@ -1,6 +1,8 @@
 //! A buyer pays (a payment intent at the configured provider) or cancels an order. Only
 //! the provider's signed callback (`provider`) marks an order paid.
 
+use crate::edge::http::error::ErrorResponse;
+use crate::edge::http::input::Id;
 use std::sync::Arc;
 
 use axum::extract::{Path, State};
@@ -40,6 +42,16 @@ async fn not_in_sql(st: &AppState, order_id: i64, user_id: i64) -> ApiError {
     ApiError::NotFound(format!("order {order_id} does not exist"))
 }
 
+#[utoipa::path(
+    post,
+    path = "/api/orders/{id}/pay",
+    tag = "buyer",
+    summary = "Create (or return the open) payment intent",
+    description = "At most one open intent per order, however many calls race. 503 payment_unavailable when no payment provider is configured.",
+    params(("id" = Id, Path, description = "Order id: a positive 64-bit integer, in decimal")),
+    responses((status = 200, description = "Where to pay it", body = IntentView), (status = 400, response = ErrorResponse), (status = 401, response = ErrorResponse), (status = 404, response = ErrorResponse), (status = 409, response = ErrorResponse), (status = 429, response = ErrorResponse), (status = 503, response = ErrorResponse)),
+    security(("user" = []))
+)]
 pub async fn pay(
     AuthUser(user_id): AuthUser,
     State(st): State<Arc<AppState>>,
@@ -89,12 +101,21 @@ pub async fn pay(
     )))
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub struct Cancelled {
     id: String,
     status: OrderStatus,
 }
 
+#[utoipa::path(
+    post,
+    path = "/api/orders/{id}/cancel",
+    tag = "buyer",
+    summary = "Cancel a pending order; its units go back to the stock",
+    params(("id" = Id, Path, description = "Order id: a positive 64-bit integer, in decimal")),
+    responses((status = 200, description = "Cancelled", body = Cancelled), (status = 400, response = ErrorResponse), (status = 401, response = ErrorResponse), (status = 404, response = ErrorResponse), (status = 409, response = ErrorResponse), (status = 429, response = ErrorResponse), (status = 503, response = ErrorResponse)),
+    security(("user" = []))
+)]
 pub async fn cancel(
     AuthUser(user_id): AuthUser,
     State(st): State<Arc<AppState>>,

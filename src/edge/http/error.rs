@@ -14,6 +14,16 @@ use crate::lifecycle::LifecycleError;
 use crate::store::lifecycle::TransitionError;
 use crate::store::StoreError;
 
+/// Every error's body, as the contract publishes it.
+#[derive(serde::Serialize, utoipa::ToSchema, utoipa::ToResponse)]
+#[response(
+    description = "An error: `code` names it (the contract's codes), `message` says it to a person"
+)]
+pub struct ErrorResponse {
+    pub code: String,
+    pub message: String,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
     /// 400 `invalid_request`: the input is malformed or out of range.

@@ -29,6 +29,24 @@ where
     }
 }
 
+/// How an id travels in a path: a positive 64-bit integer in decimal, without leading
+/// zeros (one id, one spelling); the pattern spells out 1 to 9223372036854775807.
+pub struct Id;
+
+impl utoipa::PartialSchema for Id {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        utoipa::openapi::ObjectBuilder::new()
+            .schema_type(utoipa::openapi::schema::Type::String)
+            .pattern(Some(ID_PATTERN))
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for Id {}
+
+/// 1 to 9223372036854775807 in decimal, without leading zeros, as a regular expression.
+const ID_PATTERN: &str = "^([1-9][0-9]{0,17}|[1-8][0-9]{18}|9[0-1][0-9]{17}|92[0-1][0-9]{16}|922[0-2][0-9]{15}|9223[0-2][0-9]{14}|92233[0-6][0-9]{13}|922337[0-1][0-9]{12}|92233720[0-2][0-9]{10}|922337203[0-5][0-9]{9}|9223372036[0-7][0-9]{8}|92233720368[0-4][0-9]{7}|922337203685[0-3][0-9]{6}|9223372036854[0-6][0-9]{5}|92233720368547[0-6][0-9]{4}|922337203685477[0-4][0-9]{3}|9223372036854775[0-7][0-9]{2}|922337203685477580[0-6]|9223372036854775807)$";
+
 /// Parses a JSON object body into `T`, answering `invalid_request` with serde's reason.
 pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     if !crate::is_json_object(body) {

@@ -1,0 +1,297 @@
+//! The published contract: the OpenAPI document served at `/openapi.json`, generated from
+//! the request and response types (their `ToSchema`) and the handlers' annotations, so that
+//! it cannot drift from the code. Links tie the operations that make an id (a sale, an
+//! order, a payment intent) to those that take it, so that a client, or a tool such as
+//! schemathesis, can walk from one to the next with real ids.
+
+use std::sync::OnceLock;
+
+use utoipa::openapi::link::LinkBuilder;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::{OpenApi as Document, RefOr};
+use utoipa::{Modify, OpenApi};
+
+use super::{admin, antibot, buyer, ops, provider, simulated};
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "seckill",
+        description = "A flash-sale service. Every error body is {code, message}; ids are \
+                       64-bit integers written as strings."
+    ),
+    paths(
+        buyer::login::request_code,
+        buyer::login::login,
+        buyer::catalogue::list_sales,
+        buyer::catalogue::get_sale,
+        buyer::catalogue::get_stock,
+        buyer::catalogue::server_time,
+        super::purchase,
+        buyer::orders::get_order,
+        buyer::orders::list_orders,
+        buyer::payments::pay,
+        buyer::payments::cancel,
+        antibot::token,
+        antibot::captcha,
+        provider::notify,
+        simulated::simulate,
+        simulated::simulated_intent,
+        simulated::simulated_pay,
+        admin::sales::create_sale,
+        admin::sales::admin_list_sales,
+        admin::sales::approve_sale,
+        admin::sales::edit_sale,
+        admin::sales::delete_sale,
+        admin::sales::end_sale,
+        admin::sales::pause_sale,
+        admin::sales::resume_sale,
+        admin::books::sale_stats,
+        admin::books::sale_audit,
+        admin::books::sale_order_ids,
+        admin::books::reconcile,
+        admin::books::repair,
+        admin::books::journal,
+        admin::books::live,
+        ops::healthz,
+        ops::readyz,
+        ops::metrics,
+        ops::openapi,
+    ),
+    components(
+        schemas(super::http::input::Id),
+        responses(super::http::error::ErrorResponse)
+    ),
+    modifiers(&SecuritySchemes, &Links, &OptionalBodies)
+)]
+pub struct ApiDoc;
+
+/// The document, as JSON text: built once.
+pub fn document() -> &'static str {
+    static DOCUMENT: OnceLock<String> = OnceLock::new();
+    DOCUMENT.get_or_init(|| {
+        let mut doc = serde_json::to_value(ApiDoc::openapi()).unwrap_or_default();
+        camel_case_links(&mut doc);
+        serde_json::to_string_pretty(&doc).unwrap_or_default()
+    })
+}
+
+/// utoipa 5.5 writes a link's fields in snake case (`operation_id`); OpenAPI spells them
+/// in camel case (`operationId`), and tools ignore a link without one.
+fn camel_case_links(doc: &mut serde_json::Value) {
+    let Some(paths) = doc.get_mut("paths").and_then(|p| p.as_object_mut()) else {
+        return;
+    };
+    for item in paths.values_mut() {
+        let Some(item) = item.as_object_mut() else {
+            continue;
+        };
+        for op in item.values_mut() {
+            let Some(responses) = op.get_mut("responses").and_then(|r| r.as_object_mut()) else {
+                continue;
+            };
+            for response in responses.values_mut() {
+                let Some(links) = response.get_mut("links").and_then(|l| l.as_object_mut()) else {
+                    continue;
+                };
+                for link in links.values_mut() {
+                    let Some(link) = link.as_object_mut() else {
+                        continue;
+                    };
+                    for (snake, camel) in [
+                        ("operation_id", "operationId"),
+                        ("operation_ref", "operationRef"),
+                        ("request_body", "requestBody"),
+                    ] {
+                        if let Some(v) = link.remove(snake) {
+                            link.insert(camel.to_string(), v);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The bearer tokens: a buyer's (from `/api/auth/login`) and the admin token.
+struct SecuritySchemes;
+
+impl Modify for SecuritySchemes {
+    fn modify(&self, doc: &mut Document) {
+        let components = doc.components.get_or_insert_with(Default::default);
+        let bearer = |what: &str| {
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some(what))
+                    .build(),
+            )
+        };
+        components.add_security_scheme("user", bearer("a buyer's token, from /api/auth/login"));
+        components.add_security_scheme("admin", bearer("the admin token (SECKILL_ADMIN_TOKEN)"));
+    }
+}
+
+/// Operations whose body may be left out entirely (each field has its default).
+const OPTIONAL_BODIES: [&str; 2] = ["purchase", "repair"];
+
+/// Marks the bodies of `OPTIONAL_BODIES` as not required (`request_body = Option<T>` would
+/// also publish `null` as a body, which the server refuses).
+struct OptionalBodies;
+
+impl Modify for OptionalBodies {
+    fn modify(&self, doc: &mut Document) {
+        for item in doc.paths.paths.values_mut() {
+            for op in operations_of_mut(item) {
+                let optional = op
+                    .operation_id
+                    .as_deref()
+                    .is_some_and(|id| OPTIONAL_BODIES.contains(&id));
+                if let (true, Some(body)) = (optional, op.request_body.as_mut()) {
+                    body.required = Some(utoipa::openapi::Required::False);
+                }
+            }
+        }
+    }
+}
+
+/// Where an id comes from, and which operations take it: (operation that answers it,
+/// status, JSON pointer into its body, path prefix of the operations that take it as
+/// `{id}`).
+const LINKS: [(&str, &str, &str, &str); 10] = [
+    ("create_sale", "201", "/id", "/api/admin/sales/{id}"),
+    ("create_sale", "201", "/id", "/api/sales/{id}"),
+    // An approved sale is the one buyers can see and buy.
+    ("approve_sale", "200", "/id", "/api/admin/sales/{id}"),
+    ("approve_sale", "200", "/id", "/api/sales/{id}"),
+    ("admin_list_sales", "200", "/0/id", "/api/admin/sales/{id}"),
+    ("list_sales", "200", "/0/id", "/api/sales/{id}"),
+    ("purchase", "200", "/order_id", "/api/orders/{id}"),
+    ("list_orders", "200", "/0/id", "/api/orders/{id}"),
+    ("pay", "200", "/intent_id", "/api/simulated-pay/{id}"),
+    ("pay", "200", "/intent_id", "/api/admin/payments/{id}"),
+];
+
+/// Links from each answer that makes an id to every operation that takes it.
+struct Links;
+
+impl Modify for Links {
+    fn modify(&self, doc: &mut Document) {
+        // (operation id, path) of every operation.
+        let mut operations = Vec::new();
+        for (path, item) in &doc.paths.paths {
+            for op in operations_of(item) {
+                if let Some(id) = &op.operation_id {
+                    operations.push((id.clone(), path.clone()));
+                }
+            }
+        }
+        let mut paths = std::mem::take(&mut doc.paths.paths);
+        for item in paths.values_mut() {
+            for op in operations_of_mut(item) {
+                let Some(from) = op.operation_id.clone() else {
+                    continue;
+                };
+                for (source, status, pointer, prefix) in LINKS {
+                    if source != from {
+                        continue;
+                    }
+                    let Some(RefOr::T(response)) = op.responses.responses.get_mut(status) else {
+                        continue;
+                    };
+                    for (target, path) in &operations {
+                        if !path.starts_with(prefix) {
+                            continue;
+                        }
+                        let link = LinkBuilder::new()
+                            .operation_id(target.clone())
+                            .parameter("id", format!("$response.body#{pointer}"))
+                            .build();
+                        response.links.insert(target.clone(), RefOr::T(link));
+                    }
+                }
+            }
+        }
+        doc.paths.paths = paths;
+    }
+}
+
+fn operations_of(item: &utoipa::openapi::PathItem) -> Vec<&utoipa::openapi::path::Operation> {
+    [
+        &item.get,
+        &item.put,
+        &item.post,
+        &item.delete,
+        &item.patch,
+        &item.head,
+        &item.options,
+        &item.trace,
+    ]
+    .into_iter()
+    .flatten()
+    .collect()
+}
+
+fn operations_of_mut(
+    item: &mut utoipa::openapi::PathItem,
+) -> Vec<&mut utoipa::openapi::path::Operation> {
+    [
+        &mut item.get,
+        &mut item.put,
+        &mut item.post,
+        &mut item.delete,
+        &mut item.patch,
+        &mut item.head,
+        &mut item.options,
+        &mut item.trace,
+    ]
+    .into_iter()
+    .flatten()
+    .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The document names every route the router serves (read from the router's source),
+    /// and every operation is reachable from one that makes its id.
+    #[test]
+    fn the_document_covers_every_route_and_links_every_id() {
+        let doc: serde_json::Value = serde_json::from_str(document()).unwrap();
+        let paths = doc["paths"].as_object().unwrap();
+        let router = include_str!("mod.rs");
+        let routes: Vec<&str> = router
+            .split(".route(")
+            .skip(1)
+            .filter_map(|rest| rest.trim_start().strip_prefix('"')?.split('"').next())
+            .collect();
+        assert!(routes.len() >= 30, "{routes:?}");
+        for route in routes {
+            assert!(
+                paths.contains_key(route),
+                "{route} is served but not published"
+            );
+        }
+        let created = &doc["paths"]["/api/admin/sales"]["post"]["responses"]["201"]["links"];
+        for op in [
+            "approve_sale",
+            "edit_sale",
+            "end_sale",
+            "get_sale",
+            "purchase",
+        ] {
+            assert_eq!(
+                created[op]["parameters"]["id"], "$response.body#/id",
+                "{op}: {created}"
+            );
+        }
+        let bought = &doc["paths"]["/api/sales/{id}/purchase"]["post"]["responses"]["200"];
+        for op in ["get_order", "pay", "cancel"] {
+            assert_eq!(
+                bought["links"][op]["parameters"]["id"],
+                "$response.body#/order_id"
+            );
+        }
+    }
+}
