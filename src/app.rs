@@ -24,7 +24,7 @@ use crate::orderlog::redis_stream::StreamLog;
 use crate::orderlog::{local, Backlog, NoBacklog, OrderLog};
 use crate::redis_client::{RedisClient, RedisConn};
 use crate::scheduler::Scheduler;
-use crate::store::lifecycle::SqlDecision;
+use crate::store::SqlDecision;
 use crate::store::Store;
 use crate::writer::{Writer, WriterStats};
 

@@ -14,7 +14,7 @@ use seckill::gate::sql::SqlGate;
 use seckill::gate::{Gate, Purchase, Rejection, SaleLoad, Verdict};
 use seckill::model::Sale;
 use seckill::orderlog::local;
-use seckill::store::lifecycle::SqlDecision;
+use seckill::store::SqlDecision;
 use seckill::store::Store;
 use seckill::writer::{Writer, WriterStats};
 

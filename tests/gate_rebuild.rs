@@ -12,8 +12,8 @@ use seckill::gate::{Gate, LoadStart, Purchase, Rejection, Release, Released, Sal
 use seckill::loader::{self, SaleCache};
 use seckill::model::{NewOrder, Sale};
 use seckill::redis_client::keys::SaleKeys;
-use seckill::store::lifecycle::{Outcome, StockReturn};
 use seckill::store::Store;
+use seckill::store::{Outcome, StockReturn};
 
 async fn gate(prefix: &str) -> Arc<RedisGate> {
     let (_, conn) = seckill::app::redis_manager(&common::redis_url())

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use common::ALL_SQL;
 use seckill::gate::{Gate, Purchase, Release, Released, SaleLoad, Verdict};
 use seckill::model::{NewOrder, OrderStatus};
-use seckill::store::lifecycle::{Outcome, Payment, PaymentSettlement, TransitionError};
 use seckill::store::Store;
+use seckill::store::{Outcome, Payment, PaymentSettlement, TransitionError};
 
 async fn written_orders(store: &Store, sale_id: i64, n: i64) -> Vec<NewOrder> {
     let orders: Vec<NewOrder> = (0..n)

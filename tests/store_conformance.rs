@@ -455,8 +455,8 @@ async fn sqlite_is_created_on_first_use() {
 async fn a_segment_snapshot_counts_its_share_its_moves_and_its_buyers_only() {
     use seckill::gate::MoveMark;
     use seckill::model::segments::segment_of;
-    use seckill::store::lifecycle::Part;
     use seckill::store::moves::SegmentMove;
+    use seckill::store::Part;
     for kind in ALL_SQL {
         let (store, _) = common::fresh_store(kind).await;
         let mut sale = common::sale(common::next_id(), 100, 1);
@@ -566,8 +566,8 @@ async fn a_segment_snapshot_counts_its_share_its_moves_and_its_buyers_only() {
 /// rows sum to the stock after each step, whatever the step.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_journal_sums_to_the_stock_after_every_movement() {
-    use seckill::store::lifecycle::{Outcome, SqlDecision};
     use seckill::store::moves::SegmentMove;
+    use seckill::store::{Outcome, SqlDecision};
 
     async fn balanced(store: &Store, sale: i64, kind: Sql, step: &str) -> i64 {
         let (sum, stock) = store.journal_balance(sale).await.unwrap();
@@ -686,7 +686,7 @@ async fn a_cancelled_transaction_leaves_no_lock_behind() {
         store.create_sale(&sale).await.unwrap();
         let writer = other.hold_writer_fence().await.unwrap();
         assert!(writer.is_some(), "{kind:?} has a writer fence");
-        let whole = seckill::store::lifecycle::Part {
+        let whole = seckill::store::Part {
             segments: 1,
             segment: 0,
         };

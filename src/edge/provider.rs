@@ -16,7 +16,7 @@ use super::AppState;
 use crate::lifecycle::payment::{
     NotifiedStatus, NotifyError, PaymentProvider, SIGNATURE_HEADER, TIMESTAMP_HEADER,
 };
-use crate::store::lifecycle::{PaymentSettlement, TransitionError};
+use crate::store::{PaymentSettlement, TransitionError};
 
 /// The configured payment provider, or 503 `payment_unavailable`.
 pub fn provider(st: &AppState) -> Result<&dyn PaymentProvider, ApiError> {

@@ -19,7 +19,7 @@ use super::http::input::{no_store, parse_id, parse_json, rfc3339};
 use super::AppState;
 use crate::lifecycle::payment::{Notification, NotifiedStatus, SimulatedProvider};
 use crate::model::OrderStatus;
-use crate::store::lifecycle::Payment;
+use crate::store::Payment;
 
 /// The simulated provider, or 404 when it is not the one configured.
 fn simulator(st: &AppState) -> Result<&SimulatedProvider, ApiError> {

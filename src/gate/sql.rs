@@ -13,8 +13,8 @@ use super::{
     Gate, GateError, GateStock, Purchase, Rejection, Release, Released, SaleLoad, Spend, Verdict,
 };
 use crate::model::NewOrder;
-use crate::store::lifecycle::{SqlDecision, SqlVerdict};
 use crate::store::{Dialect, Store};
+use crate::store::{SqlDecision, SqlVerdict};
 
 pub struct SqlGate {
     store: Store,

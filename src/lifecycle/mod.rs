@@ -1,12 +1,12 @@
 //! The order lifecycle after the purchase: payment, cancellation, expiry, and the stock
-//! that comes back. Transitions are decided in SQL (see `store::lifecycle`), where a
+//! that comes back. Transitions are decided in SQL (see `store::transitions`), where a
 //! guard lets exactly one of pay, cancel and expire win; returned units then go back to
 //! the gate through an outbox, exactly once. Never touches the purchase path.
 
 pub mod payment;
 
 use crate::gate::{Gate, GateError, Release, Released};
-use crate::store::lifecycle::{Outcome, StockReturn, TransitionError};
+use crate::store::{Outcome, StockReturn, TransitionError};
 use crate::store::{Store, StoreError};
 
 #[derive(Debug, thiserror::Error)]

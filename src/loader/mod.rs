@@ -242,7 +242,7 @@ async fn load_part(
         fence = ticket.fence,
         "loading the sale into the gate"
     );
-    let part = crate::store::lifecycle::Part {
+    let part = crate::store::Part {
         segments: sale.segments.max(1),
         segment,
     };

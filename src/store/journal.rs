@@ -174,10 +174,11 @@ impl Store {
     /// trail), which move no stock.
     pub async fn journal_note(&self, rows: &[Movement<'_>]) -> Result<(), StoreError> {
         debug_assert!(rows.iter().all(|m| m.delta == 0));
-        let mut conn = self.begin_write().await?;
-        let done = self.journal_in(&mut conn, rows, crate::now_ms()).await;
-        Self::finish(conn, done.is_ok()).await?;
-        done
+        self.in_write_tx(|mut conn| async move {
+            let done = self.journal_in(&mut conn, rows, crate::now_ms()).await;
+            (conn, done)
+        })
+        .await
     }
 
     /// A sale's rows after `after_id`, oldest first, at most `limit`.

@@ -6,9 +6,18 @@
 pub mod journal;
 
 use journal::{Cause, Movement};
-pub mod lifecycle;
 pub mod moves;
+pub mod payments;
+pub mod rebuild;
+mod retry;
 mod schema;
+pub mod sql_gate;
+pub mod transitions;
+
+pub use payments::{Payment, PaymentSettlement};
+pub use rebuild::{LoadSnapshot, Part};
+pub use sql_gate::{SqlDecision, SqlVerdict};
+pub use transitions::{Outcome, StockReturn, TransitionError};
 
 use std::collections::{HashMap, HashSet};
 use std::str::FromStr;
@@ -842,10 +851,11 @@ impl Store {
 
     pub async fn create_sale(&self, s: &Sale) -> Result<(), StoreError> {
         let now = crate::now_ms();
-        let mut conn = self.begin_write().await?;
-        let done = self.create_sale_in_tx(&mut conn, s, now).await;
-        Self::finish(conn, done.is_ok()).await?;
-        done
+        self.in_write_tx(|mut conn| async move {
+            let done = self.create_sale_in_tx(&mut conn, s, now).await;
+            (conn, done)
+        })
+        .await
     }
 
     async fn create_sale_in_tx(
@@ -900,10 +910,11 @@ impl Store {
 
     /// Replaces a draft's settings; false when the sale is not a draft (or does not exist).
     pub async fn update_draft(&self, s: &Sale) -> Result<bool, StoreError> {
-        let mut conn = self.begin_write().await?;
-        let done = self.update_draft_in_tx(&mut conn, s).await;
-        Self::finish(conn, done.is_ok()).await?;
-        done
+        self.in_write_tx(|mut conn| async move {
+            let done = self.update_draft_in_tx(&mut conn, s).await;
+            (conn, done)
+        })
+        .await
     }
 
     /// A draft's stock, locked; None when the sale is not a draft.
@@ -970,23 +981,24 @@ impl Store {
     /// Deletes a draft; false when the sale is not a draft (or does not exist). A draft was
     /// never in a gate and has no orders; its stock leaves the journal with it.
     pub async fn delete_draft(&self, id: i64) -> Result<bool, StoreError> {
-        let mut conn = self.begin_write().await?;
-        let done = async {
-            let Some(stock) = self.draft_stock_in(&mut conn, id).await? else {
-                return Ok(false);
-            };
-            sqlx::query(&self.sql("DELETE FROM sales WHERE id = ? AND status = 'draft'"))
-                .bind(id)
-                .execute(&mut *conn)
-                .await?;
-            let deleted = Movement::new(id, -stock, Cause::Deleted);
-            self.journal_in(&mut conn, &[deleted], crate::now_ms())
-                .await?;
-            Ok(true)
-        }
-        .await;
-        Self::finish(conn, done.is_ok()).await?;
-        done
+        self.in_write_tx(|mut conn| async move {
+            let done = async {
+                let Some(stock) = self.draft_stock_in(&mut conn, id).await? else {
+                    return Ok(false);
+                };
+                sqlx::query(&self.sql("DELETE FROM sales WHERE id = ? AND status = 'draft'"))
+                    .bind(id)
+                    .execute(&mut *conn)
+                    .await?;
+                let deleted = Movement::new(id, -stock, Cause::Deleted);
+                self.journal_in(&mut conn, &[deleted], crate::now_ms())
+                    .await?;
+                Ok(true)
+            }
+            .await;
+            (conn, done)
+        })
+        .await
     }
 
     /// Moves an approved sale's end to `at` when that is earlier (never later); the sale
@@ -1131,10 +1143,11 @@ impl Store {
         if batch.is_empty() {
             return Ok(WriteOutcome::default());
         }
-        let mut conn = self.begin_write().await?;
-        let result = self.write_orders_in_tx(&mut conn, batch).await;
-        Self::finish(conn, result.is_ok()).await?;
-        result
+        self.in_write_tx(|mut conn| async move {
+            let result = self.write_orders_in_tx(&mut conn, batch).await;
+            (conn, result)
+        })
+        .await
     }
 
     /// A pooled connection inside a write transaction. On SQLite it takes the write lock up
@@ -1156,6 +1169,21 @@ impl Store {
         let mut conn = self.pool.acquire().await?;
         let got: Option<i64> = sqlx::query(claim).fetch_one(&mut *conn).await?.try_get(0)?;
         Ok((got == Some(1)).then_some(Some(conn)))
+    }
+
+    /// Runs `work` in a write transaction (see [`Store::begin_write`]): committed when it
+    /// succeeds, rolled back when it fails. `work` is handed the transaction and gives it
+    /// back with its result, so that no path can leave it open or commit a failure.
+    pub(crate) async fn in_write_tx<T, E, F, Fut>(&self, work: F) -> Result<T, E>
+    where
+        E: From<StoreError>,
+        F: FnOnce(WriteTx) -> Fut,
+        Fut: std::future::Future<Output = (WriteTx, Result<T, E>)>,
+    {
+        let tx = self.begin_write().await?;
+        let (tx, result) = work(tx).await;
+        Self::finish(tx, result.is_ok()).await?;
+        result
     }
 
     pub(crate) async fn begin_write(&self) -> Result<WriteTx, StoreError> {

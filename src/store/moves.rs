@@ -79,10 +79,11 @@ impl Store {
     /// Moves a move from state `from` to `to`; false when it was not in `from` (a rebuild
     /// of its donor refused it meanwhile, or another mover advanced it).
     pub async fn advance_move(&self, id: i64, from: &str, to: &str) -> Result<bool, StoreError> {
-        let mut conn = self.begin_write().await?;
-        let done = self.advance_move_in_tx(&mut conn, id, from, to).await;
-        Self::finish(conn, done.is_ok()).await?;
-        done
+        self.in_write_tx(|mut conn| async move {
+            let done = self.advance_move_in_tx(&mut conn, id, from, to).await;
+            (conn, done)
+        })
+        .await
     }
 
     /// A move takes effect in SQL's account when it is `taken`: its two journal rows (out

@@ -17,7 +17,7 @@ use super::super::AppState;
 use crate::lifecycle::payment::IntentView;
 use crate::lifecycle::LifecycleError;
 use crate::model::OrderStatus;
-use crate::store::lifecycle::{Payment, TransitionError};
+use crate::store::{Payment, TransitionError};
 
 /// A buyer's order that SQL does not hold yet is still being written: say so, distinctly.
 async fn not_in_sql(st: &AppState, order_id: i64, user_id: i64) -> ApiError {

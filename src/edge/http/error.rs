@@ -11,8 +11,8 @@ use axum::response::{IntoResponse, Response};
 use crate::gate::{GateError, Rejection};
 use crate::ids::IdError;
 use crate::lifecycle::LifecycleError;
-use crate::store::lifecycle::TransitionError;
 use crate::store::StoreError;
+use crate::store::TransitionError;
 
 /// Every error's body, as the contract publishes it.
 #[derive(serde::Serialize, utoipa::ToSchema, utoipa::ToResponse)]

@@ -1,0 +1,282 @@
+//! What a gate is rebuilt from: a sale's (or one segment's) state in SQL, read in one
+//! snapshot while its row is locked, after the order writers holding batches read from
+//! Redis have written them (the writer fence they share-lock, and a rebuild locks alone).
+
+use std::collections::HashMap;
+
+use sqlx::Row;
+
+use super::{Dialect, Store, StoreError, WriteTx};
+use crate::model::OrderStatus;
+
+/// Whether the database gave up waiting for a lock (PostgreSQL's lock_timeout, MySQL's
+/// innodb_lock_wait_timeout).
+fn is_lock_timeout(e: &StoreError) -> bool {
+    match e {
+        StoreError::Db(sqlx::Error::Database(db)) => {
+            db.code().as_deref() == Some("55P03") || db.message().contains("Lock wait timeout")
+        }
+        _ => false,
+    }
+}
+
+/// A sale's state in SQL, as the gate is rebuilt from it (see [`Store::load_snapshot`]).
+#[derive(Debug, Clone, Default)]
+pub struct LoadSnapshot {
+    pub stock: i64,
+    /// Every cancelled or expired order: `stock` counts their units back.
+    pub released: Vec<i64>,
+    /// (user_id, units held in live orders).
+    pub buyers: Vec<(i64, i64)>,
+    /// Every order of the sale in SQL.
+    pub counted: Vec<i64>,
+    /// Moves between segments this snapshot's stock counts (segmented sales only).
+    pub moves: Vec<(i64, super::moves::MoveMark)>,
+}
+
+/// Which part of a sale a snapshot is of: one segment of `segments` (0 of 1: all of it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Part {
+    pub segments: i64,
+    pub segment: i64,
+}
+
+impl Part {
+    pub const WHOLE: Part = Part {
+        segments: 1,
+        segment: 0,
+    };
+
+    fn holds(&self, user_id: i64) -> bool {
+        crate::model::segments::segment_of(user_id, self.segments) == self.segment
+    }
+}
+
+impl Store {
+    /// What the gate is rebuilt from, read in one snapshot while the sale's row is locked
+    /// (no order write or return of the sale can fall between its parts): the SQL stock,
+    /// every cancelled or expired order (the stock counts their units back, whether or not
+    /// their return reached a gate: a release of one later is a repeat), the units each
+    /// buyer holds in live orders, and every order of the sale (the stock counts them all).
+    ///
+    /// On PostgreSQL and MySQL it first waits (up to `wait_for_writers`) until no order
+    /// writer holds a batch read from Redis (the writer fence): a batch read before Redis
+    /// lost its data is then in SQL, and in the snapshot. A writer stalled longer than that
+    /// is not waited for; its orders reach the gate through `Gate::confirm_written`.
+    pub async fn load_snapshot(
+        &self,
+        sale_id: i64,
+        wait_for_writers: std::time::Duration,
+    ) -> Result<LoadSnapshot, StoreError> {
+        self.load_part_snapshot(sale_id, Part::WHOLE, wait_for_writers)
+            .await
+    }
+
+    /// [`Store::load_snapshot`] of one segment of a segmented sale: its allocation (even
+    /// share plus the moves that took effect) less its buyers' live units, and only its
+    /// buyers and orders. Moves out of it still only planned are refused here, in the
+    /// snapshot's transaction: the rebuilt segment never gives those units.
+    pub async fn load_part_snapshot(
+        &self,
+        sale_id: i64,
+        part: Part,
+        wait_for_writers: std::time::Duration,
+    ) -> Result<LoadSnapshot, StoreError> {
+        if self.dialect != Dialect::Sqlite && !wait_for_writers.is_zero() {
+            match self
+                .load_snapshot_fenced(sale_id, part, wait_for_writers)
+                .await
+            {
+                Err(e) if is_lock_timeout(&e) => {
+                    tracing::warn!(
+                        sale = sale_id,
+                        waited_ms = wait_for_writers.as_millis() as u64,
+                        "an order writer has held a batch this long (stalled?): rebuilding without it; its orders join the gate when it writes them"
+                    );
+                }
+                other => return other,
+            }
+        }
+        self.in_write_tx(|mut conn| async move {
+            let read = self.load_snapshot_in_tx(&mut conn, sale_id, part).await;
+            (conn, read)
+        })
+        .await
+    }
+
+    async fn load_snapshot_fenced(
+        &self,
+        sale_id: i64,
+        part: Part,
+        wait: std::time::Duration,
+    ) -> Result<LoadSnapshot, StoreError> {
+        let mut conn = self.begin_write().await?;
+        let read = async {
+            let secs = wait.as_secs().max(1);
+            let timeout = match self.dialect {
+                Dialect::Postgres => format!("SET LOCAL lock_timeout = '{secs}s'"),
+                _ => format!("SET SESSION innodb_lock_wait_timeout = {secs}"),
+            };
+            sqlx::query(&timeout).execute(&mut *conn).await?;
+            // PostgreSQL queues table locks first come, first served: writers arriving
+            // after this request wait behind it (row locks would let sharers starve it).
+            let exclusive = match self.dialect {
+                Dialect::Postgres => "LOCK TABLE writer_fence IN EXCLUSIVE MODE",
+                _ => "SELECT id FROM writer_fence WHERE id = 1 FOR UPDATE",
+            };
+            sqlx::query(exclusive).execute(&mut *conn).await?;
+            self.load_snapshot_in_tx(&mut conn, sale_id, part).await
+        }
+        .await;
+        match read {
+            Ok(snapshot) => {
+                Self::finish(conn, true).await?;
+                Ok(snapshot)
+            }
+            Err(e) => {
+                // The error that matters is the read's, not the rollback's.
+                let _ = Self::finish(conn, false).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Share-locks the writer fence for as long as the returned connection's transaction
+    /// is open: an order writer holds it from before it reads a batch from Redis until
+    /// the batch is in SQL. `None` on SQLite (no distributed deployment runs on it).
+    pub async fn hold_writer_fence(&self) -> Result<Option<WriteTx>, StoreError> {
+        let share = match self.dialect {
+            Dialect::Sqlite => return Ok(None),
+            Dialect::Postgres => "LOCK TABLE writer_fence IN ROW SHARE MODE",
+            Dialect::MySql => "SELECT id FROM writer_fence WHERE id = 1 LOCK IN SHARE MODE",
+        };
+        let mut conn = self.begin_with("BEGIN").await?;
+        if let Err(e) = sqlx::query(share).execute(&mut *conn).await {
+            let _ = Self::finish(conn, false).await;
+            return Err(e.into());
+        }
+        Ok(Some(conn))
+    }
+
+    /// Ends a hold of [`Store::hold_writer_fence`].
+    pub async fn release_writer_fence(conn: Option<WriteTx>) -> Result<(), StoreError> {
+        match conn {
+            Some(conn) => Self::finish(conn, true).await,
+            None => Ok(()),
+        }
+    }
+
+    async fn load_snapshot_in_tx(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        sale_id: i64,
+        part: Part,
+    ) -> Result<LoadSnapshot, StoreError> {
+        let lock = match self.dialect {
+            // BEGIN IMMEDIATE already holds SQLite's one write lock.
+            Dialect::Sqlite => "SELECT stock, initial_stock FROM sales WHERE id = ?",
+            _ => "SELECT stock, initial_stock FROM sales WHERE id = ? FOR UPDATE",
+        };
+        let row = sqlx::query(&self.sql(lock))
+            .bind(sale_id)
+            .fetch_optional(&mut *conn)
+            .await?;
+        let (stock, initial): (i64, i64) = match row {
+            Some(r) => (r.try_get(0)?, r.try_get(1)?),
+            None => return Err(StoreError::UnknownSale(sale_id)),
+        };
+        let rows = sqlx::query(
+            &self.sql("SELECT id, user_id, quantity, status FROM orders WHERE sale_id = ?"),
+        )
+        .bind(sale_id)
+        .fetch_all(&mut *conn)
+        .await?;
+        let mut held: HashMap<i64, i64> = HashMap::new();
+        let mut counted = Vec::with_capacity(rows.len());
+        let mut released = Vec::new();
+        for r in &rows {
+            let user: i64 = r.try_get(1)?;
+            if !part.holds(user) {
+                continue;
+            }
+            let id: i64 = r.try_get(0)?;
+            counted.push(id);
+            let status: String = r.try_get(3)?;
+            if OrderStatus::LIVE.contains(&status.as_str()) {
+                *held.entry(user).or_default() += r.try_get::<i64, _>(2)?;
+            } else {
+                // Cancelled or expired: the stock counts its units back already, whether
+                // or not its return reached a gate; a release of it later is a repeat.
+                released.push(id);
+            }
+        }
+        let (stock, moves) = if part.segments > 1 {
+            let (allocated, moves) = self
+                .segment_allocation(conn, sale_id, part, initial)
+                .await?;
+            (allocated - held.values().sum::<i64>(), moves)
+        } else {
+            (stock, Vec::new())
+        };
+        Ok(LoadSnapshot {
+            stock,
+            released,
+            buyers: held.into_iter().collect(),
+            counted,
+            moves,
+        })
+    }
+
+    /// A segment's allocation from SQL (its share of the initial stock, plus moves in, less
+    /// moves out, that took effect) and how it took part in each move. Planned moves out
+    /// of it are refused first, in the caller's transaction.
+    async fn segment_allocation(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        sale_id: i64,
+        part: Part,
+        initial: i64,
+    ) -> Result<(i64, Vec<(i64, super::moves::MoveMark)>), StoreError> {
+        use super::moves::MoveMark;
+        sqlx::query(&self.sql(
+            "UPDATE segment_moves SET state = 'refused', updated_at = ? \
+             WHERE sale_id = ? AND from_segment = ? AND state = 'planned'",
+        ))
+        .bind(crate::now_ms())
+        .bind(sale_id)
+        .bind(part.segment)
+        .execute(&mut *conn)
+        .await?;
+        let rows = sqlx::query(&self.sql(
+            "SELECT id, from_segment, to_segment, quantity, state FROM segment_moves \
+             WHERE sale_id = ? AND (from_segment = ? OR to_segment = ?)",
+        ))
+        .bind(sale_id)
+        .bind(part.segment)
+        .bind(part.segment)
+        .fetch_all(&mut *conn)
+        .await?;
+        let mut allocated =
+            crate::model::segments::allocation(initial, part.segments, part.segment);
+        let mut marks = Vec::new();
+        for r in &rows {
+            let (id, from, qty): (i64, i64, i64) = (r.try_get(0)?, r.try_get(1)?, r.try_get(3)?);
+            let state: String = r.try_get(4)?;
+            let took_effect = state == "taken" || state == "done";
+            if from == part.segment {
+                if took_effect {
+                    allocated -= qty;
+                    marks.push((id, MoveMark::Taken));
+                } else if state == "refused" {
+                    marks.push((id, MoveMark::Refused));
+                }
+            } else if took_effect {
+                allocated += qty;
+                marks.push((id, MoveMark::Given));
+            }
+        }
+        Ok((allocated, marks))
+    }
+
+    // ---- payments -----------------------------------------------------------------------
+}

@@ -1,0 +1,234 @@
+//! Purchases decided in SQL itself (`--gate sql-lock | sql-conditional`): the whole
+//! decision in one transaction, and the single-use nonces it spends.
+
+use sqlx::Row;
+
+use super::journal::{Cause, Movement};
+use super::retry::retry_transient;
+use super::{Dialect, Store, StoreError};
+
+/// How a purchase decided in SQL serializes buyers of the same sale.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SqlDecision {
+    /// `SELECT ... FOR UPDATE` on the sale row, then check and decrement.
+    Lock,
+    /// A guarded `UPDATE ... WHERE stock >= qty` first (it takes the row lock), then the
+    /// user's limit, rolling back if it is exceeded.
+    Conditional,
+}
+
+/// The outcome of a purchase decided in SQL, before mapping to the gate's verdicts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SqlVerdict {
+    Accepted { remaining: i64 },
+    NotLoaded,
+    NotStarted,
+    Ended,
+    Paused,
+    AlreadyPurchased,
+    OverLimit { held: i64 },
+    SoldOut { remaining: i64 },
+}
+
+impl Store {
+    /// Records a single-use nonce of a sale as spent until `keep_until`; false when it was
+    /// spent before (the SQL gates' counterpart of the Redis gate's `SET NX`).
+    pub async fn spend_nonce(
+        &self,
+        sale_id: i64,
+        nonce: u64,
+        keep_until: i64,
+    ) -> Result<bool, StoreError> {
+        let now = crate::now_ms();
+        // Bit-for-bit: the column is signed, the nonce is not.
+        let nonce = nonce as i64;
+        let q = format!(
+            "{} VALUES (?, ?, ?){}",
+            self.insert_ignore("spent_nonces (sale_id, nonce, keep_until)"),
+            self.on_conflict_nothing()
+        );
+        let fresh = sqlx::query(&self.sql(&q))
+            .bind(sale_id)
+            .bind(nonce)
+            .bind(keep_until)
+            .execute(&self.pool)
+            .await?
+            .rows_affected()
+            == 1;
+        if fresh {
+            return Ok(true);
+        }
+        // Spent before; honour it again only if that spend has been forgotten by now.
+        let revived = sqlx::query(&self.sql(
+            "UPDATE spent_nonces SET keep_until = ? WHERE sale_id = ? AND nonce = ? AND keep_until <= ?",
+        ))
+        .bind(keep_until)
+        .bind(sale_id)
+        .bind(nonce)
+        .bind(now)
+        .execute(&self.pool)
+        .await?;
+        Ok(revived.rows_affected() == 1)
+    }
+
+    /// Forgets spent nonces that could no longer be honoured anyway.
+    pub async fn forget_spent_nonces(&self) -> Result<u64, StoreError> {
+        let done = sqlx::query(&self.sql("DELETE FROM spent_nonces WHERE keep_until <= ?"))
+            .bind(crate::now_ms())
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    /// Decides and writes one purchase entirely in SQL (the comparison and fallback gates):
+    /// window, then the user's limit, then the stock, and the order row, in one transaction.
+    pub async fn sql_purchase(
+        &self,
+        p: &crate::model::NewOrder,
+        how: SqlDecision,
+    ) -> Result<SqlVerdict, StoreError> {
+        retry_transient(|| self.sql_purchase_once(p, how)).await
+    }
+
+    async fn sql_purchase_once(
+        &self,
+        p: &crate::model::NewOrder,
+        how: SqlDecision,
+    ) -> Result<SqlVerdict, StoreError> {
+        let mut conn = self.begin_write().await?;
+        let result = self.sql_purchase_in_tx(&mut conn, p, how).await;
+        Self::finish(conn, matches!(result, Ok(SqlVerdict::Accepted { .. }))).await?;
+        result
+    }
+
+    async fn sql_purchase_in_tx(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        p: &crate::model::NewOrder,
+        how: SqlDecision,
+    ) -> Result<SqlVerdict, StoreError> {
+        let now = crate::now_ms();
+        let lock = if how == SqlDecision::Lock && self.dialect != Dialect::Sqlite {
+            " FOR UPDATE"
+        } else {
+            ""
+        };
+        let q = format!(
+            "SELECT stock, per_user_limit, begins_at, ends_at, paused, price_cents, status, payment_window_secs \
+             FROM sales WHERE id = ?{lock}"
+        );
+        let Some(row) = sqlx::query(&self.sql(&q))
+            .bind(p.sale_id)
+            .fetch_optional(&mut *conn)
+            .await?
+        else {
+            return Ok(SqlVerdict::NotLoaded);
+        };
+        let stock: i64 = row.try_get(0)?;
+        let limit: i64 = row.try_get(1)?;
+        let (begins, ends): (i64, i64) = (row.try_get(2)?, row.try_get(3)?);
+        let paused = row.try_get::<i64, _>(4)? != 0;
+        let price: i64 = row.try_get(5)?;
+        let approved = row.try_get::<String, _>(6)? == "approved";
+        let window: i64 = row.try_get(7)?;
+        if !approved {
+            return Ok(SqlVerdict::NotLoaded);
+        }
+        if now < begins {
+            return Ok(SqlVerdict::NotStarted);
+        }
+        if now >= ends {
+            return Ok(SqlVerdict::Ended);
+        }
+        if paused {
+            return Ok(SqlVerdict::Paused);
+        }
+        let held_query = format!(
+            "SELECT {} FROM orders WHERE sale_id = ? AND user_id = ? AND status IN ('pending_payment', 'paid')",
+            self.sum_int("quantity")
+        );
+        let remaining = match how {
+            SqlDecision::Lock => stock,
+            SqlDecision::Conditional => {
+                // A cheap look first, so that a buyer at the limit hears so rather than
+                // `sold_out`; the authoritative check follows under the row lock.
+                let held: i64 = sqlx::query(&self.sql(&held_query))
+                    .bind(p.sale_id)
+                    .bind(p.user_id)
+                    .fetch_one(&mut *conn)
+                    .await?
+                    .try_get(0)?;
+                if held >= limit {
+                    return Ok(SqlVerdict::AlreadyPurchased);
+                }
+                let taken = sqlx::query(&self.sql("UPDATE sales SET stock = stock - ?, updated_at = ? WHERE id = ? AND stock >= ?"))
+                    .bind(p.quantity)
+                    .bind(now)
+                    .bind(p.sale_id)
+                    .bind(p.quantity)
+                    .execute(&mut *conn)
+                    .await?;
+                if taken.rows_affected() != 1 {
+                    return Ok(SqlVerdict::SoldOut {
+                        remaining: stock.min(p.quantity - 1).max(0),
+                    });
+                }
+                stock
+            }
+        };
+        // The authoritative look, under the sale's row lock. InnoDB's plain reads come from
+        // the snapshot of the transaction's first read (taken before the lock above when
+        // the cheap look ran); a locking read sees every committed order.
+        let locked_held_query = if self.dialect == Dialect::MySql {
+            format!("{held_query} FOR UPDATE")
+        } else {
+            held_query
+        };
+        let held: i64 = sqlx::query(&self.sql(&locked_held_query))
+            .bind(p.sale_id)
+            .bind(p.user_id)
+            .fetch_one(&mut *conn)
+            .await?
+            .try_get(0)?;
+        if held + p.quantity > limit {
+            return Ok(if held >= limit {
+                SqlVerdict::AlreadyPurchased
+            } else {
+                SqlVerdict::OverLimit { held }
+            });
+        }
+        if how == SqlDecision::Lock {
+            if remaining < p.quantity {
+                return Ok(SqlVerdict::SoldOut { remaining });
+            }
+            sqlx::query(
+                &self.sql("UPDATE sales SET stock = stock - ?, updated_at = ? WHERE id = ?"),
+            )
+            .bind(p.quantity)
+            .bind(now)
+            .bind(p.sale_id)
+            .execute(&mut *conn)
+            .await?;
+        }
+        sqlx::query(&self.sql(
+            "INSERT INTO orders (id, sale_id, user_id, quantity, price_cents, status, accepted_at, written_at, pay_deadline, updated_at) \
+             VALUES (?, ?, ?, ?, ?, 'pending_payment', ?, ?, ?, ?)",
+        ))
+        .bind(p.id)
+        .bind(p.sale_id)
+        .bind(p.user_id)
+        .bind(p.quantity)
+        .bind(price)
+        .bind(now)
+        .bind(now)
+        .bind(now + window * 1000)
+        .bind(now)
+        .execute(&mut *conn)
+        .await?;
+        let taken = Movement::new(p.sale_id, -p.quantity, Cause::Accepted).order(p.id);
+        self.journal_in(conn, &[taken], now).await?;
+        Ok(SqlVerdict::Accepted {
+            remaining: remaining - p.quantity,
+        })
+    }
+}

@@ -1,0 +1,318 @@
+//! Guarded transitions out of `pending_payment` (pay, cancel, expire: one transaction
+//! each, whose guard `WHERE status = 'pending_payment'` lets exactly one win), and the
+//! stock-return outbox they fill: units that go back to the gate, exactly once.
+
+use sqlx::Row;
+
+use super::journal::{Cause, Movement};
+use super::retry::{retry_transient, Transient};
+use super::{Store, StoreError};
+use crate::model::{Order, OrderStatus};
+
+/// Where an order may go from `pending_payment`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Paid,
+    Cancelled,
+    Expired,
+}
+
+impl Outcome {
+    pub fn status(self) -> OrderStatus {
+        match self {
+            Outcome::Paid => OrderStatus::Paid,
+            Outcome::Cancelled => OrderStatus::Cancelled,
+            Outcome::Expired => OrderStatus::Expired,
+        }
+    }
+
+    fn returns_stock(self) -> bool {
+        self != Outcome::Paid
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TransitionError {
+    #[error("order {0} does not exist")]
+    NoSuchOrder(i64),
+    /// The order is not in a state this transition may leave (or the deadline decides).
+    #[error("order is {from}; it cannot become {to}")]
+    Illegal {
+        from: &'static str,
+        to: &'static str,
+    },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<sqlx::Error> for TransitionError {
+    fn from(e: sqlx::Error) -> Self {
+        TransitionError::Store(StoreError::Db(e))
+    }
+}
+
+impl Transient for TransitionError {
+    fn is_transient(&self) -> bool {
+        matches!(self, TransitionError::Store(e) if e.is_transient())
+    }
+}
+
+/// A unit of stock owed back to the gate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StockReturn {
+    pub order_id: i64,
+    pub sale_id: i64,
+    pub user_id: i64,
+    pub quantity: i64,
+}
+
+/// Returns not yet handed to the gate (the start of a query).
+const PENDING_RETURNS: &str =
+    "SELECT order_id, sale_id, user_id, quantity FROM stock_returns WHERE gate_done_at IS NULL";
+
+fn returns_from_rows(rows: &[sqlx::any::AnyRow]) -> Result<Vec<StockReturn>, StoreError> {
+    rows.iter()
+        .map(|r| {
+            Ok(StockReturn {
+                order_id: r.try_get(0)?,
+                sale_id: r.try_get(1)?,
+                user_id: r.try_get(2)?,
+                quantity: r.try_get(3)?,
+            })
+        })
+        .collect()
+}
+
+impl Store {
+    /// Moves a `pending_payment` order to `outcome` in one transaction; cancellation and
+    /// expiry put the units back on `sales.stock` and into the gate outbox. `owner`, when
+    /// given, must own the order. Payment must arrive before the deadline; expiry after it.
+    /// A transaction that loses a deadlock (InnoDB gap locks) is tried again.
+    pub async fn transition(
+        &self,
+        order_id: i64,
+        owner: Option<i64>,
+        outcome: Outcome,
+        now: i64,
+        detail: &str,
+    ) -> Result<Order, TransitionError> {
+        retry_transient(|| self.transition_once(order_id, owner, outcome, now, detail)).await
+    }
+
+    async fn transition_once(
+        &self,
+        order_id: i64,
+        owner: Option<i64>,
+        outcome: Outcome,
+        now: i64,
+        detail: &str,
+    ) -> Result<Order, TransitionError> {
+        self.in_write_tx(|mut conn| async move {
+            let result = self
+                .transition_in_tx(&mut conn, order_id, owner, outcome, now, detail)
+                .await;
+            (conn, result)
+        })
+        .await
+    }
+
+    pub(super) async fn transition_in_tx(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        order_id: i64,
+        owner: Option<i64>,
+        outcome: Outcome,
+        now: i64,
+        detail: &str,
+    ) -> Result<Order, TransitionError> {
+        let deadline_guard = match outcome {
+            Outcome::Paid => " AND pay_deadline > ?",
+            Outcome::Expired => " AND pay_deadline <= ?",
+            Outcome::Cancelled => " AND ? = ?",
+        };
+        let q = format!(
+            "UPDATE orders SET status = ?, updated_at = ? WHERE id = ? AND status = 'pending_payment'{deadline_guard}{}",
+            if owner.is_some() { " AND user_id = ?" } else { "" }
+        );
+        let q = self.sql(&q);
+        let mut update = sqlx::query(&q)
+            .bind(outcome.status().as_str())
+            .bind(now)
+            .bind(order_id)
+            .bind(now);
+        if outcome == Outcome::Cancelled {
+            update = update.bind(now);
+        }
+        if let Some(user) = owner {
+            update = update.bind(user);
+        }
+        let changed = update.execute(&mut *conn).await?.rows_affected();
+        let order = self.order_in(conn, order_id).await?;
+        let order = match order {
+            Some(o) if owner.is_none_or(|u| u == o.user_id) => o,
+            _ => return Err(TransitionError::NoSuchOrder(order_id)),
+        };
+        if changed != 1 {
+            let from = if order.status == OrderStatus::PendingPayment {
+                "past its payment deadline"
+            } else {
+                order.status.as_str()
+            };
+            return Err(TransitionError::Illegal {
+                from,
+                to: outcome.status().as_str(),
+            });
+        }
+        sqlx::query(
+            &self
+                .sql("INSERT INTO order_events (order_id, status, at, detail) VALUES (?, ?, ?, ?)"),
+        )
+        .bind(order_id)
+        .bind(outcome.status().as_str())
+        .bind(now)
+        .bind(detail.chars().take(200).collect::<String>())
+        .execute(&mut *conn)
+        .await?;
+        if outcome.returns_stock() {
+            sqlx::query(
+                &self.sql("UPDATE sales SET stock = stock + ?, updated_at = ? WHERE id = ?"),
+            )
+            .bind(order.quantity)
+            .bind(now)
+            .bind(order.sale_id)
+            .execute(&mut *conn)
+            .await?;
+            sqlx::query(&self.sql(
+                "INSERT INTO stock_returns (order_id, sale_id, user_id, quantity, reason, created_at, gate_done_at) \
+                 VALUES (?, ?, ?, ?, ?, ?, NULL)",
+            ))
+            .bind(order_id)
+            .bind(order.sale_id)
+            .bind(order.user_id)
+            .bind(order.quantity)
+            .bind(outcome.status().as_str())
+            .bind(now)
+            .execute(&mut *conn)
+            .await?;
+            let cause = if outcome == Outcome::Cancelled {
+                Cause::Cancelled
+            } else {
+                Cause::Expired
+            };
+            let back = Movement::new(order.sale_id, order.quantity, cause).order(order_id);
+            self.journal_in(conn, &[back], now).await?;
+        }
+        Ok(order)
+    }
+
+    async fn order_in(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        id: i64,
+    ) -> Result<Option<Order>, StoreError> {
+        let q = format!("SELECT {} FROM orders WHERE id = ?", Self::ORDER_COLS);
+        let row = sqlx::query(&self.sql(&q))
+            .bind(id)
+            .fetch_optional(&mut *conn)
+            .await?;
+        Ok(match row {
+            Some(r) => Some(Self::order_from_row(&r)?),
+            None => None,
+        })
+    }
+
+    /// The recorded transitions of an order after it was written: (status, at), in order.
+    pub async fn order_events(&self, order_id: i64) -> Result<Vec<(String, i64)>, StoreError> {
+        let rows = sqlx::query(
+            &self.sql("SELECT status, at FROM order_events WHERE order_id = ? ORDER BY at"),
+        )
+        .bind(order_id)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| Ok((r.try_get::<String, _>(0)?, r.try_get::<i64, _>(1)?)))
+            .collect()
+    }
+
+    /// Orders whose payment deadline has passed, oldest first.
+    pub async fn due_for_expiry(&self, now: i64, limit: i64) -> Result<Vec<i64>, StoreError> {
+        let rows = sqlx::query(&self.sql(
+            "SELECT id FROM orders WHERE status = 'pending_payment' AND pay_deadline <= ? ORDER BY pay_deadline LIMIT ?",
+        ))
+        .bind(now)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| r.try_get::<i64, _>(0).map_err(Into::into))
+            .collect()
+    }
+
+    /// Returns not yet taken back by the gate; `sale_id` narrows them to one sale.
+    pub async fn pending_returns(
+        &self,
+        sale_id: Option<i64>,
+        limit: i64,
+    ) -> Result<Vec<StockReturn>, StoreError> {
+        let Some(id) = sale_id else {
+            return self.pending_returns_except(&[], limit).await;
+        };
+        let q = self.sql(&format!(
+            "{PENDING_RETURNS} AND sale_id = ? ORDER BY order_id LIMIT ?"
+        ));
+        let rows = sqlx::query(&q)
+            .bind(id)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?;
+        returns_from_rows(&rows)
+    }
+
+    /// The oldest returns not yet handed to the gate, except those of `skipped` sales (whose
+    /// gate failed this pass: their returns must not hold up the others').
+    pub async fn pending_returns_except(
+        &self,
+        skipped: &[i64],
+        limit: i64,
+    ) -> Result<Vec<StockReturn>, StoreError> {
+        // Integers only, so the list is written into the statement safely.
+        let except = if skipped.is_empty() {
+            String::new()
+        } else {
+            let list: Vec<String> = skipped.iter().map(i64::to_string).collect();
+            format!(" AND sale_id NOT IN ({})", list.join(","))
+        };
+        let q = self.sql(&format!(
+            "{PENDING_RETURNS}{except} ORDER BY order_id LIMIT ?"
+        ));
+        let rows = sqlx::query(&q).bind(limit).fetch_all(&self.pool).await?;
+        returns_from_rows(&rows)
+    }
+
+    pub async fn mark_returned(&self, order_id: i64, now: i64) -> Result<(), StoreError> {
+        self.in_write_tx(|mut conn| async move {
+            let done = async {
+                let marked = sqlx::query(&self.sql(
+                    "UPDATE stock_returns SET gate_done_at = ? WHERE order_id = ? AND gate_done_at IS NULL",
+                ))
+                .bind(now)
+                .bind(order_id)
+                .execute(&mut *conn)
+                .await?;
+                if marked.rows_affected() == 0 {
+                    return Ok(());
+                }
+                let row = sqlx::query(&self.sql("SELECT sale_id FROM stock_returns WHERE order_id = ?"))
+                    .bind(order_id)
+                    .fetch_one(&mut *conn)
+                    .await?;
+                let sale_id: i64 = row.try_get(0)?;
+                let handed = Movement::new(sale_id, 0, Cause::ReturnedToGate).order(order_id);
+                self.journal_in(&mut conn, &[handed], now).await
+            }
+            .await;
+            (conn, done)
+        })
+        .await
+    }
+}
