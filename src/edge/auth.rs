@@ -2,6 +2,7 @@
 //! answer in dev mode, else sent through the configured SMS hook). Tokens are HMAC-signed
 //! and self-contained, so the purchase path verifies them without SQL or Redis.
 
+use crate::metrics::render_counter;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -192,6 +193,22 @@ pub struct SecretGuard {
 }
 
 impl SecretGuard {
+    /// Its series in Prometheus text.
+    pub fn render(&self, out: &mut String) {
+        render_counter(
+            "seckill_auth_failures_total",
+            "Wrong admin or metrics tokens presented.",
+            self.failures.load(Ordering::Relaxed),
+            out,
+        );
+        render_counter(
+            "seckill_auth_throttled_total",
+            "Requests refused (429) because their address sent too many wrong tokens.",
+            self.throttled.load(Ordering::Relaxed),
+            out,
+        );
+    }
+
     /// A guard letting each address send `burst` wrong secrets, then one a minute; 0 is off.
     pub fn new(burst: u32) -> Self {
         let rate = RateLimit {

@@ -26,7 +26,7 @@ pub mod pages;
 pub mod provider;
 pub mod simulated;
 
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,7 +41,7 @@ use crate::config::Config;
 use crate::gate::Gate;
 use crate::ids::IdGenerator;
 use crate::loader::SaleCache;
-use crate::metrics::{Counter, Histogram};
+use crate::metrics::{render_counter, Counter, Histogram};
 use crate::model::Sale;
 use crate::store::Store;
 use crate::writer::WriterStats;
@@ -139,6 +139,55 @@ pub const PURCHASE_CODES: [&str; 17] = [
 ];
 
 impl Metrics {
+    /// Its series in Prometheus text: answers by code, latencies, anti-bot and login counts.
+    pub fn render(&self, out: &mut String) {
+        out.push_str("# HELP seckill_purchases_total Purchase answers by code.\n# TYPE seckill_purchases_total counter\n");
+        for code in PURCHASE_CODES {
+            let n = self.purchases(code);
+            out.push_str(&format!("seckill_purchases_total{{code=\"{code}\"}} {n}\n"));
+        }
+        self.request_seconds.render(
+            "seckill_purchase_request_seconds",
+            "Purchase request latency.",
+            out,
+        );
+        self.gate_seconds.render(
+            "seckill_gate_seconds",
+            "Latency of the gate's decision.",
+            out,
+        );
+        render_counter(
+            "seckill_login_failures_total",
+            "Wrong login codes sent.",
+            self.login_failures.load(Ordering::Relaxed),
+            out,
+        );
+        for (name, help, v) in [
+            (
+                "seckill_purchase_tokens_issued_total",
+                "Anti-bot purchase tokens issued.",
+                &self.tokens_issued,
+            ),
+            (
+                "seckill_captchas_issued_total",
+                "Captcha pictures issued.",
+                &self.captchas_issued,
+            ),
+            (
+                "seckill_captchas_failed_total",
+                "Token requests refused for a missing, wrong, reused or expired captcha.",
+                &self.captchas_failed,
+            ),
+            (
+                "seckill_captchas_limited_total",
+                "Captcha requests refused because the buyer asked for too many (429).",
+                &self.captchas_limited,
+            ),
+        ] {
+            render_counter(name, help, v.load(Ordering::Relaxed), out);
+        }
+    }
+
     /// Purchases answered with `code` since this instance started.
     pub fn purchases(&self, code: &str) -> u64 {
         PURCHASE_CODES

@@ -1,7 +1,6 @@
 //! Operating an instance: liveness, readiness (everything a purchase needs, and writers
 //! keeping up), Prometheus metrics (behind a token), and the published contract.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use axum::extract::State;
@@ -10,8 +9,7 @@ use axum::response::{IntoResponse, Response};
 
 use super::auth::MetricsReader;
 use super::http::error::{ApiError, ErrorResponse};
-use super::{AppState, PURCHASE_CODES};
-use crate::metrics::render_counter;
+use super::AppState;
 
 #[utoipa::path(
     get,
@@ -121,11 +119,6 @@ async fn oldest_unwritten(st: &AppState) -> Result<Option<(i64, i64)>, ApiError>
 )]
 pub async fn metrics(_: MetricsReader, State(st): State<Arc<AppState>>) -> Response {
     let mut out = String::new();
-    out.push_str("# HELP seckill_purchases_total Purchase answers by code.\n# TYPE seckill_purchases_total counter\n");
-    for code in PURCHASE_CODES {
-        let n = st.metrics.purchases(code);
-        out.push_str(&format!("seckill_purchases_total{{code=\"{code}\"}} {n}\n"));
-    }
     // What this instance runs, for dashboards and `seckill bench --target`.
     out.push_str(&format!(
         "# HELP seckill_info This instance's version and gate.\n# TYPE seckill_info gauge\nseckill_info{{version=\"{}\",gate=\"{}\",durability=\"{}\"}} 1\n",
@@ -133,117 +126,12 @@ pub async fn metrics(_: MetricsReader, State(st): State<Arc<AppState>>) -> Respo
         st.config.gate.name(),
         st.config.redis_durability.name()
     ));
-    let m = &st.metrics;
-    m.request_seconds.render(
-        "seckill_purchase_request_seconds",
-        "Purchase request latency.",
-        &mut out,
-    );
-    m.gate_seconds.render(
-        "seckill_gate_seconds",
-        "Latency of the gate's decision.",
-        &mut out,
-    );
-    let w = &st.writer_stats;
-    for (name, help, v) in [
-        (
-            "seckill_writer_orders_written_total",
-            "Orders inserted by this process's writer.",
-            &w.written,
-        ),
-        (
-            "seckill_writer_duplicates_total",
-            "Redelivered orders found already written.",
-            &w.duplicates,
-        ),
-        (
-            "seckill_writer_batches_total",
-            "Committed writer batches.",
-            &w.batches,
-        ),
-        (
-            "seckill_writer_failed_batches_total",
-            "Writer batches that failed.",
-            &w.failed_batches,
-        ),
-        (
-            "seckill_writer_dead_letters_total",
-            "Order log entries moved to dead letters.",
-            &w.dead_letters,
-        ),
-        (
-            "seckill_writer_refused_over_limit_total",
-            "Orders SQL refused as over the buyer's limit: a gate fault; alert on any.",
-            &w.over_limit,
-        ),
-    ] {
-        render_counter(name, help, v.load(Ordering::Relaxed), &mut out);
+    st.metrics.render(&mut out);
+    st.writer_stats.render(&mut out);
+    if let Some(breaker) = &st.breaker {
+        breaker.render(&mut out);
     }
-    w.batch_orders.render(
-        "seckill_writer_batch_orders",
-        "Orders per committed writer transaction.",
-        &mut out,
-    );
-    w.lag_seconds.render(
-        "seckill_order_log_lag_seconds",
-        "From the gate's acceptance to the commit in SQL.",
-        &mut out,
-    );
-    if let Some(b) = &st.breaker {
-        render_counter(
-            "seckill_gate_circuit_opened_total",
-            "Times the Redis gate's circuit opened.",
-            b.opened.load(Ordering::Relaxed),
-            &mut out,
-        );
-        render_counter(
-            "seckill_gate_circuit_refused_total",
-            "Gate calls refused while the circuit was open.",
-            b.refused.load(Ordering::Relaxed),
-            &mut out,
-        );
-    }
-    let audit = &st.audit;
-    render_counter(
-        "seckill_reconcile_audits_total",
-        "Rounds of the continuous audit of gate against SQL run by this instance.",
-        audit.audits.load(Ordering::Relaxed),
-        &mut out,
-    );
-    out.push_str(&format!(
-        "# HELP seckill_reconcile_auditing Whether this instance holds the audit lease.\n# TYPE seckill_reconcile_auditing gauge\nseckill_reconcile_auditing {}\n",
-        audit.auditing.load(Ordering::Relaxed) as u8
-    ));
-    render_counter(
-        "seckill_reconcile_repairs_total",
-        "Gates this instance's audit rebuilt from SQL by itself, after confirming drift.",
-        audit.repairs.load(Ordering::Relaxed),
-        &mut out,
-    );
-    let paused = audit.paused();
-    if !paused.is_empty() {
-        out.push_str("# HELP seckill_reconcile_paused Sales this instance's audit paused because their gate kept drifting from SQL: alert on any.\n# TYPE seckill_reconcile_paused gauge\n");
-        for sale in paused.keys() {
-            out.push_str(&format!("seckill_reconcile_paused{{sale=\"{sale}\"}} 1\n"));
-        }
-    }
-    let drift = audit.drift();
-    if !drift.is_empty() {
-        out.push_str("# HELP seckill_reconcile_drift Confirmed differences between a sale's gate and SQL plus what is in flight, by kind (stock units; buyers missing from or unknown to SQL; journal minus stock).\n# TYPE seckill_reconcile_drift gauge\n");
-        for (sale, f) in &drift {
-            let a = &f.account;
-            for (kind, v) in [
-                ("stock", a.stock_drift),
-                ("buyers_missing", a.buyers_missing),
-                ("buyers_unknown", a.buyers_unknown),
-                ("journal", a.journal_drift),
-            ] {
-                out.push_str(&format!(
-                    "seckill_reconcile_drift{{sale=\"{sale}\",kind=\"{kind}\"}} {v}\n"
-                ));
-            }
-        }
-    }
+    st.audit.render(&mut out);
     if let Ok(lag) = order_log_lag(&st).await {
         if !lag.is_empty() {
             out.push_str("# HELP seckill_order_log_unwritten Orders accepted and not yet written to SQL, per sale.\n# TYPE seckill_order_log_unwritten gauge\n");
@@ -261,115 +149,12 @@ pub async fn metrics(_: MetricsReader, State(st): State<Arc<AppState>>) -> Respo
             }
         }
     }
-    let conns = &st.connections;
-    out.push_str(&format!(
-        "# HELP seckill_connections_open Client connections open now.\n# TYPE seckill_connections_open gauge\nseckill_connections_open {}\n\
-         # HELP seckill_connections_max The cap on client connections.\n# TYPE seckill_connections_max gauge\nseckill_connections_max {}\n",
-        conns.open(),
-        conns.max()
-    ));
-    render_counter(
-        "seckill_connections_saturated_total",
-        "Times the connection cap was reached and accepting paused.",
-        conns.saturated.load(Ordering::Relaxed),
-        &mut out,
-    );
-    render_counter(
-        "seckill_connections_refused_per_address_total",
-        "Connections closed at once because their address held its share.",
-        conns.refused_per_address(),
-        &mut out,
-    );
-    render_counter(
-        "seckill_connections_timed_out_total",
-        "Connections closed for being idle, or too slow sending a request's head.",
-        conns.timed_out.load(Ordering::Relaxed),
-        &mut out,
-    );
-    render_counter(
-        "seckill_auth_failures_total",
-        "Wrong admin or metrics tokens presented.",
-        st.secret_guard.failures.load(Ordering::Relaxed),
-        &mut out,
-    );
-    render_counter(
-        "seckill_auth_throttled_total",
-        "Requests refused (429) because their address sent too many wrong tokens.",
-        st.secret_guard.throttled.load(Ordering::Relaxed),
-        &mut out,
-    );
-    render_counter(
-        "seckill_login_failures_total",
-        "Wrong login codes sent.",
-        m.login_failures.load(Ordering::Relaxed),
-        &mut out,
-    );
-    render_counter(
-        "seckill_rate_limited_addresses_total",
-        "Requests refused by the per-address limit.",
-        st.address_limiter.limited.load(Ordering::Relaxed),
-        &mut out,
-    );
-    for (name, help, v) in [
-        (
-            "seckill_purchase_tokens_issued_total",
-            "Anti-bot purchase tokens issued.",
-            &m.tokens_issued,
-        ),
-        (
-            "seckill_captchas_issued_total",
-            "Captcha pictures issued.",
-            &m.captchas_issued,
-        ),
-        (
-            "seckill_captchas_failed_total",
-            "Token requests refused for a missing, wrong, reused or expired captcha.",
-            &m.captchas_failed,
-        ),
-        (
-            "seckill_captchas_limited_total",
-            "Captcha requests refused because the buyer asked for too many (429).",
-            &m.captchas_limited,
-        ),
-    ] {
-        render_counter(name, help, v.load(Ordering::Relaxed), &mut out);
-    }
-    render_counter(
-        "seckill_sold_out_shortcuts_total",
-        "Purchases answered sold_out from this instance's flag, without the gate.",
-        st.sold_out.shortcuts.get(),
-        &mut out,
-    );
-    render_counter(
-        "seckill_gate_script_calls_total",
-        "Purchase script calls to Redis (each decides a batch of attempts).",
-        crate::gate::batch::CALLS.load(Ordering::Relaxed),
-        &mut out,
-    );
-    render_counter(
-        "seckill_gate_script_attempts_total",
-        "Purchase attempts decided by those calls.",
-        crate::gate::batch::ATTEMPTS.load(Ordering::Relaxed),
-        &mut out,
-    );
-    render_counter(
-        "seckill_gate_durability_waits_total",
-        "Accepted batches that waited for --redis-durability (WAITAOF or WAIT).",
-        crate::gate::batch::DURABILITY_WAITS.load(Ordering::Relaxed),
-        &mut out,
-    );
-    render_counter(
-        "seckill_gate_durability_misses_total",
-        "Durability waits not confirmed in time: their buyers were answered pending.",
-        crate::gate::batch::DURABILITY_MISSES.load(Ordering::Relaxed),
-        &mut out,
-    );
-    render_counter(
-        "seckill_database_errors_total",
-        "Database errors seen by this process.",
-        crate::store::DB_ERRORS.load(Ordering::Relaxed),
-        &mut out,
-    );
+    st.connections.render(&mut out);
+    st.secret_guard.render(&mut out);
+    st.address_limiter.render(&mut out);
+    st.sold_out.render(&mut out);
+    crate::gate::batch::render_metrics(&mut out);
+    crate::store::render_metrics(&mut out);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
 }
 

@@ -4,6 +4,7 @@
 //! every attempt goes alone at once (no waiting to fill a batch); under a storm Redis pays
 //! its per-command cost once per batch. Owns nothing but the queue: it never decides.
 
+use crate::metrics::render_counter;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -257,4 +258,31 @@ impl Caller {
             }
         }
     }
+}
+/// The purchase script calls of this process, in Prometheus text.
+pub fn render_metrics(out: &mut String) {
+    render_counter(
+        "seckill_gate_script_calls_total",
+        "Purchase script calls to Redis (each decides a batch of attempts).",
+        CALLS.load(Ordering::Relaxed),
+        out,
+    );
+    render_counter(
+        "seckill_gate_script_attempts_total",
+        "Purchase attempts decided by those calls.",
+        ATTEMPTS.load(Ordering::Relaxed),
+        out,
+    );
+    render_counter(
+        "seckill_gate_durability_waits_total",
+        "Accepted batches that waited for --redis-durability (WAITAOF or WAIT).",
+        DURABILITY_WAITS.load(Ordering::Relaxed),
+        out,
+    );
+    render_counter(
+        "seckill_gate_durability_misses_total",
+        "Durability waits not confirmed in time: their buyers were answered pending.",
+        DURABILITY_MISSES.load(Ordering::Relaxed),
+        out,
+    );
 }

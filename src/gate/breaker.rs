@@ -3,6 +3,7 @@
 //! request wait out a dead Redis; after a cooldown it lets calls through again, and closes
 //! on the first success. Never decides a purchase itself, so it cannot oversell.
 
+use crate::metrics::render_counter;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -47,6 +48,22 @@ impl Circuit {
 }
 
 impl Breaker {
+    /// Its series in Prometheus text.
+    pub fn render(&self, out: &mut String) {
+        render_counter(
+            "seckill_gate_circuit_opened_total",
+            "Times the Redis gate's circuit opened.",
+            self.opened.load(Ordering::Relaxed),
+            out,
+        );
+        render_counter(
+            "seckill_gate_circuit_refused_total",
+            "Gate calls refused while the circuit was open.",
+            self.refused.load(Ordering::Relaxed),
+            out,
+        );
+    }
+
     pub fn new(inner: Arc<dyn Gate>, threshold: u32, cooldown_ms: i64) -> Self {
         Breaker {
             inner,

@@ -5,6 +5,7 @@
 //! A decorator at the gate seam, so every gate gets it. It must never answer `sold_out`
 //! for stock that is back: a flag is only set if no return arrived since the call began.
 
+use crate::metrics::render_counter;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -30,6 +31,16 @@ pub struct SoldOutShortcut {
 }
 
 impl SoldOutShortcut {
+    /// Its series in Prometheus text.
+    pub fn render(&self, out: &mut String) {
+        render_counter(
+            "seckill_sold_out_shortcuts_total",
+            "Purchases answered sold_out from this instance's flag, without the gate.",
+            self.shortcuts.get(),
+            out,
+        );
+    }
+
     pub fn new(inner: Arc<dyn Gate>) -> Self {
         SoldOutShortcut {
             inner,

@@ -8,6 +8,7 @@
 //! with an alert: a fault that repairs do not cure needs a person. Journal drift is SQL's
 //! own and only reported. It never changes SQL's orders or stock.
 
+use crate::metrics::render_counter;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -52,6 +53,50 @@ pub struct Finding {
 }
 
 impl Board {
+    /// Its series in Prometheus text: audits, repairs, paused sales, confirmed drift.
+    pub fn render(&self, out: &mut String) {
+        render_counter(
+            "seckill_reconcile_audits_total",
+            "Rounds of the continuous audit of gate against SQL run by this instance.",
+            self.audits.load(Ordering::Relaxed),
+            out,
+        );
+        out.push_str(&format!(
+            "# HELP seckill_reconcile_auditing Whether this instance holds the audit lease.\n# TYPE seckill_reconcile_auditing gauge\nseckill_reconcile_auditing {}\n",
+            self.auditing.load(Ordering::Relaxed) as u8
+        ));
+        render_counter(
+            "seckill_reconcile_repairs_total",
+            "Gates this instance's audit rebuilt from SQL by itself, after confirming drift.",
+            self.repairs.load(Ordering::Relaxed),
+            out,
+        );
+        let paused = self.paused();
+        if !paused.is_empty() {
+            out.push_str("# HELP seckill_reconcile_paused Sales this instance's audit paused because their gate kept drifting from SQL: alert on any.\n# TYPE seckill_reconcile_paused gauge\n");
+            for sale in paused.keys() {
+                out.push_str(&format!("seckill_reconcile_paused{{sale=\"{sale}\"}} 1\n"));
+            }
+        }
+        let drift = self.drift();
+        if !drift.is_empty() {
+            out.push_str("# HELP seckill_reconcile_drift Confirmed differences between a sale's gate and SQL plus what is in flight, by kind (stock units; buyers missing from or unknown to SQL; journal minus stock).\n# TYPE seckill_reconcile_drift gauge\n");
+            for (sale, f) in &drift {
+                let a = &f.account;
+                for (kind, v) in [
+                    ("stock", a.stock_drift),
+                    ("buyers_missing", a.buyers_missing),
+                    ("buyers_unknown", a.buyers_unknown),
+                    ("journal", a.journal_drift),
+                ] {
+                    out.push_str(&format!(
+                        "seckill_reconcile_drift{{sale=\"{sale}\",kind=\"{kind}\"}} {v}\n"
+                    ));
+                }
+            }
+        }
+    }
+
     pub fn drift(&self) -> BTreeMap<i64, Finding> {
         lock(&self.drift).clone()
     }

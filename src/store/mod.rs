@@ -68,6 +68,16 @@ pub enum StoreError {
     },
 }
 
+/// This process's database errors, in Prometheus text.
+pub fn render_metrics(out: &mut String) {
+    crate::metrics::render_counter(
+        "seckill_database_errors_total",
+        "Database errors seen by this process.",
+        DB_ERRORS.load(std::sync::atomic::Ordering::Relaxed),
+        out,
+    );
+}
+
 /// Database errors seen by this process, for `/metrics`.
 pub static DB_ERRORS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 

@@ -4,6 +4,7 @@
 //! entry cannot hold up the others; the bad one goes to the dead letters. Never acks an
 //! entry before its transaction has committed.
 
+use crate::metrics::render_counter;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -252,5 +253,54 @@ impl Writer {
         if let Err(e) = self.log.dead_letter(receipt, reason).await {
             tracing::error!(error = %e, reason, "could not dead-letter an entry; it stays pending");
         }
+    }
+}
+impl WriterStats {
+    /// Its series in Prometheus text.
+    pub fn render(&self, out: &mut String) {
+        for (name, help, v) in [
+            (
+                "seckill_writer_orders_written_total",
+                "Orders inserted by this process's writer.",
+                &self.written,
+            ),
+            (
+                "seckill_writer_duplicates_total",
+                "Redelivered orders found already written.",
+                &self.duplicates,
+            ),
+            (
+                "seckill_writer_batches_total",
+                "Committed writer batches.",
+                &self.batches,
+            ),
+            (
+                "seckill_writer_failed_batches_total",
+                "Writer batches that failed.",
+                &self.failed_batches,
+            ),
+            (
+                "seckill_writer_dead_letters_total",
+                "Order log entries moved to dead letters.",
+                &self.dead_letters,
+            ),
+            (
+                "seckill_writer_refused_over_limit_total",
+                "Orders SQL refused as over the buyer's limit: a gate fault; alert on any.",
+                &self.over_limit,
+            ),
+        ] {
+            render_counter(name, help, v.load(Ordering::Relaxed), out);
+        }
+        self.batch_orders.render(
+            "seckill_writer_batch_orders",
+            "Orders per committed writer transaction.",
+            out,
+        );
+        self.lag_seconds.render(
+            "seckill_order_log_lag_seconds",
+            "From the gate's acceptance to the commit in SQL.",
+            out,
+        );
     }
 }

@@ -7,6 +7,7 @@
 //! per-address cap, a new connection is closed at once, so that one address holding
 //! thousands of silent sockets cannot take every slot from everyone else.
 
+use crate::metrics::render_counter;
 use std::collections::HashMap;
 use std::io;
 use std::net::IpAddr;
@@ -46,6 +47,34 @@ pub struct ConnectionLimits {
 }
 
 impl Connections {
+    /// Its series in Prometheus text.
+    pub fn render(&self, out: &mut String) {
+        out.push_str(&format!(
+            "# HELP seckill_connections_open Client connections open now.\n# TYPE seckill_connections_open gauge\nseckill_connections_open {}\n\
+             # HELP seckill_connections_max The cap on client connections.\n# TYPE seckill_connections_max gauge\nseckill_connections_max {}\n",
+            self.open(),
+            self.max()
+        ));
+        render_counter(
+            "seckill_connections_saturated_total",
+            "Times the connection cap was reached and accepting paused.",
+            self.saturated.load(Ordering::Relaxed),
+            out,
+        );
+        render_counter(
+            "seckill_connections_refused_per_address_total",
+            "Connections closed at once because their address held its share.",
+            self.refused_per_address(),
+            out,
+        );
+        render_counter(
+            "seckill_connections_timed_out_total",
+            "Connections closed for being idle, or too slow sending a request's head.",
+            self.timed_out.load(Ordering::Relaxed),
+            out,
+        );
+    }
+
     pub fn new(limits: ConnectionLimits) -> Arc<Self> {
         let max = limits.max.max(1);
         Arc::new(Connections {

@@ -8,6 +8,7 @@
 //! X-Forwarded-For; the header is ignored from anyone else, since a client can write
 //! anything in it.
 
+use crate::metrics::render_counter;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash};
 use std::net::IpAddr;
@@ -112,6 +113,16 @@ pub struct AddressLimiter {
 }
 
 impl AddressLimiter {
+    /// Its series in Prometheus text.
+    pub fn render(&self, out: &mut String) {
+        render_counter(
+            "seckill_rate_limited_addresses_total",
+            "Requests refused by the per-address limit.",
+            self.limited.load(Ordering::Relaxed),
+            out,
+        );
+    }
+
     pub fn new(rate: RateLimit, trusted: Vec<IpAddr>) -> Self {
         AddressLimiter {
             rate,
