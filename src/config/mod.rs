@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::Args;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::text::mask_url;
 
@@ -30,7 +30,7 @@ pub enum ConfigError {
 
 /// Settings shared by every subcommand. Every field is optional here so that a missing
 /// flag can fall through to the file and then to the default.
-#[derive(Debug, Clone, Default, Args, Deserialize)]
+#[derive(Debug, Clone, Default, Args, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 #[command(
     next_help_heading = "Settings of every subcommand (flags, SECKILL_* variables or --config)"
@@ -226,7 +226,7 @@ pub struct ConfigArgs {
 }
 
 /// Where purchases are decided.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum GateKind {
     /// In process memory (the embedded deployment).
@@ -251,7 +251,7 @@ impl GateKind {
 }
 
 /// A per-user, per-sale request rate (GCRA): `per_sec` on average, `burst` at once.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct RateLimit {
     pub per_sec: f64,
     pub burst: u32,
@@ -284,7 +284,7 @@ impl RateLimit {
     }
 }
 /// Who confirms payments.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum PaymentProviderKind {
     /// The built-in provider: a pay page on this server whose buttons have the server sign
@@ -305,7 +305,7 @@ impl PaymentProviderKind {
 }
 
 /// What an accepted purchase waits for in Redis before its buyer hears `ok`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Durability {
     /// Nothing more: in Redis' memory (and its AOF as its appendfsync policy says).
@@ -328,26 +328,35 @@ impl Durability {
     }
 }
 
-/// The resolved configuration.
-#[derive(Debug, Clone)]
+/// The resolved configuration. Its serialized form is the start-up log's listing, so a
+/// secret field says how it is masked where it is declared.
+#[derive(Debug, Clone, Serialize)]
 pub struct Config {
     pub listen: SocketAddr,
+    #[serde(serialize_with = "masked_url")]
     pub database_url: String,
     /// Where the embedded gate's order log lives; `None` only for an in-memory SQLite
     /// database, where nothing survives the process anyway.
     pub order_log_dir: Option<PathBuf>,
+    #[serde(serialize_with = "masked_url_opt")]
     pub redis_url: Option<String>,
     pub redis_prefix: String,
     pub redis_durability: Durability,
+    #[serde(serialize_with = "secret")]
     pub admin_token: Option<String>,
+    #[serde(serialize_with = "secret")]
     pub token_secret: Option<String>,
+    #[serde(serialize_with = "secret")]
     pub payment_secret: Option<String>,
     pub dev: bool,
     /// `None`: no provider; paying answers 503 `payment_unavailable`.
     pub payment_provider: Option<PaymentProviderKind>,
     pub payment_redirect_url: Option<String>,
+    /// The hook's command line may carry an API key of the SMS provider.
+    #[serde(serialize_with = "secret")]
     pub sms_hook: Option<String>,
     pub phone_region: String,
+    #[serde(serialize_with = "secret")]
     pub metrics_token: Option<String>,
     pub metrics_public: bool,
     pub wrong_token_limit: u32,
@@ -364,7 +373,9 @@ pub struct Config {
     pub token_ttl_secs: u64,
     pub db_max_connections: u32,
     pub max_connections: usize,
+    #[serde(serialize_with = "seconds")]
     pub header_read_timeout: std::time::Duration,
+    #[serde(serialize_with = "seconds")]
     pub idle_timeout: std::time::Duration,
     pub max_connections_per_address: usize,
     pub cors_origins: Vec<String>,
@@ -391,38 +402,30 @@ impl Config {
         Self::merge(args.clone(), file)
     }
 
-    fn merge(a: ConfigArgs, f: ConfigArgs) -> Result<Config, ConfigError> {
-        let redis_url = a.redis_url.or(f.redis_url).filter(|s| !s.is_empty());
+    fn merge(flags: ConfigArgs, file: ConfigArgs) -> Result<Config, ConfigError> {
+        let c = layered(flags, file)?;
+        let redis_url = c.redis_url.filter(|s| !s.is_empty());
         let embedded = redis_url.is_none();
         let cluster = redis_url.as_deref().is_some_and(redis_url::is_cluster_url);
-        let database_url = a
+        let database_url = c
             .database_url
-            .or(f.database_url)
             .unwrap_or_else(|| "sqlite://seckill.db".to_string());
         let sqlite = database_url.starts_with("sqlite:");
         // Dev mode hands out login codes: only the laptop start (no Redis, a SQLite
         // file) has it by default. A server database means real users may be near.
-        let dev = a.dev.or(f.dev).unwrap_or(embedded && sqlite);
-        let payment_redirect_url = a
-            .payment_redirect_url
-            .or(f.payment_redirect_url)
-            .filter(|s| !s.is_empty());
+        let dev = c.dev.unwrap_or(embedded && sqlite);
+        let payment_redirect_url = c.payment_redirect_url.filter(|s| !s.is_empty());
         let config = Config {
-            listen: a
+            listen: c
                 .listen
-                .or(f.listen)
                 .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8080))),
-            order_log_dir: a
+            order_log_dir: c
                 .order_log_dir
-                .or(f.order_log_dir)
                 .or_else(|| default_order_log_dir(&database_url)),
             database_url,
             redis_url,
-            redis_prefix: a
-                .redis_prefix
-                .or(f.redis_prefix)
-                .unwrap_or_else(|| "seckill".to_string()),
-            redis_durability: a.redis_durability.or(f.redis_durability).unwrap_or(
+            redis_prefix: c.redis_prefix.unwrap_or_else(|| "seckill".to_string()),
+            redis_durability: c.redis_durability.unwrap_or(
                 // A cluster fails over by itself: only what a replica holds survives it.
                 if cluster {
                     Durability::Replica
@@ -430,105 +433,70 @@ impl Config {
                     Durability::None
                 },
             ),
-            admin_token: a.admin_token.or(f.admin_token).filter(|s| !s.is_empty()),
-            token_secret: a.token_secret.or(f.token_secret).filter(|s| !s.is_empty()),
-            payment_secret: a
-                .payment_secret
-                .or(f.payment_secret)
-                .filter(|s| !s.is_empty()),
+            admin_token: c.admin_token.filter(|s| !s.is_empty()),
+            token_secret: c.token_secret.filter(|s| !s.is_empty()),
+            payment_secret: c.payment_secret.filter(|s| !s.is_empty()),
             dev,
             // The simulated provider lets a buyer mark their own order paid: never by
             // default outside dev mode.
-            payment_provider: a.payment_provider.or(f.payment_provider).or(
-                if payment_redirect_url.is_some() {
-                    Some(PaymentProviderKind::Redirect)
-                } else if dev {
-                    Some(PaymentProviderKind::Simulated)
-                } else {
-                    None
-                },
-            ),
+            payment_provider: c.payment_provider.or(if payment_redirect_url.is_some() {
+                Some(PaymentProviderKind::Redirect)
+            } else if dev {
+                Some(PaymentProviderKind::Simulated)
+            } else {
+                None
+            }),
             payment_redirect_url,
-            sms_hook: a.sms_hook.or(f.sms_hook),
-            phone_region: a
+            sms_hook: c.sms_hook,
+            phone_region: c
                 .phone_region
-                .or(f.phone_region)
                 .unwrap_or_else(|| "CN".to_string())
                 .to_ascii_uppercase(),
-            metrics_token: a
-                .metrics_token
-                .or(f.metrics_token)
-                .filter(|s| !s.is_empty()),
-            metrics_public: a.metrics_public.or(f.metrics_public).unwrap_or(false),
-            wrong_token_limit: a.wrong_token_limit.or(f.wrong_token_limit).unwrap_or(5),
-            run_writer: !a.no_writer.or(f.no_writer).unwrap_or(false),
+            metrics_token: c.metrics_token.filter(|s| !s.is_empty()),
+            metrics_public: c.metrics_public.unwrap_or(false),
+            wrong_token_limit: c.wrong_token_limit.unwrap_or(5),
+            run_writer: !c.no_writer.unwrap_or(false),
             // SQLite pays per page a commit touches, so fewer, larger commits drain the
             // embedded log faster (1,000 -> 5,000 cut a 200,000-order backlog's drain from
             // 4.0 to 1.2 s); PostgreSQL and MySQL were measured at 1,000.
-            writer_batch: a.writer_batch.or(f.writer_batch).unwrap_or(if embedded {
-                5000
-            } else {
-                1000
-            }),
-            writer_concurrency: a.writer_concurrency.or(f.writer_concurrency).unwrap_or(4),
+            writer_batch: c.writer_batch.unwrap_or(if embedded { 5000 } else { 1000 }),
+            writer_concurrency: c.writer_concurrency.unwrap_or(4),
             rate_user: RateLimit {
-                per_sec: a.rate_user_per_sec.or(f.rate_user_per_sec).unwrap_or(5.0),
-                burst: a.rate_user_burst.or(f.rate_user_burst).unwrap_or(10),
+                per_sec: c.rate_user_per_sec.unwrap_or(5.0),
+                burst: c.rate_user_burst.unwrap_or(10),
             },
             rate_address: {
-                let per_sec = a
-                    .rate_address_per_sec
-                    .or(f.rate_address_per_sec)
-                    .unwrap_or(0.0);
+                let per_sec = c.rate_address_per_sec.unwrap_or(0.0);
                 RateLimit {
                     per_sec,
-                    burst: a
+                    burst: c
                         .rate_address_burst
-                        .or(f.rate_address_burst)
                         .unwrap_or((per_sec * 2.0).ceil() as u32),
                 }
             },
-            trusted_proxies: a.trusted_proxies.or(f.trusted_proxies).unwrap_or_default(),
-            preload_ahead_secs: a
-                .preload_ahead_secs
-                .or(f.preload_ahead_secs)
-                .unwrap_or(3600),
-            writer_lag_not_ready_secs: a
-                .writer_lag_not_ready_secs
-                .or(f.writer_lag_not_ready_secs)
-                .unwrap_or(30),
-            audit_every_secs: a.audit_every_secs.or(f.audit_every_secs).unwrap_or(2),
-            audit_repair: a.audit_repair.or(f.audit_repair).unwrap_or(true),
-            token_ttl_secs: a.token_ttl_secs.or(f.token_ttl_secs).unwrap_or(7 * 86400),
-            db_max_connections: a.db_max_connections.or(f.db_max_connections).unwrap_or(16),
-            max_connections: a
-                .max_connections
-                .or(f.max_connections)
-                .unwrap_or(10_000)
-                .max(1),
+            trusted_proxies: c.trusted_proxies.unwrap_or_default(),
+            preload_ahead_secs: c.preload_ahead_secs.unwrap_or(3600),
+            writer_lag_not_ready_secs: c.writer_lag_not_ready_secs.unwrap_or(30),
+            audit_every_secs: c.audit_every_secs.unwrap_or(2),
+            audit_repair: c.audit_repair.unwrap_or(true),
+            token_ttl_secs: c.token_ttl_secs.unwrap_or(7 * 86400),
+            db_max_connections: c.db_max_connections.unwrap_or(16),
+            max_connections: c.max_connections.unwrap_or(10_000).max(1),
             header_read_timeout: std::time::Duration::from_secs(
-                a.header_read_timeout_secs
-                    .or(f.header_read_timeout_secs)
-                    .unwrap_or(10),
+                c.header_read_timeout_secs.unwrap_or(10),
             ),
-            idle_timeout: std::time::Duration::from_secs(
-                a.idle_timeout_secs.or(f.idle_timeout_secs).unwrap_or(60),
-            ),
-            max_connections_per_address: a
-                .max_connections_per_address
-                .or(f.max_connections_per_address)
-                .unwrap_or(1000),
-            cors_origins: a.cors_origins.or(f.cors_origins).unwrap_or_default(),
-            gate: a.gate.or(f.gate).unwrap_or(if embedded {
+            idle_timeout: std::time::Duration::from_secs(c.idle_timeout_secs.unwrap_or(60)),
+            max_connections_per_address: c.max_connections_per_address.unwrap_or(1000),
+            cors_origins: c.cors_origins.unwrap_or_default(),
+            gate: c.gate.unwrap_or(if embedded {
                 GateKind::Embedded
             } else {
                 GateKind::Redis
             }),
-            threads: a
+            threads: c
                 .threads
-                .or(f.threads)
                 .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
-            log: a.log.or(f.log).unwrap_or_else(|| "info".to_string()),
+            log: c.log.unwrap_or_else(|| "info".to_string()),
         };
         config.validate()?;
         Ok(config)
@@ -737,96 +705,67 @@ impl Config {
         Ok(())
     }
 
-    /// One line per setting, secrets masked, for the start-up log.
+    /// One line per setting, secrets masked, for the start-up log: every field of the
+    /// struct, by name, so a new setting is listed without touching this.
     pub fn describe(&self) -> String {
-        let mask = |s: &Option<String>| match s {
-            Some(_) => "***".to_string(),
-            None => "(unset)".to_string(),
+        let deployment = if self.embedded() {
+            "embedded"
+        } else {
+            "distributed"
         };
-        [
-            format!(
-                "deployment         = {}",
-                if self.embedded() {
-                    "embedded"
-                } else {
-                    "distributed"
-                }
-            ),
-            format!("listen             = {}", self.listen),
-            format!("database_url       = {}", mask_url(&self.database_url)),
-            format!(
-                "order_log_dir      = {}",
-                match (&self.order_log_dir, self.gate) {
-                    (Some(dir), GateKind::Embedded) => dir.display().to_string(),
-                    _ => "(not used)".into(),
-                }
-            ),
-            format!(
-                "redis_url          = {}",
-                self.redis_url
-                    .as_deref()
-                    .map(mask_url)
-                    .unwrap_or_else(|| "(unset)".into())
-            ),
-            format!("redis_prefix       = {}", self.redis_prefix),
-            format!("redis_durability   = {}", self.redis_durability.name()),
-            format!("admin_token        = {}", mask(&self.admin_token)),
-            format!("token_secret       = {}", mask(&self.token_secret)),
-            format!("payment_secret     = {}", mask(&self.payment_secret)),
-            format!("dev                = {}", self.dev),
-            format!(
-                "payment_provider   = {}",
-                self.payment_provider
-                    .map_or("(none)", PaymentProviderKind::name)
-            ),
-            format!(
-                "payment_redirect_url = {}",
-                self.payment_redirect_url.as_deref().unwrap_or("(unset)")
-            ),
-            format!("phone_region       = {}", self.phone_region),
-            format!("metrics_token      = {}", mask(&self.metrics_token)),
-            format!("metrics_public     = {}", self.metrics_public),
-            format!("wrong_token_limit  = {}", self.wrong_token_limit),
-            // The hook's command line may carry an API key of the SMS provider.
-            format!("sms_hook           = {}", mask(&self.sms_hook)),
-            format!("run_writer         = {}", self.run_writer),
-            format!("writer_batch       = {}", self.writer_batch),
-            format!("writer_concurrency = {}", self.writer_concurrency),
-            format!(
-                "rate_user          = {}/s, burst {}",
-                self.rate_user.per_sec, self.rate_user.burst
-            ),
-            format!(
-                "rate_address       = {}/s, burst {}",
-                self.rate_address.per_sec, self.rate_address.burst
-            ),
-            format!("trusted_proxies    = {:?}", self.trusted_proxies),
-            format!("preload_ahead_secs = {}", self.preload_ahead_secs),
-            format!(
-                "writer_lag_not_ready_secs = {}",
-                self.writer_lag_not_ready_secs
-            ),
-            format!("audit_every_secs   = {}", self.audit_every_secs),
-            format!("audit_repair       = {}", self.audit_repair),
-            format!("token_ttl_secs     = {}", self.token_ttl_secs),
-            format!("db_max_connections = {}", self.db_max_connections),
-            format!("max_connections    = {}", self.max_connections),
-            format!(
-                "max_connections_per_address = {}",
-                self.max_connections_per_address
-            ),
-            format!(
-                "header_read_timeout = {} s",
-                self.header_read_timeout.as_secs()
-            ),
-            format!("idle_timeout       = {} s", self.idle_timeout.as_secs()),
-            format!("cors_origins       = {:?}", self.cors_origins),
-            format!("gate               = {}", self.gate.name()),
-            format!("threads            = {}", self.threads),
-            format!("log                = {}", self.log),
-        ]
-        .join("\n")
+        let mut lines = vec![format!("{:<28} = {deployment}", "deployment")];
+        let Ok(serde_json::Value::Object(fields)) = serde_json::to_value(self) else {
+            return lines.join("\n");
+        };
+        for (name, value) in fields {
+            let shown = match (name.as_str(), value) {
+                ("order_log_dir", _) if self.gate != GateKind::Embedded => "(not used)".into(),
+                (_, serde_json::Value::Null) => "(unset)".into(),
+                (_, serde_json::Value::String(text)) => text,
+                (_, other) => other.to_string(),
+            };
+            lines.push(format!("{name:<28} = {shown}"));
+        }
+        lines.join("\n")
     }
+}
+
+fn secret<S: serde::Serializer>(value: &Option<String>, out: S) -> Result<S::Ok, S::Error> {
+    out.serialize_str(if value.is_some() { "***" } else { "(unset)" })
+}
+
+fn masked_url<S: serde::Serializer>(url: &str, out: S) -> Result<S::Ok, S::Error> {
+    out.serialize_str(&mask_url(url))
+}
+
+fn masked_url_opt<S: serde::Serializer>(url: &Option<String>, out: S) -> Result<S::Ok, S::Error> {
+    match url {
+        Some(url) => masked_url(url, out),
+        None => out.serialize_none(),
+    }
+}
+
+fn seconds<S: serde::Serializer>(d: &std::time::Duration, out: S) -> Result<S::Ok, S::Error> {
+    out.serialize_str(&format!("{} s", d.as_secs()))
+}
+
+/// The settings given as flags or environment, over those of the file: every setting at
+/// once, by name, so that no setting is layered by hand.
+fn layered(flags: ConfigArgs, file: ConfigArgs) -> Result<ConfigArgs, ConfigError> {
+    let invalid = |e: serde_json::Error| ConfigError::Invalid {
+        name: "config",
+        message: e.to_string(),
+    };
+    let mut merged = serde_json::to_value(&file).map_err(invalid)?;
+    let flags = serde_json::to_value(&flags).map_err(invalid)?;
+    if let (Some(merged), Some(flags)) = (merged.as_object_mut(), flags.as_object()) {
+        for (name, value) in flags {
+            if !value.is_null() {
+                merged.insert(name.clone(), value.clone());
+            }
+        }
+    }
+    serde_json::from_value(merged).map_err(invalid)
 }
 
 fn read_file(path: &PathBuf) -> Result<ConfigArgs, ConfigError> {
@@ -969,6 +908,56 @@ mod tests {
         ] {
             assert!(with(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_flag_set_to_false_beats_a_file_set_to_true() {
+        let flags = ConfigArgs {
+            audit_repair: Some(false),
+            ..Default::default()
+        };
+        let file = ConfigArgs {
+            audit_repair: Some(true),
+            metrics_public: Some(true),
+            ..Default::default()
+        };
+        let c = Config::merge(flags, file).unwrap();
+        assert!(!c.audit_repair);
+        assert!(c.metrics_public);
+    }
+
+    #[test]
+    fn every_secret_is_masked_and_every_setting_listed() {
+        let secret = "pa55word-9f3";
+        let a = ConfigArgs {
+            database_url: Some(format!("postgres://u:{secret}@h/db")),
+            redis_url: Some(format!("redis://:{secret}@127.0.0.1/")),
+            admin_token: Some(secret.into()),
+            token_secret: Some(secret.into()),
+            payment_secret: Some(secret.into()),
+            metrics_token: Some(secret.into()),
+            sms_hook: Some(format!("curl -u api:{secret} https://sms.example")),
+            ..Default::default()
+        };
+        let c = Config::merge(a, ConfigArgs::default()).unwrap();
+        let listing = c.describe();
+        assert!(!listing.contains(secret), "{listing}");
+        for name in [
+            "admin_token",
+            "token_secret",
+            "payment_secret",
+            "metrics_token",
+        ] {
+            assert!(
+                listing
+                    .lines()
+                    .any(|l| l.starts_with(name) && l.ends_with("= ***")),
+                "{name}: {listing}"
+            );
+        }
+        let fields = serde_json::to_value(&c).unwrap();
+        let listed = listing.lines().count();
+        assert_eq!(listed, fields.as_object().unwrap().len() + 1, "{listing}");
     }
 
     #[test]
