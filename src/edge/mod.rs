@@ -47,7 +47,7 @@ use crate::store::Store;
 use crate::writer::WriterStats;
 use auth::TokenSigner;
 use http::error::{ApiError, ErrorResponse};
-use http::input::Id;
+use http::input::SaleId;
 pub use http::{connections, limits};
 
 /// Largest request body accepted; every call of the contract fits in far less.
@@ -288,7 +288,7 @@ pub fn router(state: Arc<AppState>) -> Router {
     tag = "buyer",
     summary = "Buy: one atomic decision",
     description = "409 carries the reason in `code`: sold_out, already_purchased, not_started, ended, paused; 403 token_required, token_invalid, token_used, queue_pass_required; 503 unavailable or not_loaded: nothing was bought.",
-    params(("id" = Id, Path, description = "Sale id: a positive 64-bit integer, in decimal")),
+    params(SaleId),
     request_body(content = crate::edge::buyer::orders::PurchaseBody, description = "Optional: one unit without a token when left out"),
     responses((status = 200, description = "Bought: the order is accepted (queued until written to SQL)", body = crate::edge::buyer::orders::PurchaseOk), (status = 202, description = "The attempt reached the gate and its answer was lost: it may or may not have bought; GET /api/orders/{order_id} settles it within seconds", body = crate::edge::buyer::orders::PendingView), (status = 400, response = ErrorResponse), (status = 401, response = ErrorResponse), (status = 403, response = ErrorResponse), (status = 404, response = ErrorResponse), (status = 409, response = ErrorResponse), (status = 413, response = ErrorResponse), (status = 429, response = ErrorResponse), (status = 503, response = ErrorResponse)),
     security(("user" = []))

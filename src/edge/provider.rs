@@ -2,7 +2,6 @@
 //! thing that marks an order paid. Refused unless signed with the shared secret and fresh;
 //! the same callback twice settles once.
 
-use crate::edge::http::error::ErrorResponse;
 use std::sync::Arc;
 
 use axum::extract::State;
@@ -10,7 +9,7 @@ use axum::http::HeaderMap;
 use axum::Json;
 use serde::Serialize;
 
-use super::http::error::ApiError;
+use super::http::error::{ApiError, ReadErrors};
 use super::http::input::parse_id;
 use super::AppState;
 use crate::lifecycle::payment::{
@@ -39,7 +38,7 @@ pub struct NotifyAnswer {
     summary = "Payment provider callback, HMAC-signed",
     params(("X-Seckill-Timestamp" = String, Header, description = "Unix seconds, within 300 s of the server's clock"), ("X-Seckill-Signature" = String, Header, description = "hex HMAC-SHA256 of \"{timestamp}.{raw body}\" with the shared payment secret")),
     request_body = crate::lifecycle::payment::Notification,
-    responses((status = 200, description = "paid, failed, duplicate (nothing changed) or refund_due", body = NotifyAnswer), (status = 400, response = ErrorResponse), (status = 401, response = ErrorResponse), (status = 404, response = ErrorResponse), (status = 429, response = ErrorResponse), (status = 503, response = ErrorResponse))
+    responses((status = 200, description = "paid, failed, duplicate (nothing changed) or refund_due", body = NotifyAnswer), ReadErrors)
 )]
 pub async fn notify(
     State(st): State<Arc<AppState>>,

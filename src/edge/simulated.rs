@@ -3,8 +3,6 @@
 //! 404 unless it is the configured provider (dev mode, or `--payment-provider simulated`):
 //! through them anyone may mark their own order paid.
 
-use crate::edge::http::error::ErrorResponse;
-use crate::edge::http::input::Id;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,8 +12,8 @@ use axum::Json;
 use serde::{Deserialize, Serialize};
 
 use super::auth::{Admin, AuthUser};
-use super::http::error::ApiError;
-use super::http::input::{no_store, parse_id, parse_json, rfc3339};
+use super::http::error::{ApiError, ChangeErrors, ReadErrors};
+use super::http::input::{no_store, parse_id, parse_json, rfc3339, IntentId, PathId};
 use super::AppState;
 use crate::lifecycle::payment::{Notification, NotifiedStatus, SimulatedProvider};
 use crate::model::OrderStatus;
@@ -59,19 +57,18 @@ pub struct Scheduled {
     tag = "admin",
     summary = "Make the simulated provider call back",
     description = "Only when the simulated provider is configured (dev mode, or --payment-provider simulated); 404 otherwise.",
-    params(("id" = Id, Path, description = "Payment intent id: a positive 64-bit integer, in decimal")),
+    params(IntentId),
     request_body = SimulateRequest,
-    responses((status = 202, description = "The callback is scheduled", body = Scheduled), (status = 400, response = ErrorResponse), (status = 401, response = ErrorResponse), (status = 404, response = ErrorResponse), (status = 429, response = ErrorResponse), (status = 503, response = ErrorResponse)),
+    responses((status = 202, description = "The callback is scheduled", body = Scheduled), ReadErrors),
     security(("admin" = []))
 )]
 pub async fn simulate(
     _: Admin,
     State(st): State<Arc<AppState>>,
-    Path(id): Path<String>,
+    PathId(intent_id, _): IntentId,
     body: axum::body::Bytes,
 ) -> Result<(StatusCode, Json<Scheduled>), ApiError> {
     simulator(&st)?;
-    let intent_id = parse_id(&id, "intent id")?;
     let req: SimulateRequest = parse_json(&body)?;
     let payment = st
         .store
@@ -112,8 +109,8 @@ pub struct SimulatedIntent {
     tag = "buyer",
     summary = "The buyer's payment intent, as the simulated provider's pay page shows it",
     description = "Only when the simulated provider is configured (dev mode, or --payment-provider simulated); 404 otherwise.",
-    params(("id" = Id, Path, description = "Payment intent id: a positive 64-bit integer, in decimal")),
-    responses((status = 200, description = "The intent and its order", body = SimulatedIntent), (status = 400, response = ErrorResponse), (status = 401, response = ErrorResponse), (status = 404, response = ErrorResponse), (status = 429, response = ErrorResponse), (status = 503, response = ErrorResponse)),
+    params(IntentId),
+    responses((status = 200, description = "The intent and its order", body = SimulatedIntent), ReadErrors),
     security(("user" = []))
 )]
 pub async fn simulated_intent(
@@ -146,9 +143,9 @@ pub async fn simulated_intent(
     tag = "buyer",
     summary = "The buyer pays on the simulated provider's pay page (or fails to, or pays after the deadline)",
     description = "Only when the simulated provider is configured (dev mode, or --payment-provider simulated); 404 otherwise.",
-    params(("id" = Id, Path, description = "Payment intent id: a positive 64-bit integer, in decimal")),
+    params(IntentId),
     request_body = SimulateRequest,
-    responses((status = 202, description = "The callback is scheduled", body = Scheduled), (status = 400, response = ErrorResponse), (status = 401, response = ErrorResponse), (status = 404, response = ErrorResponse), (status = 409, response = ErrorResponse), (status = 429, response = ErrorResponse), (status = 503, response = ErrorResponse)),
+    responses((status = 202, description = "The callback is scheduled", body = Scheduled), ChangeErrors),
     security(("user" = []))
 )]
 pub async fn simulated_pay(

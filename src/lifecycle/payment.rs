@@ -66,17 +66,43 @@ pub struct IntentView {
     pub expires_at: String,
 }
 
-/// What seckill needs of a payment provider: what a buyer's client shows to pay, and a
-/// trustworthy reading of the provider's callbacks.
+/// The intent a buyer is to pay, as a provider is told of it.
+pub struct Intent<'a> {
+    pub intent_id: i64,
+    pub order_id: i64,
+    pub amount_cents: i64,
+    /// RFC 3339: the order's payment deadline.
+    pub expires_at: &'a str,
+}
+
+/// Where a buyer pays an intent: a page to open, and the same for a QR code.
+pub struct PayAt {
+    pub pay_url: String,
+    pub qr_payload: String,
+}
+
+/// What seckill needs of a payment provider: where a buyer pays, and the secret that
+/// signs the provider's callbacks.
 pub trait PaymentProvider: Send + Sync {
-    /// What the buyer's client shows to pay an intent (a pay URL, a QR payload).
-    fn intent_view(
-        &self,
-        intent_id: i64,
-        order_id: i64,
-        amount_cents: i64,
-        expires_at: &str,
-    ) -> IntentView;
+    fn pay_at(&self, intent: &Intent) -> PayAt;
+
+    fn signer(&self) -> &CallbackSigner;
+
+    /// What the buyer's client shows to pay an intent.
+    fn intent_view(&self, intent: &Intent) -> IntentView {
+        let PayAt {
+            pay_url,
+            qr_payload,
+        } = self.pay_at(intent);
+        IntentView {
+            intent_id: intent.intent_id.to_string(),
+            order_id: intent.order_id.to_string(),
+            amount_cents: intent.amount_cents,
+            pay_url,
+            qr_payload,
+            expires_at: intent.expires_at.to_string(),
+        }
+    }
 
     /// Reads a callback, refusing it unless it is signed and fresh.
     fn verify(
@@ -85,7 +111,9 @@ pub trait PaymentProvider: Send + Sync {
         signature: Option<&str>,
         body: &[u8],
         now_secs: i64,
-    ) -> Result<Notification, NotifyError>;
+    ) -> Result<Notification, NotifyError> {
+        self.signer().verify(timestamp, signature, body, now_secs)
+    }
 }
 
 /// The secret shared with a provider: signs and checks its callbacks.
@@ -163,66 +191,35 @@ impl RedirectProvider {
 }
 
 impl PaymentProvider for RedirectProvider {
-    fn intent_view(
-        &self,
-        intent_id: i64,
-        order_id: i64,
-        amount_cents: i64,
-        expires_at: &str,
-    ) -> IntentView {
+    fn pay_at(&self, intent: &Intent) -> PayAt {
         let url = self
             .url_template
-            .replace("{intent_id}", &intent_id.to_string())
-            .replace("{order_id}", &order_id.to_string())
-            .replace("{amount_cents}", &amount_cents.to_string())
-            .replace("{expires_at}", expires_at);
-        IntentView {
-            intent_id: intent_id.to_string(),
-            order_id: order_id.to_string(),
-            amount_cents,
+            .replace("{intent_id}", &intent.intent_id.to_string())
+            .replace("{order_id}", &intent.order_id.to_string())
+            .replace("{amount_cents}", &intent.amount_cents.to_string())
+            .replace("{expires_at}", intent.expires_at);
+        PayAt {
             qr_payload: url.clone(),
             pay_url: url,
-            expires_at: expires_at.to_string(),
         }
     }
 
-    fn verify(
-        &self,
-        timestamp: Option<&str>,
-        signature: Option<&str>,
-        body: &[u8],
-        now_secs: i64,
-    ) -> Result<Notification, NotifyError> {
-        self.signer.verify(timestamp, signature, body, now_secs)
+    fn signer(&self) -> &CallbackSigner {
+        &self.signer
     }
 }
 
 impl PaymentProvider for SimulatedProvider {
-    fn intent_view(
-        &self,
-        intent_id: i64,
-        order_id: i64,
-        amount_cents: i64,
-        expires_at: &str,
-    ) -> IntentView {
-        IntentView {
-            intent_id: intent_id.to_string(),
-            order_id: order_id.to_string(),
-            amount_cents,
-            pay_url: format!("/simulated-pay/{intent_id}"),
-            qr_payload: format!("seckill-sim://pay?intent={intent_id}&amount={amount_cents}"),
-            expires_at: expires_at.to_string(),
+    fn pay_at(&self, intent: &Intent) -> PayAt {
+        let (id, amount) = (intent.intent_id, intent.amount_cents);
+        PayAt {
+            pay_url: format!("/simulated-pay/{id}"),
+            qr_payload: format!("seckill-sim://pay?intent={id}&amount={amount}"),
         }
     }
 
-    fn verify(
-        &self,
-        timestamp: Option<&str>,
-        signature: Option<&str>,
-        body: &[u8],
-        now_secs: i64,
-    ) -> Result<Notification, NotifyError> {
-        self.signer.verify(timestamp, signature, body, now_secs)
+    fn signer(&self) -> &CallbackSigner {
+        &self.signer
     }
 }
 
@@ -347,7 +344,12 @@ mod tests {
             "https://pay.example/checkout?ref={intent_id}&order={order_id}&amount={amount_cents}",
             "shared",
         );
-        let v = p.intent_view(7, 8, 999, "2026-01-01T00:00:00Z");
+        let v = p.intent_view(&Intent {
+            intent_id: 7,
+            order_id: 8,
+            amount_cents: 999,
+            expires_at: "2026-01-01T00:00:00Z",
+        });
         assert_eq!(
             v.pay_url,
             "https://pay.example/checkout?ref=7&order=8&amount=999"

@@ -188,31 +188,11 @@ impl Store {
         after_id: i64,
         limit: i64,
     ) -> Result<Vec<Entry>, StoreError> {
-        let q = self.sql(&format!(
+        let q = format!(
             "SELECT id, {COLS} FROM stock_journal WHERE sale_id = ? AND id > ? ORDER BY id LIMIT ?"
-        ));
-        let rows = sqlx::query(&q)
-            .bind(sale_id)
-            .bind(after_id)
-            .bind(limit)
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(Entry {
-                    id: r.try_get(0)?,
-                    sale_id: r.try_get(1)?,
-                    segment: r.try_get(2)?,
-                    delta: r.try_get(3)?,
-                    cause: r.try_get(4)?,
-                    order_id: r.try_get(5)?,
-                    actor: r.try_get(6)?,
-                    detail: r.try_get(7)?,
-                    at: r.try_get(8)?,
-                })
-            })
-            .collect::<Result<_, sqlx::Error>>()
-            .map_err(Into::into)
+        );
+        self.all_rows(&q, &[sale_id, after_id, limit], entry_from_row)
+            .await
     }
 
     /// (sum of a sale's deltas, the sale's stock), read in one statement.
@@ -292,4 +272,18 @@ impl Store {
             journal_sum: r.try_get(7)?,
         }))
     }
+}
+
+fn entry_from_row(r: &sqlx::any::AnyRow) -> Result<Entry, sqlx::Error> {
+    Ok(Entry {
+        id: r.try_get(0)?,
+        sale_id: r.try_get(1)?,
+        segment: r.try_get(2)?,
+        delta: r.try_get(3)?,
+        cause: r.try_get(4)?,
+        order_id: r.try_get(5)?,
+        actor: r.try_get(6)?,
+        detail: r.try_get(7)?,
+        at: r.try_get(8)?,
+    })
 }

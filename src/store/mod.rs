@@ -1042,6 +1042,22 @@ impl Store {
     }
 
     /// The one row that `query` (with a single `?`, bound to `key`) selects, mapped.
+    /// Every row of `query` (`?` placeholders, bound to `keys` in order), each read by `map`.
+    pub(crate) async fn all_rows<T>(
+        &self,
+        query: &str,
+        keys: &[i64],
+        map: fn(&AnyRow) -> Result<T, sqlx::Error>,
+    ) -> Result<Vec<T>, StoreError> {
+        let query = self.sql(query);
+        let mut bound = sqlx::query(&query);
+        for key in keys {
+            bound = bound.bind(*key);
+        }
+        let rows = bound.fetch_all(&self.pool).await?;
+        rows.iter().map(|r| map(r).map_err(Into::into)).collect()
+    }
+
     pub(crate) async fn one_by_key<T>(
         &self,
         query: &str,
@@ -1069,13 +1085,7 @@ impl Store {
             "SELECT {} FROM sales WHERE status = 'approved' AND ends_at > ? ORDER BY begins_at, id",
             Self::SALE_COLS
         );
-        let rows = sqlx::query(&self.sql(&q))
-            .bind(ends_after)
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter()
-            .map(|r| Self::sale_from_row(r).map_err(Into::into))
-            .collect()
+        self.all_rows(&q, &[ends_after], Self::sale_from_row).await
     }
 
     /// Every sale, newest first (admin listing).
@@ -1084,13 +1094,7 @@ impl Store {
             "SELECT {} FROM sales ORDER BY id DESC LIMIT ?",
             Self::SALE_COLS
         );
-        let rows = sqlx::query(&self.sql(&q))
-            .bind(limit)
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter()
-            .map(|r| Self::sale_from_row(r).map_err(Into::into))
-            .collect()
+        self.all_rows(&q, &[limit], Self::sale_from_row).await
     }
 
     /// Units each user holds in live orders of a sale: what the gate must remember.
@@ -1112,13 +1116,7 @@ impl Store {
             "SELECT user_id, {} FROM {from_where} GROUP BY user_id",
             self.sum_int("quantity")
         );
-        let rows = sqlx::query(&self.sql(&q))
-            .bind(sale_id)
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter()
-            .map(|r| Ok((r.try_get::<i64, _>(0)?, r.try_get::<i64, _>(1)?)))
-            .collect()
+        self.all_rows(&q, &[sale_id], int_pair).await
     }
 
     pub async fn sale_counts(&self, sale_id: i64) -> Result<SaleCounts, StoreError> {
@@ -1434,14 +1432,8 @@ impl Store {
             "SELECT {} FROM orders WHERE user_id = ? ORDER BY id DESC LIMIT ?",
             Self::ORDER_COLS
         );
-        let rows = sqlx::query(&self.sql(&q))
-            .bind(user_id)
-            .bind(limit)
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter()
-            .map(|r| Self::order_from_row(r).map_err(Into::into))
-            .collect()
+        self.all_rows(&q, &[user_id, limit], Self::order_from_row)
+            .await
     }
 
     /// What a sale's live orders add up to, computed in SQL in constant memory:
@@ -1483,17 +1475,7 @@ impl Store {
         after: i64,
         limit: i64,
     ) -> Result<Vec<i64>, StoreError> {
-        let rows = sqlx::query(&self.sql(
-            "SELECT id FROM orders WHERE sale_id = ? AND id > ? AND status IN ('pending_payment', 'paid') ORDER BY id LIMIT ?",
-        ))
-        .bind(sale_id)
-        .bind(after)
-        .bind(limit)
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter()
-            .map(|r| r.try_get::<i64, _>(0).map_err(Into::into))
-            .collect()
+        self.all_rows("SELECT id FROM orders WHERE sale_id = ? AND id > ? AND status IN ('pending_payment', 'paid') ORDER BY id LIMIT ?", &[sale_id, after, limit], first_int).await
     }
 
     /// Every order of a sale (for checks and reconciliation).
@@ -1502,14 +1484,23 @@ impl Store {
             "SELECT {} FROM orders WHERE sale_id = ? ORDER BY id",
             Self::ORDER_COLS
         );
-        let rows = sqlx::query(&self.sql(&q))
-            .bind(sale_id)
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter()
-            .map(|r| Self::order_from_row(r).map_err(Into::into))
-            .collect()
+        self.all_rows(&q, &[sale_id], Self::order_from_row).await
     }
+}
+
+/// A row's first column, an integer (an id).
+pub(crate) fn first_int(row: &AnyRow) -> Result<i64, sqlx::Error> {
+    row.try_get(0)
+}
+
+/// A row's first two columns, integers: (user, units) and the like.
+pub(crate) fn int_pair(row: &AnyRow) -> Result<(i64, i64), sqlx::Error> {
+    Ok((row.try_get(0)?, row.try_get(1)?))
+}
+
+/// A row's first two columns: (a status, a count) and the like.
+pub(crate) fn text_and_int(row: &AnyRow) -> Result<(String, i64), sqlx::Error> {
+    Ok((row.try_get(0)?, row.try_get(1)?))
 }
 
 /// `a = ? AND b = ?` becomes `a = $1 AND b = $2`. Our queries hold no literal `?`.

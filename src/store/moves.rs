@@ -165,25 +165,12 @@ impl Store {
         let q = format!(
             "SELECT {MOVE_COLS} WHERE state IN ('planned', 'taken') AND updated_at < ? ORDER BY id LIMIT ?"
         );
-        let rows = sqlx::query(&self.sql(&q))
-            .bind(before)
-            .bind(limit)
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter()
-            .map(|r| move_from_row(r).map_err(Into::into))
-            .collect()
+        self.all_rows(&q, &[before, limit], move_from_row).await
     }
 
     /// Every move of a sale, oldest first (for checks and the audit).
     pub async fn moves_of_sale(&self, sale_id: i64) -> Result<Vec<SegmentMove>, StoreError> {
         let q = format!("SELECT {MOVE_COLS} WHERE sale_id = ? ORDER BY id");
-        let rows = sqlx::query(&self.sql(&q))
-            .bind(sale_id)
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter()
-            .map(|r| move_from_row(r).map_err(Into::into))
-            .collect()
+        self.all_rows(&q, &[sale_id], move_from_row).await
     }
 }

@@ -190,14 +190,6 @@ impl Store {
 
     /// Payments of a sale by status (for stats).
     pub async fn payment_counts(&self, sale_id: i64) -> Result<Vec<(String, i64)>, StoreError> {
-        let rows = sqlx::query(&self.sql(
-            "SELECT p.status, COUNT(*) FROM payments p JOIN orders o ON o.id = p.order_id WHERE o.sale_id = ? GROUP BY p.status",
-        ))
-        .bind(sale_id)
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter()
-            .map(|r| Ok((r.try_get::<String, _>(0)?, r.try_get::<i64, _>(1)?)))
-            .collect()
+        self.all_rows("SELECT p.status, COUNT(*) FROM payments p JOIN orders o ON o.id = p.order_id WHERE o.sale_id = ? GROUP BY p.status", &[sale_id], super::text_and_int).await
     }
 }

@@ -70,17 +70,13 @@ pub struct StockReturn {
 const PENDING_RETURNS: &str =
     "SELECT order_id, sale_id, user_id, quantity FROM stock_returns WHERE gate_done_at IS NULL";
 
-fn returns_from_rows(rows: &[sqlx::any::AnyRow]) -> Result<Vec<StockReturn>, StoreError> {
-    rows.iter()
-        .map(|r| {
-            Ok(StockReturn {
-                order_id: r.try_get(0)?,
-                sale_id: r.try_get(1)?,
-                user_id: r.try_get(2)?,
-                quantity: r.try_get(3)?,
-            })
-        })
-        .collect()
+fn return_from_row(r: &sqlx::any::AnyRow) -> Result<StockReturn, sqlx::Error> {
+    Ok(StockReturn {
+        order_id: r.try_get(0)?,
+        sale_id: r.try_get(1)?,
+        user_id: r.try_get(2)?,
+        quantity: r.try_get(3)?,
+    })
 }
 
 impl Store {
@@ -223,29 +219,17 @@ impl Store {
 
     /// The recorded transitions of an order after it was written: (status, at), in order.
     pub async fn order_events(&self, order_id: i64) -> Result<Vec<(String, i64)>, StoreError> {
-        let rows = sqlx::query(
-            &self.sql("SELECT status, at FROM order_events WHERE order_id = ? ORDER BY at"),
+        self.all_rows(
+            "SELECT status, at FROM order_events WHERE order_id = ? ORDER BY at",
+            &[order_id],
+            super::text_and_int,
         )
-        .bind(order_id)
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter()
-            .map(|r| Ok((r.try_get::<String, _>(0)?, r.try_get::<i64, _>(1)?)))
-            .collect()
+        .await
     }
 
     /// Orders whose payment deadline has passed, oldest first.
     pub async fn due_for_expiry(&self, now: i64, limit: i64) -> Result<Vec<i64>, StoreError> {
-        let rows = sqlx::query(&self.sql(
-            "SELECT id FROM orders WHERE status = 'pending_payment' AND pay_deadline <= ? ORDER BY pay_deadline LIMIT ?",
-        ))
-        .bind(now)
-        .bind(limit)
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter()
-            .map(|r| r.try_get::<i64, _>(0).map_err(Into::into))
-            .collect()
+        self.all_rows("SELECT id FROM orders WHERE status = 'pending_payment' AND pay_deadline <= ? ORDER BY pay_deadline LIMIT ?", &[now, limit], super::first_int).await
     }
 
     /// Returns not yet taken back by the gate; `sale_id` narrows them to one sale.
@@ -257,15 +241,8 @@ impl Store {
         let Some(id) = sale_id else {
             return self.pending_returns_except(&[], limit).await;
         };
-        let q = self.sql(&format!(
-            "{PENDING_RETURNS} AND sale_id = ? ORDER BY order_id LIMIT ?"
-        ));
-        let rows = sqlx::query(&q)
-            .bind(id)
-            .bind(limit)
-            .fetch_all(&self.pool)
-            .await?;
-        returns_from_rows(&rows)
+        let q = format!("{PENDING_RETURNS} AND sale_id = ? ORDER BY order_id LIMIT ?");
+        self.all_rows(&q, &[id, limit], return_from_row).await
     }
 
     /// The oldest returns not yet handed to the gate, except those of `skipped` sales (whose
@@ -282,11 +259,8 @@ impl Store {
             let list: Vec<String> = skipped.iter().map(i64::to_string).collect();
             format!(" AND sale_id NOT IN ({})", list.join(","))
         };
-        let q = self.sql(&format!(
-            "{PENDING_RETURNS}{except} ORDER BY order_id LIMIT ?"
-        ));
-        let rows = sqlx::query(&q).bind(limit).fetch_all(&self.pool).await?;
-        returns_from_rows(&rows)
+        let q = format!("{PENDING_RETURNS}{except} ORDER BY order_id LIMIT ?");
+        self.all_rows(&q, &[limit], return_from_row).await
     }
 
     pub async fn mark_returned(&self, order_id: i64, now: i64) -> Result<(), StoreError> {

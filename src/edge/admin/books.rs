@@ -2,19 +2,17 @@
 //! and stock journal a page at a time, the reconciliation of gate and SQL and its repair,
 //! and this instance's live counters.
 
-use crate::edge::http::error::ErrorResponse;
-use crate::edge::http::input::Id;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::response::Response;
 use axum::Json;
 use serde::{Deserialize, Serialize};
 
 use super::super::auth::Admin;
-use super::super::http::error::ApiError;
-use super::super::http::input::{no_store, parse_id, parse_json, rfc3339};
+use super::super::http::error::{ApiError, ChangeErrors, ErrorResponse, ReadErrors};
+use super::super::http::input::{no_store, parse_json, rfc3339, PathId, SaleId};
 use super::super::{AppState, PURCHASE_CODES};
 
 #[derive(Serialize, utoipa::ToSchema)]
@@ -40,16 +38,15 @@ pub struct SaleStats {
     path = "/api/admin/sales/{id}/stats",
     tag = "admin",
     summary = "Gate stock, SQL stock, orders by status, order-log backlog, dead letters",
-    params(("id" = Id, Path, description = "Sale id: a positive 64-bit integer, in decimal")),
-    responses((status = 200, description = "The sale's numbers", body = SaleStats), (status = 400, response = ErrorResponse), (status = 401, response = ErrorResponse), (status = 404, response = ErrorResponse), (status = 429, response = ErrorResponse), (status = 503, response = ErrorResponse)),
+    params(SaleId),
+    responses((status = 200, description = "The sale's numbers", body = SaleStats), ReadErrors),
     security(("admin" = []))
 )]
 pub async fn sale_stats(
     _: Admin,
     State(st): State<Arc<AppState>>,
-    Path(id): Path<String>,
+    PathId(id, _): SaleId,
 ) -> Result<Json<SaleStats>, ApiError> {
-    let id = parse_id(&id, "sale id")?;
     let sale = st
         .store
         .sale(id)
@@ -102,16 +99,15 @@ pub struct Audit {
     path = "/api/admin/sales/{id}/audit",
     tag = "admin",
     summary = "The database's account of a sale, computed in SQL",
-    params(("id" = Id, Path, description = "Sale id: a positive 64-bit integer, in decimal")),
-    responses((status = 200, description = "Live orders and units, distinct buyers, most units per buyer, oversold, order-log backlog", body = Audit), (status = 400, response = ErrorResponse), (status = 401, response = ErrorResponse), (status = 404, response = ErrorResponse), (status = 429, response = ErrorResponse), (status = 503, response = ErrorResponse)),
+    params(SaleId),
+    responses((status = 200, description = "Live orders and units, distinct buyers, most units per buyer, oversold, order-log backlog", body = Audit), ReadErrors),
     security(("admin" = []))
 )]
 pub async fn sale_audit(
     _: Admin,
     State(st): State<Arc<AppState>>,
-    Path(id): Path<String>,
+    PathId(id, _): SaleId,
 ) -> Result<Json<Audit>, ApiError> {
-    let id = parse_id(&id, "sale id")?;
     let sale = st
         .store
         .sale(id)
@@ -183,17 +179,16 @@ pub struct OrderIds {
     path = "/api/admin/sales/{id}/order-ids",
     tag = "admin",
     summary = "Ids of a sale's live orders, a page at a time",
-    params(("id" = Id, Path, description = "Sale id: a positive 64-bit integer, in decimal"), ("after" = Option<i64>, Query, minimum = 0, description = "The last id of the previous page"), ("limit" = Option<i64>, Query, minimum = 1, maximum = 100000, description = "Ids per page (10,000 when left out)")),
-    responses((status = 200, description = "A page; `next` is absent on the last", body = OrderIds), (status = 400, response = ErrorResponse), (status = 401, response = ErrorResponse), (status = 404, response = ErrorResponse), (status = 429, response = ErrorResponse), (status = 503, response = ErrorResponse)),
+    params(SaleId, ("after" = Option<i64>, Query, minimum = 0, description = "The last id of the previous page"), ("limit" = Option<i64>, Query, minimum = 1, maximum = 100000, description = "Ids per page (10,000 when left out)")),
+    responses((status = 200, description = "A page; `next` is absent on the last", body = OrderIds), ReadErrors),
     security(("admin" = []))
 )]
 pub async fn sale_order_ids(
     _: Admin,
     State(st): State<Arc<AppState>>,
-    Path(id): Path<String>,
+    PathId(id, _): SaleId,
     page: Result<axum::extract::Query<Page>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<OrderIds>, ApiError> {
-    let id = parse_id(&id, "sale id")?;
     let page = page.map_err(|e| ApiError::invalid(format!("bad query: {e}")))?;
     let (after, limit) = page.bounds(10_000, 100_000)?;
     // An unknown (or deleted) sale is 404, not an empty list.
@@ -223,16 +218,15 @@ pub struct Reconciliation {
     path = "/api/admin/sales/{id}/reconcile",
     tag = "admin",
     summary = "The sale's gate against SQL and what is in flight, and the journal against the stock",
-    params(("id" = Id, Path, description = "Sale id: a positive 64-bit integer, in decimal")),
-    responses((status = 200, description = "The account; `exact` when nothing differs", body = Reconciliation), (status = 400, response = ErrorResponse), (status = 401, response = ErrorResponse), (status = 404, response = ErrorResponse), (status = 429, response = ErrorResponse), (status = 503, response = ErrorResponse)),
+    params(SaleId),
+    responses((status = 200, description = "The account; `exact` when nothing differs", body = Reconciliation), ReadErrors),
     security(("admin" = []))
 )]
 pub async fn reconcile(
     _: Admin,
     State(st): State<Arc<AppState>>,
-    Path(id): Path<String>,
+    PathId(id, _): SaleId,
 ) -> Result<Response, ApiError> {
-    let id = parse_id(&id, "sale id")?;
     let account =
         crate::reconcile::account(&st.store, st.gate.as_ref(), st.backlog.as_ref(), id).await?;
     Ok(no_store(Reconciliation {
@@ -258,18 +252,17 @@ pub struct RepairRequest {
     path = "/api/admin/sales/{id}/reconcile",
     tag = "admin",
     summary = "Repair: rebuild the sale's gate from SQL and the order log (fenced), leaving a journal row with who and why",
-    params(("id" = Id, Path, description = "Sale id: a positive 64-bit integer, in decimal")),
+    params(SaleId),
     request_body(content = RepairRequest, description = "Why, for the journal"),
-    responses((status = 200, description = "The account before and after", body = crate::reconcile::Repair), (status = 400, response = ErrorResponse), (status = 401, response = ErrorResponse), (status = 404, response = ErrorResponse), (status = 409, response = ErrorResponse), (status = 429, response = ErrorResponse), (status = 503, response = ErrorResponse)),
+    responses((status = 200, description = "The account before and after", body = crate::reconcile::Repair), ChangeErrors),
     security(("admin" = []))
 )]
 pub async fn repair(
     _: Admin,
     State(st): State<Arc<AppState>>,
-    Path(id): Path<String>,
+    PathId(id, _): SaleId,
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
-    let id = parse_id(&id, "sale id")?;
     let req: RepairRequest = if body.iter().all(crate::is_json_space) {
         RepairRequest::default()
     } else {
@@ -341,18 +334,17 @@ pub struct Journal {
     path = "/api/admin/sales/{id}/journal",
     tag = "admin",
     summary = "The sale's stock journal, oldest first: one row per movement; the rows sum to the stock",
-    params(("id" = Id, Path, description = "Sale id: a positive 64-bit integer, in decimal"), ("after" = Option<i64>, Query, minimum = 0, description = "The last row id of the previous page"), ("limit" = Option<i64>, Query, minimum = 1, maximum = 10000, description = "Rows per page (1,000 when left out)")),
-    responses((status = 200, description = "A page of rows; `next` is absent on the last", body = Journal), (status = 400, response = ErrorResponse), (status = 401, response = ErrorResponse), (status = 404, response = ErrorResponse), (status = 429, response = ErrorResponse), (status = 503, response = ErrorResponse)),
+    params(SaleId, ("after" = Option<i64>, Query, minimum = 0, description = "The last row id of the previous page"), ("limit" = Option<i64>, Query, minimum = 1, maximum = 10000, description = "Rows per page (1,000 when left out)")),
+    responses((status = 200, description = "A page of rows; `next` is absent on the last", body = Journal), ReadErrors),
     security(("admin" = []))
 )]
 pub async fn journal(
     _: Admin,
     State(st): State<Arc<AppState>>,
-    Path(id): Path<String>,
+    PathId(id, _): SaleId,
     query: Result<axum::extract::Query<Page>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
     let axum::extract::Query(page) = query.map_err(|e| ApiError::invalid(e.body_text()))?;
-    let id = parse_id(&id, "sale id")?;
     let (after, limit) = page.bounds(1000, 10_000)?;
     let (sum, stock) = st.store.journal_balance(id).await?;
     let stock = stock.ok_or_else(|| ApiError::NotFound(format!("sale {id} does not exist")))?;

@@ -1,19 +1,17 @@
 //! Managing sales: create (a draft), edit and delete drafts, approve (loads it into the
 //! gate when it opens soon), end early, pause and resume, list. SQL first, then the gate.
 
-use crate::edge::http::error::ErrorResponse;
-use crate::edge::http::input::Id;
 use std::sync::Arc;
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
 use serde::{Deserialize, Serialize};
 
 use super::super::auth::Admin;
 use super::super::buyer::catalogue::SaleView;
-use super::super::http::error::ApiError;
-use super::super::http::input::{parse_id, parse_json, parse_rfc3339, rfc3339};
+use super::super::http::error::{ApiError, ChangeErrors, ErrorResponse, ReadErrors};
+use super::super::http::input::{parse_json, parse_rfc3339, rfc3339, PathId, SaleId};
 use super::super::AppState;
 use crate::model::Sale;
 
@@ -236,16 +234,15 @@ pub struct Approved {
     path = "/api/admin/sales/{id}/approve",
     tag = "admin",
     summary = "Approve a sale; loads it into the gate if it opens soon",
-    params(("id" = Id, Path, description = "Sale id: a positive 64-bit integer, in decimal")),
-    responses((status = 200, description = "Approved", body = Approved), (status = 400, response = ErrorResponse), (status = 401, response = ErrorResponse), (status = 404, response = ErrorResponse), (status = 409, response = ErrorResponse), (status = 429, response = ErrorResponse), (status = 503, response = ErrorResponse)),
+    params(SaleId),
+    responses((status = 200, description = "Approved", body = Approved), ChangeErrors),
     security(("admin" = []))
 )]
 pub async fn approve_sale(
     _: Admin,
     State(st): State<Arc<AppState>>,
-    Path(id): Path<String>,
+    PathId(id, _): SaleId,
 ) -> Result<Json<Approved>, ApiError> {
-    let id = parse_id(&id, "sale id")?;
     let first_time = st.store.approve_sale(id).await?;
     st.sales.refresh(&st.store).await?;
     let sale = st.approved_sale(id).await?;
@@ -321,18 +318,17 @@ pub async fn existing_sale(st: &AppState, id: i64) -> Result<Sale, ApiError> {
     path = "/api/admin/sales/{id}",
     tag = "admin",
     summary = "Edit a draft sale (any of its settings); an approved sale answers 409",
-    params(("id" = Id, Path, description = "Sale id: a positive 64-bit integer, in decimal")),
+    params(SaleId),
     request_body = SaleChanges,
-    responses((status = 200, description = "Edited", body = Created), (status = 400, response = ErrorResponse), (status = 401, response = ErrorResponse), (status = 404, response = ErrorResponse), (status = 409, response = ErrorResponse), (status = 429, response = ErrorResponse), (status = 503, response = ErrorResponse)),
+    responses((status = 200, description = "Edited", body = Created), ChangeErrors),
     security(("admin" = []))
 )]
 pub async fn edit_sale(
     _: Admin,
     State(st): State<Arc<AppState>>,
-    Path(id): Path<String>,
+    PathId(id, _): SaleId,
     body: axum::body::Bytes,
 ) -> Result<Json<Created>, ApiError> {
-    let id = parse_id(&id, "sale id")?;
     let c: SaleChanges = parse_json(&body)?;
     let sale = existing_sale(&st, id).await?;
     let not_a_draft = || {
@@ -386,16 +382,15 @@ pub async fn edit_sale(
     path = "/api/admin/sales/{id}",
     tag = "admin",
     summary = "Delete a draft sale; an approved sale answers 409 (end it early instead)",
-    params(("id" = Id, Path, description = "Sale id: a positive 64-bit integer, in decimal")),
-    responses((status = 200, description = "Deleted", body = Created), (status = 400, response = ErrorResponse), (status = 401, response = ErrorResponse), (status = 404, response = ErrorResponse), (status = 409, response = ErrorResponse), (status = 429, response = ErrorResponse), (status = 503, response = ErrorResponse)),
+    params(SaleId),
+    responses((status = 200, description = "Deleted", body = Created), ChangeErrors),
     security(("admin" = []))
 )]
 pub async fn delete_sale(
     _: Admin,
     State(st): State<Arc<AppState>>,
-    Path(id): Path<String>,
+    PathId(id, _): SaleId,
 ) -> Result<Json<Created>, ApiError> {
-    let id = parse_id(&id, "sale id")?;
     existing_sale(&st, id).await?;
     if !st.store.delete_draft(id).await? {
         return Err(ApiError::Conflict(format!(
@@ -424,16 +419,15 @@ pub struct Ended {
     path = "/api/admin/sales/{id}/end",
     tag = "admin",
     summary = "End an approved sale now; units sold stay sold. A draft answers 409",
-    params(("id" = Id, Path, description = "Sale id: a positive 64-bit integer, in decimal")),
-    responses((status = 200, description = "Ended: no purchase is decided after this answer, on any instance", body = Ended), (status = 400, response = ErrorResponse), (status = 401, response = ErrorResponse), (status = 404, response = ErrorResponse), (status = 409, response = ErrorResponse), (status = 429, response = ErrorResponse), (status = 503, response = ErrorResponse)),
+    params(SaleId),
+    responses((status = 200, description = "Ended: no purchase is decided after this answer, on any instance", body = Ended), ChangeErrors),
     security(("admin" = []))
 )]
 pub async fn end_sale(
     _: Admin,
     State(st): State<Arc<AppState>>,
-    Path(id): Path<String>,
+    PathId(id, _): SaleId,
 ) -> Result<Json<Ended>, ApiError> {
-    let id = parse_id(&id, "sale id")?;
     let sale = existing_sale(&st, id).await?;
     if !sale.approved {
         return Err(ApiError::Conflict(format!(
@@ -462,8 +456,7 @@ pub struct PauseState {
     paused: bool,
 }
 
-async fn set_paused(st: &AppState, id: &str, paused: bool) -> Result<Json<PauseState>, ApiError> {
-    let id = parse_id(id, "sale id")?;
+async fn set_paused(st: &AppState, id: i64, paused: bool) -> Result<Json<PauseState>, ApiError> {
     st.store.set_paused(id, paused).await?;
     st.gate.set_paused(id, paused).await?;
     st.sales.refresh(&st.store).await?;
@@ -478,16 +471,16 @@ async fn set_paused(st: &AppState, id: &str, paused: bool) -> Result<Json<PauseS
     path = "/api/admin/sales/{id}/pause",
     tag = "admin",
     summary = "Stop purchases (kill switch)",
-    params(("id" = Id, Path, description = "Sale id: a positive 64-bit integer, in decimal")),
-    responses((status = 200, description = "Paused", body = PauseState), (status = 400, response = ErrorResponse), (status = 401, response = ErrorResponse), (status = 404, response = ErrorResponse), (status = 429, response = ErrorResponse), (status = 503, response = ErrorResponse)),
+    params(SaleId),
+    responses((status = 200, description = "Paused", body = PauseState), ReadErrors),
     security(("admin" = []))
 )]
 pub async fn pause_sale(
     _: Admin,
     State(st): State<Arc<AppState>>,
-    Path(id): Path<String>,
+    PathId(id, _): SaleId,
 ) -> Result<Json<PauseState>, ApiError> {
-    set_paused(&st, &id, true).await
+    set_paused(&st, id, true).await
 }
 
 #[utoipa::path(
@@ -495,16 +488,16 @@ pub async fn pause_sale(
     path = "/api/admin/sales/{id}/resume",
     tag = "admin",
     summary = "Restart purchases",
-    params(("id" = Id, Path, description = "Sale id: a positive 64-bit integer, in decimal")),
-    responses((status = 200, description = "Resumed", body = PauseState), (status = 400, response = ErrorResponse), (status = 401, response = ErrorResponse), (status = 404, response = ErrorResponse), (status = 429, response = ErrorResponse), (status = 503, response = ErrorResponse)),
+    params(SaleId),
+    responses((status = 200, description = "Resumed", body = PauseState), ReadErrors),
     security(("admin" = []))
 )]
 pub async fn resume_sale(
     _: Admin,
     State(st): State<Arc<AppState>>,
-    Path(id): Path<String>,
+    PathId(id, _): SaleId,
 ) -> Result<Json<PauseState>, ApiError> {
-    set_paused(&st, &id, false).await
+    set_paused(&st, id, false).await
 }
 
 #[derive(Serialize, utoipa::ToSchema)]

@@ -7,20 +7,18 @@
 
 pub mod captcha;
 
-use crate::edge::http::error::ErrorResponse;
-use crate::edge::http::input::Id;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::response::Response;
 use base64::Engine;
 use serde::{Deserialize, Serialize};
 
 use super::auth::{AuthUser, TokenSigner};
-use super::http::error::ApiError;
-use super::http::input::{no_store, parse_id, rfc3339};
+use super::http::error::{ApiError, ChangeErrors, ErrorResponse};
+use super::http::input::{no_store, rfc3339, PathId, SaleId};
 use super::AppState;
 use crate::gate::Spend;
 use crate::model::{AntiBot, Sale};
@@ -192,16 +190,16 @@ pub struct CaptchaView {
     path = "/api/sales/{id}/captcha",
     tag = "buyer",
     summary = "A captcha picture (captcha sales); one guess each, valid 5 min",
-    params(("id" = Id, Path, description = "Sale id: a positive 64-bit integer, in decimal")),
-    responses((status = 200, description = "The picture, and the id to answer it with", body = CaptchaView), (status = 400, response = ErrorResponse), (status = 401, response = ErrorResponse), (status = 404, response = ErrorResponse), (status = 409, response = ErrorResponse), (status = 429, response = ErrorResponse), (status = 503, response = ErrorResponse)),
+    params(SaleId),
+    responses((status = 200, description = "The picture, and the id to answer it with", body = CaptchaView), ChangeErrors),
     security(("user" = []))
 )]
 pub async fn captcha(
     AuthUser(user_id): AuthUser,
     State(st): State<Arc<AppState>>,
-    Path(id): Path<String>,
+    PathId(id, _): SaleId,
 ) -> Result<Response, ApiError> {
-    let sale = st.approved_sale(parse_id(&id, "sale id")?).await?;
+    let sale = st.approved_sale(id).await?;
     if sale.anti_bot != AntiBot::Captcha {
         return Err(ApiError::Conflict(
             "this sale does not ask for a captcha".into(),
@@ -257,18 +255,18 @@ pub struct TokenView {
     path = "/api/sales/{id}/token",
     tag = "buyer",
     summary = "A single-use purchase token for the caller and this sale (anti-bot)",
-    params(("id" = Id, Path, description = "Sale id: a positive 64-bit integer, in decimal"), ("captcha_id" = Option<String>, Query, description = "The captcha answered, on a captcha sale"), ("answer" = Option<String>, Query, description = "Its five digits")),
+    params(SaleId, ("captcha_id" = Option<String>, Query, description = "The captcha answered, on a captcha sale"), ("answer" = Option<String>, Query, description = "Its five digits")),
     responses((status = 200, description = "Valid 60 s, for one purchase attempt", body = TokenView), (status = 400, response = ErrorResponse), (status = 401, response = ErrorResponse), (status = 403, response = ErrorResponse), (status = 404, response = ErrorResponse), (status = 409, response = ErrorResponse), (status = 429, response = ErrorResponse), (status = 503, response = ErrorResponse)),
     security(("user" = []))
 )]
 pub async fn token(
     AuthUser(user_id): AuthUser,
     State(st): State<Arc<AppState>>,
-    Path(id): Path<String>,
+    PathId(id, _): SaleId,
     query: Result<Query<TokenQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let Query(query) = query.map_err(|e| ApiError::invalid(e.body_text()))?;
-    let sale = st.approved_sale(parse_id(&id, "sale id")?).await?;
+    let sale = st.approved_sale(id).await?;
     let now = crate::now_ms();
     let limit = sale.per_user_limit;
     if now < sale.begins_at {

@@ -1,17 +1,15 @@
 //! The public catalogue: approved sales (cacheable, from the instance's sale cache), a
 //! sale's live stock from the gate, and the server's clock for the pages' countdowns.
 
-use crate::edge::http::error::ErrorResponse;
-use crate::edge::http::input::Id;
 use std::sync::Arc;
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::Response;
 use serde::Serialize;
 
-use super::super::http::error::ApiError;
-use super::super::http::input::{cacheable, no_store, parse_id, rfc3339};
+use super::super::http::error::{ApiError, ErrorResponse};
+use super::super::http::input::{cacheable, no_store, rfc3339, PathId, SaleId};
 use super::super::AppState;
 use crate::model::{Sale, SaleState};
 
@@ -72,15 +70,15 @@ pub async fn list_sales(State(st): State<Arc<AppState>>, headers: HeaderMap) -> 
     path = "/api/sales/{id}",
     tag = "buyer",
     summary = "One approved sale (ETag, Cache-Control)",
-    params(("id" = Id, Path, description = "Sale id: a positive 64-bit integer, in decimal")),
+    params(SaleId),
     responses((status = 200, description = "The sale", body = SaleView), (status = 304, description = "The client holds it (If-None-Match)"), (status = 400, response = ErrorResponse), (status = 404, response = ErrorResponse), (status = 429, response = ErrorResponse), (status = 503, response = ErrorResponse))
 )]
 pub async fn get_sale(
     State(st): State<Arc<AppState>>,
-    Path(id): Path<String>,
+    PathId(id, _): SaleId,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let sale = st.approved_sale(parse_id(&id, "sale id")?).await?;
+    let sale = st.approved_sale(id).await?;
     Ok(cacheable(&headers, &SaleView::from(sale.as_ref())))
 }
 
@@ -95,14 +93,14 @@ pub struct StockView {
     path = "/api/sales/{id}/stock",
     tag = "buyer",
     summary = "Live state and remaining stock",
-    params(("id" = Id, Path, description = "Sale id: a positive 64-bit integer, in decimal")),
+    params(SaleId),
     responses((status = 200, description = "From the gate, never cached", body = StockView), (status = 400, response = ErrorResponse), (status = 404, response = ErrorResponse), (status = 429, response = ErrorResponse), (status = 503, response = ErrorResponse))
 )]
 pub async fn get_stock(
     State(st): State<Arc<AppState>>,
-    Path(id): Path<String>,
+    PathId(id, _): SaleId,
 ) -> Result<Response, ApiError> {
-    let sale = st.approved_sale(parse_id(&id, "sale id")?).await?;
+    let sale = st.approved_sale(id).await?;
     let (remaining, paused) = match st.gate.stock(sale.id).await? {
         Some(g) => (g.remaining, g.paused),
         None => (sale.stock, sale.paused),

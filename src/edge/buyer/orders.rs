@@ -1,14 +1,12 @@
 //! The purchase endpoint (the hot path: token check, sale cache, one gate call; no SQL)
 //! and the caller's own orders.
 
-use crate::edge::http::error::ErrorResponse;
-use crate::edge::http::input::Id;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::{Bytes, HttpBody};
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -18,8 +16,8 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde::{Deserialize, Serialize};
 
 use super::super::auth::{user_of, AuthUser};
-use super::super::http::error::ApiError;
-use super::super::http::input::{parse_id, parse_json, rfc3339};
+use super::super::http::error::{ApiError, ErrorResponse, ReadErrors};
+use super::super::http::input::{parse_id, parse_json, rfc3339, OrderId, PathId};
 use super::super::{AppState, MAX_BODY_BYTES, REQUEST_TIMEOUT};
 use crate::gate::{Purchase, Rejection, Verdict};
 use crate::model::{Order, OrderStatus, Sale};
@@ -369,16 +367,15 @@ impl From<&Order> for OrderView {
     path = "/api/orders/{id}",
     tag = "buyer",
     summary = "One of the caller's orders (queued until written)",
-    params(("id" = Id, Path, description = "Order id: a positive 64-bit integer, in decimal")),
-    responses((status = 200, description = "The order and its history", body = OrderView), (status = 202, description = "An id answered `pending` whose fate is not known yet: ask again in a second", body = ErrorResponse), (status = 400, response = ErrorResponse), (status = 401, response = ErrorResponse), (status = 404, response = ErrorResponse), (status = 429, response = ErrorResponse), (status = 503, response = ErrorResponse)),
+    params(OrderId),
+    responses((status = 200, description = "The order and its history", body = OrderView), (status = 202, description = "An id answered `pending` whose fate is not known yet: ask again in a second", body = ErrorResponse), ReadErrors),
     security(("user" = []))
 )]
 pub async fn get_order(
     AuthUser(user_id): AuthUser,
     State(st): State<Arc<AppState>>,
-    Path(id): Path<String>,
+    PathId(order_id, _): OrderId,
 ) -> Result<Json<OrderView>, ApiError> {
-    let order_id = parse_id(&id, "order id")?;
     let accepted_at = crate::ids::IdGenerator::time_of(order_id);
     let current: Vec<Arc<Sale>> = st
         .sales

@@ -1,20 +1,18 @@
 //! A buyer pays (a payment intent at the configured provider) or cancels an order. Only
 //! the provider's signed callback (`provider`) marks an order paid.
 
-use crate::edge::http::error::ErrorResponse;
-use crate::edge::http::input::Id;
 use std::sync::Arc;
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::Json;
 use serde::Serialize;
 
 use super::super::auth::AuthUser;
-use super::super::http::error::ApiError;
-use super::super::http::input::{parse_id, rfc3339};
+use super::super::http::error::{ApiError, ChangeErrors};
+use super::super::http::input::{rfc3339, OrderId, PathId};
 use super::super::provider::provider;
 use super::super::AppState;
-use crate::lifecycle::payment::IntentView;
+use crate::lifecycle::payment::{Intent, IntentView};
 use crate::lifecycle::LifecycleError;
 use crate::model::OrderStatus;
 use crate::store::{Payment, TransitionError};
@@ -48,16 +46,15 @@ async fn not_in_sql(st: &AppState, order_id: i64, user_id: i64) -> ApiError {
     tag = "buyer",
     summary = "Create (or return the open) payment intent",
     description = "At most one open intent per order, however many calls race. 503 payment_unavailable when no payment provider is configured.",
-    params(("id" = Id, Path, description = "Order id: a positive 64-bit integer, in decimal")),
-    responses((status = 200, description = "Where to pay it", body = IntentView), (status = 400, response = ErrorResponse), (status = 401, response = ErrorResponse), (status = 404, response = ErrorResponse), (status = 409, response = ErrorResponse), (status = 429, response = ErrorResponse), (status = 503, response = ErrorResponse)),
+    params(OrderId),
+    responses((status = 200, description = "Where to pay it", body = IntentView), ChangeErrors),
     security(("user" = []))
 )]
 pub async fn pay(
     AuthUser(user_id): AuthUser,
     State(st): State<Arc<AppState>>,
-    Path(id): Path<String>,
+    PathId(order_id, _): OrderId,
 ) -> Result<Json<IntentView>, ApiError> {
-    let order_id = parse_id(&id, "order id")?;
     let provider = provider(&st)?;
     let order = match st.store.order(order_id).await? {
         Some(o) if o.user_id == user_id => o,
@@ -93,12 +90,12 @@ pub async fn pay(
             st.store.open_payment(&p).await?
         }
     };
-    Ok(Json(provider.intent_view(
-        payment.intent_id,
+    Ok(Json(provider.intent_view(&Intent {
+        intent_id: payment.intent_id,
         order_id,
-        payment.amount_cents,
-        &rfc3339(order.pay_deadline),
-    )))
+        amount_cents: payment.amount_cents,
+        expires_at: &rfc3339(order.pay_deadline),
+    })))
 }
 
 #[derive(Serialize, utoipa::ToSchema)]
@@ -112,16 +109,15 @@ pub struct Cancelled {
     path = "/api/orders/{id}/cancel",
     tag = "buyer",
     summary = "Cancel a pending order; its units go back to the stock",
-    params(("id" = Id, Path, description = "Order id: a positive 64-bit integer, in decimal")),
-    responses((status = 200, description = "Cancelled", body = Cancelled), (status = 400, response = ErrorResponse), (status = 401, response = ErrorResponse), (status = 404, response = ErrorResponse), (status = 409, response = ErrorResponse), (status = 429, response = ErrorResponse), (status = 503, response = ErrorResponse)),
+    params(OrderId),
+    responses((status = 200, description = "Cancelled", body = Cancelled), ChangeErrors),
     security(("user" = []))
 )]
 pub async fn cancel(
     AuthUser(user_id): AuthUser,
     State(st): State<Arc<AppState>>,
-    Path(id): Path<String>,
+    PathId(order_id, _): OrderId,
 ) -> Result<Json<Cancelled>, ApiError> {
-    let order_id = parse_id(&id, "order id")?;
     match crate::lifecycle::cancel(&st.store, st.gate.as_ref(), order_id, user_id).await {
         Ok(()) => Ok(Json(Cancelled {
             id: order_id.to_string(),

@@ -3,10 +3,12 @@
 //! `unavailable` (503): never a 500, never a stack trace.
 
 use std::borrow::Cow;
+use std::collections::BTreeMap;
 
 use axum::body::Body;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use utoipa::openapi::RefOr;
 
 use crate::gate::{GateError, Rejection};
 use crate::ids::IdError;
@@ -22,6 +24,36 @@ use crate::store::TransitionError;
 pub struct ErrorResponse {
     pub code: String,
     pub message: String,
+}
+
+/// The errors of an operation that reads one thing by id, for the contract: 400 (a
+/// malformed id), 401, 404, 429 (rate limits) and 503 (a backend down).
+pub struct ReadErrors;
+
+/// The errors of an operation that changes one thing by id: those of [`ReadErrors`] and
+/// 409, a change the thing's state refuses.
+pub struct ChangeErrors;
+
+impl utoipa::IntoResponses for ReadErrors {
+    fn responses() -> BTreeMap<String, RefOr<utoipa::openapi::Response>> {
+        errors(&[400, 401, 404, 429, 503])
+    }
+}
+
+impl utoipa::IntoResponses for ChangeErrors {
+    fn responses() -> BTreeMap<String, RefOr<utoipa::openapi::Response>> {
+        errors(&[400, 401, 404, 409, 429, 503])
+    }
+}
+
+fn errors(statuses: &[u16]) -> BTreeMap<String, RefOr<utoipa::openapi::Response>> {
+    statuses
+        .iter()
+        .map(|status| {
+            let error = RefOr::Ref(utoipa::openapi::Ref::from_response_name("ErrorResponse"));
+            (status.to_string(), error)
+        })
+        .collect()
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -2,6 +2,10 @@
 //! (never `null` for an optional field), ids, RFC 3339 times, ETags and cache headers.
 //! Pure helpers; no handler lives here.
 
+use std::marker::PhantomData;
+
+use axum::extract::{FromRequestParts, Path};
+use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -9,6 +13,8 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
+use utoipa::openapi::path::{Parameter, ParameterBuilder, ParameterIn};
+use utoipa::openapi::Required;
 
 use super::error::ApiError;
 
@@ -43,6 +49,61 @@ impl utoipa::PartialSchema for Id {
 }
 
 impl utoipa::ToSchema for Id {}
+
+/// What the `{id}` of a path names: its words in an error and in the contract.
+pub trait IdOf {
+    /// As an error message says it: "sale id".
+    const WHAT: &'static str;
+}
+
+pub struct OfSale;
+pub struct OfOrder;
+pub struct OfIntent;
+
+impl IdOf for OfSale {
+    const WHAT: &'static str = "sale id";
+}
+impl IdOf for OfOrder {
+    const WHAT: &'static str = "order id";
+}
+impl IdOf for OfIntent {
+    const WHAT: &'static str = "payment intent id";
+}
+
+/// The `{id}` of a path, parsed before the handler runs: a malformed one answers 400
+/// `invalid_request`, after the extractors before it (the caller's credentials).
+pub struct PathId<K>(pub i64, pub PhantomData<K>);
+
+pub type SaleId = PathId<OfSale>;
+pub type OrderId = PathId<OfOrder>;
+pub type IntentId = PathId<OfIntent>;
+
+impl<S: Send + Sync, K: IdOf> FromRequestParts<S> for PathId<K> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let Path(raw) = Path::<String>::from_request_parts(parts, state)
+            .await
+            .map_err(|e| ApiError::invalid(e.body_text()))?;
+        parse_id(&raw, K::WHAT).map(|id| PathId(id, PhantomData))
+    }
+}
+
+impl<K: IdOf> utoipa::IntoParams for PathId<K> {
+    fn into_params(_: impl Fn() -> Option<ParameterIn>) -> Vec<Parameter> {
+        let mut what = K::WHAT.to_string();
+        what[..1].make_ascii_uppercase();
+        vec![ParameterBuilder::new()
+            .name("id")
+            .parameter_in(ParameterIn::Path)
+            .required(Required::True)
+            .description(Some(format!(
+                "{what}: a positive 64-bit integer, in decimal"
+            )))
+            .schema(Some(utoipa::openapi::Ref::from_schema_name("Id")))
+            .build()]
+    }
+}
 
 /// 1 to 9223372036854775807 in decimal, without leading zeros, as a regular expression.
 const ID_PATTERN: &str = "^([1-9][0-9]{0,17}|[1-8][0-9]{18}|9[0-1][0-9]{17}|92[0-1][0-9]{16}|922[0-2][0-9]{15}|9223[0-2][0-9]{14}|92233[0-6][0-9]{13}|922337[0-1][0-9]{12}|92233720[0-2][0-9]{10}|922337203[0-5][0-9]{9}|9223372036[0-7][0-9]{8}|92233720368[0-4][0-9]{7}|922337203685[0-3][0-9]{6}|9223372036854[0-6][0-9]{5}|92233720368547[0-6][0-9]{4}|922337203685477[0-4][0-9]{3}|9223372036854775[0-7][0-9]{2}|922337203685477580[0-6]|9223372036854775807)$";
