@@ -261,28 +261,29 @@ impl Caller {
 }
 /// The purchase script calls of this process, in Prometheus text.
 pub fn render_metrics(out: &mut String) {
-    render_counter(
-        "seckill_gate_script_calls_total",
-        "Purchase script calls to Redis (each decides a batch of attempts).",
-        CALLS.load(Ordering::Relaxed),
-        out,
-    );
-    render_counter(
-        "seckill_gate_script_attempts_total",
-        "Purchase attempts decided by those calls.",
-        ATTEMPTS.load(Ordering::Relaxed),
-        out,
-    );
-    render_counter(
-        "seckill_gate_durability_waits_total",
-        "Accepted batches that waited for --redis-durability (WAITAOF or WAIT).",
-        DURABILITY_WAITS.load(Ordering::Relaxed),
-        out,
-    );
-    render_counter(
-        "seckill_gate_durability_misses_total",
-        "Durability waits not confirmed in time: their buyers were answered pending.",
-        DURABILITY_MISSES.load(Ordering::Relaxed),
-        out,
-    );
+    let series: [(&str, &str, &AtomicU64); 4] = [
+        (
+            "seckill_gate_script_calls_total",
+            "Purchase script calls to Redis (each decides a batch of attempts).",
+            &CALLS,
+        ),
+        (
+            "seckill_gate_script_attempts_total",
+            "Purchase attempts decided by those calls.",
+            &ATTEMPTS,
+        ),
+        (
+            "seckill_gate_durability_waits_total",
+            "Accepted batches that waited for --redis-durability (WAITAOF or WAIT).",
+            &DURABILITY_WAITS,
+        ),
+        (
+            "seckill_gate_durability_misses_total",
+            "Durability waits not confirmed in time: their buyers were answered pending.",
+            &DURABILITY_MISSES,
+        ),
+    ];
+    for (name, help, counter) in series {
+        render_counter(name, help, counter.load(Ordering::Relaxed), out);
+    }
 }

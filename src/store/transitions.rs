@@ -92,22 +92,13 @@ impl Store {
         now: i64,
         detail: &str,
     ) -> Result<Order, TransitionError> {
-        retry_transient(|| self.transition_once(order_id, owner, outcome, now, detail)).await
-    }
-
-    async fn transition_once(
-        &self,
-        order_id: i64,
-        owner: Option<i64>,
-        outcome: Outcome,
-        now: i64,
-        detail: &str,
-    ) -> Result<Order, TransitionError> {
-        self.in_write_tx(|mut conn| async move {
-            let result = self
-                .transition_in_tx(&mut conn, order_id, owner, outcome, now, detail)
-                .await;
-            (conn, result)
+        retry_transient(|| {
+            self.in_write_tx(|mut conn| async move {
+                let result = self
+                    .transition_in_tx(&mut conn, order_id, owner, outcome, now, detail)
+                    .await;
+                (conn, result)
+            })
         })
         .await
     }

@@ -37,6 +37,16 @@ pub struct WriterStats {
     pub lag_seconds: Histogram,
 }
 
+impl WriterStats {
+    /// What one commit wrote, and what it found written already.
+    fn count(&self, outcome: &crate::store::WriteOutcome) {
+        self.written
+            .fetch_add(outcome.written as u64, Ordering::Relaxed);
+        self.duplicates
+            .fetch_add(outcome.duplicates as u64, Ordering::Relaxed);
+    }
+}
+
 impl Default for WriterStats {
     fn default() -> Self {
         WriterStats {
@@ -166,12 +176,7 @@ impl Writer {
                         .lag_seconds
                         .observe((now - o.accepted_at).max(0) as f64 / 1000.0);
                 }
-                self.stats
-                    .written
-                    .fetch_add(outcome.written as u64, Ordering::Relaxed);
-                self.stats
-                    .duplicates
-                    .fetch_add(outcome.duplicates as u64, Ordering::Relaxed);
+                self.stats.count(&outcome);
                 self.confirm(&orders).await;
                 self.ack(receipts).await;
             }
@@ -196,12 +201,7 @@ impl Writer {
     async fn write_alone(&self, order: NewOrder, receipt: Receipt) {
         match self.store.write_orders(std::slice::from_ref(&order)).await {
             Ok(outcome) => {
-                self.stats
-                    .written
-                    .fetch_add(outcome.written as u64, Ordering::Relaxed);
-                self.stats
-                    .duplicates
-                    .fetch_add(outcome.duplicates as u64, Ordering::Relaxed);
+                self.stats.count(&outcome);
                 self.confirm(std::slice::from_ref(&order)).await;
                 self.ack(vec![receipt]).await;
             }
