@@ -3,11 +3,13 @@
 #![allow(dead_code)]
 
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::time::Duration;
 
+pub mod api;
 pub mod cluster;
 pub mod storm;
+
+pub use api::Api;
 
 use seckill::model::Sale;
 use seckill::store::Store;
@@ -167,6 +169,14 @@ pub fn next_id() -> i64 {
         .unwrap()
 }
 
+/// Tests that run a deployment of several processes and judge its timings (a failover's,
+/// purchases again within seconds of Redis answering) take turns: each holds this while it
+/// runs, so that on two cores none shares the machine with another such test.
+pub async fn one_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
+    static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    TURN.lock().await
+}
+
 // ---- a running server ----------------------------------------------------------------------
 
 pub struct Server {
@@ -221,6 +231,11 @@ impl Server {
         }
     }
 
+    /// A client of its API, calling admin operations with its admin token.
+    pub fn api(&self) -> Api {
+        Api::new(&self.base).admin(&self.admin)
+    }
+
     /// The value of one of its settings (as given to it, e.g. `SECKILL_DATABASE_URL`).
     pub fn env_value(&self, key: &str) -> String {
         self.env
@@ -232,12 +247,11 @@ impl Server {
 
     /// Waits up to 30 s until it answers /healthz.
     pub async fn wait_ready(&mut self) {
-        let client = reqwest::Client::new();
+        let api = Api::with_client(reqwest::Client::new(), &self.base);
         for _ in 0..300 {
-            if let Ok(r) = client.get(format!("{}/healthz", self.base)).send().await {
-                if r.status().is_success() {
-                    return;
-                }
+            let health = Api::try_send(api.request(reqwest::Method::GET, "/healthz")).await;
+            if health.is_ok_and(|r| (200..300).contains(&r.status)) {
+                return;
             }
             if let Ok(Some(status)) = self.child.try_wait() {
                 panic!("seckill exited early: {status}");
@@ -302,6 +316,42 @@ pub fn spawn(env: &[(String, String)], args: &[String]) -> Child {
     cmd.spawn().expect("spawn seckill")
 }
 
+/// A `seckill worker` process, SIGKILLed when dropped.
+pub struct Worker(pub Child);
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `seckill worker` with a deployment's settings.
+pub fn worker(env: &[(String, String)]) -> Worker {
+    let mut worker_env = env.to_vec();
+    worker_env.push(("SECKILL_LOG".into(), "warn".into()));
+    Worker(spawn(&worker_env, &["worker".to_string()]))
+}
+
+/// Settings as the processes take them, from (name, value) pairs.
+pub fn settings(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// A time as RFC 3339 (what the API reads and writes).
+pub fn rfc3339(t: time::OffsetDateTime) -> String {
+    t.format(&time::format_description::well_known::Rfc3339)
+        .unwrap()
+}
+
+/// Now plus `secs` seconds (minus, if negative), as RFC 3339.
+pub fn rfc3339_in(secs: i64) -> String {
+    rfc3339(time::OffsetDateTime::now_utc() + time::Duration::seconds(secs))
+}
+
 /// An HTTP client for storms: many connections, no proxy.
 pub fn client() -> reqwest::Client {
     reqwest::Client::builder()
@@ -309,54 +359,6 @@ pub fn client() -> reqwest::Client {
         .timeout(Duration::from_secs(30))
         .build()
         .unwrap()
-}
-
-/// Creates and approves a sale that is open now; returns its id.
-pub async fn open_sale(c: &reqwest::Client, s: &Server, stock: i64, limit: i64) -> String {
-    open_sale_with(c, s, stock, limit, serde_json::json!({})).await
-}
-
-/// Logs `n` distinct users in through the API (code, then login); returns their tokens.
-pub async fn login_users(c: &reqwest::Client, base: &str, n: usize) -> Vec<String> {
-    assert!(n <= 100_000, "phone numbers for at most 100,000 users");
-    let prefix = common_phone_block();
-    let sem = Arc::new(tokio::sync::Semaphore::new(64));
-    let mut tasks = Vec::new();
-    for i in 0..n {
-        let (c, base, sem) = (c.clone(), base.to_string(), sem.clone());
-        tasks.push(tokio::spawn(async move {
-            let _permit = sem.acquire().await.unwrap();
-            let phone = test_phone(prefix + i as u64);
-            let r: serde_json::Value = c
-                .post(format!("{base}/api/auth/code"))
-                .json(&serde_json::json!({ "phone": phone }))
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
-            let code = r["dev_code"]
-                .as_str()
-                .unwrap_or_else(|| panic!("no dev_code in {r}"))
-                .to_string();
-            let r: serde_json::Value = c
-                .post(format!("{base}/api/auth/login"))
-                .json(&serde_json::json!({ "phone": phone, "code": code }))
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
-            r["token"].as_str().unwrap().to_string()
-        }));
-    }
-    let mut tokens = Vec::with_capacity(n);
-    for t in tasks {
-        tokens.push(t.await.unwrap());
-    }
-    tokens
 }
 
 /// The first of a random block of 100,000 valid phone numbers (see [`test_phone`]).
@@ -375,23 +377,6 @@ pub fn user_of(token: &str) -> i64 {
     token.split('.').next().unwrap().parse().unwrap()
 }
 
-/// One purchase; returns (HTTP status, body).
-pub async fn buy(
-    c: &reqwest::Client,
-    base: &str,
-    sale: &str,
-    token: &str,
-) -> (u16, serde_json::Value) {
-    let r = c
-        .post(format!("{base}/api/sales/{sale}/purchase"))
-        .bearer_auth(token)
-        .send()
-        .await
-        .unwrap();
-    let status = r.status().as_u16();
-    (status, r.json().await.unwrap_or(serde_json::Value::Null))
-}
-
 /// Waits until `check` holds, or panics with `what` after `secs`.
 pub async fn eventually<F, Fut>(secs: u64, what: &str, mut check: F)
 where
@@ -406,15 +391,6 @@ where
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     panic!("timed out waiting for: {what}");
-}
-
-/// GET `url` (with a bearer token if given) and read the answer as JSON.
-pub async fn get_json(c: &reqwest::Client, url: String, bearer: Option<&str>) -> serde_json::Value {
-    let mut req = c.get(url);
-    if let Some(b) = bearer {
-        req = req.bearer_auth(b);
-    }
-    req.send().await.unwrap().json().await.unwrap()
 }
 
 // ---- a private Redis -----------------------------------------------------------------------
@@ -513,49 +489,6 @@ impl PrivateRedis {
     }
 }
 
-/// Makes a sale that is open now, with these extra fields, and approves it; returns its id.
-pub async fn open_sale_with(
-    c: &reqwest::Client,
-    s: &Server,
-    stock: i64,
-    limit: i64,
-    extra: serde_json::Value,
-) -> String {
-    let now = time::OffsetDateTime::now_utc();
-    let fmt = &time::format_description::well_known::Rfc3339;
-    let mut body = serde_json::json!({
-        "title": "e2e sale",
-        "price_cents": 1999,
-        "stock": stock,
-        "per_user_limit": limit,
-        "begins_at": (now - time::Duration::seconds(5)).format(fmt).unwrap(),
-        "ends_at": (now + time::Duration::hours(1)).format(fmt).unwrap(),
-    });
-    if let (Some(b), Some(e)) = (body.as_object_mut(), extra.as_object()) {
-        b.extend(e.clone());
-    }
-    let r = c
-        .post(format!("{}/api/admin/sales", s.base))
-        .bearer_auth(&s.admin)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
-    let id = r.json::<serde_json::Value>().await.unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let r = c
-        .post(format!("{}/api/admin/sales/{id}/approve", s.base))
-        .bearer_auth(&s.admin)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    id
-}
-
 // ---- metrics ---------------------------------------------------------------------------------
 
 /// The value of one series in Prometheus text (0 when absent).
@@ -568,52 +501,7 @@ pub fn metric(text: &str, name: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// The server's /metrics text (read with the admin token, which may read it).
-pub async fn metrics(c: &reqwest::Client, s: &Server) -> String {
-    c.get(format!("{}/metrics", s.base))
-        .bearer_auth(&s.admin)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
-}
-
 // ---- reconciliation --------------------------------------------------------------------------
-
-/// Waits until the sale's gate matches SQL plus what is in flight with nothing in flight
-/// (`GET /api/admin/sales/{id}/reconcile`), and checks that its journal sums to its stock.
-pub async fn check_reconciled(c: &reqwest::Client, s: &Server, sale: &str) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let r = get_json(
-            c,
-            format!("{}/api/admin/sales/{sale}/reconcile", s.base),
-            Some(&s.admin),
-        )
-        .await;
-        let quiet = r["unwritten_orders"] == 0 && r["returns_owed_orders"] == 0;
-        if r["exact"] == true && quiet && r["gate_loaded"] == true {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "sale {sale}: the gate never matched SQL: {r}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    let j = get_json(
-        c,
-        format!("{}/api/admin/sales/{sale}/journal?limit=1", s.base),
-        Some(&s.admin),
-    )
-    .await;
-    assert_eq!(
-        j["sum"], j["stock"],
-        "sale {sale}: journal sum != stock: {j}"
-    );
-}
 
 /// The confirmed drift of a sale in an instance's /metrics, by kind.
 pub fn drift_in(metrics: &str, sale: i64) -> std::collections::HashMap<String, i64> {

@@ -10,15 +10,7 @@ use std::time::{Duration, Instant};
 use seckill::model::OrderStatus;
 use seckill::store::Store;
 
-/// A `seckill worker` process of a test's deployment, SIGKILLed when dropped.
-pub struct Worker(pub std::process::Child);
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use super::{Api, Worker};
 
 /// The processes of a distributed test deployment: two `serve --no-writer` instances and
 /// two `worker`s, all with `env` (database, Redis, token secret, ...).
@@ -37,11 +29,7 @@ pub async fn instances_and_workers(
 
 /// Two more `worker`s for a deployment started by [`instances_and_workers`].
 pub fn start_workers(env: &[(String, String)]) -> Vec<Worker> {
-    let mut worker_env = env.to_vec();
-    worker_env.push(("SECKILL_LOG".into(), "warn".into()));
-    (0..2)
-        .map(|_| Worker(super::spawn(&worker_env, &["worker".to_string()])))
-        .collect()
+    (0..2).map(|_| super::worker(env)).collect()
 }
 
 /// Bearer tokens (signed with the deployment's `secret`, valid an hour) for these users.
@@ -76,27 +64,15 @@ pub struct Told {
 }
 
 /// Buys until a final answer (ok, already_purchased, sold_out), retrying 503s and pendings.
-pub async fn buy_until_final(
-    c: &reqwest::Client,
-    base: &str,
-    sale: &str,
-    token: &str,
-    give_up: Instant,
-) -> Told {
+pub async fn buy_until_final(api: &Api, sale: &str, token: &str, give_up: Instant) -> Told {
     let mut told = Told::default();
     while Instant::now() < give_up {
-        let r = c
-            .post(format!("{base}/api/sales/{sale}/purchase"))
-            .bearer_auth(token)
-            .send()
-            .await;
-        let Ok(r) = r else {
+        let Ok(r) = api.try_buy(token, sale).await else {
             told.unavailable += 1;
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         };
-        let status = r.status().as_u16();
-        let body: serde_json::Value = r.json().await.unwrap_or_default();
+        let (status, body) = (r.status, r.body);
         assert_ne!(status, 500, "never a 500: {body}");
         let code = body["code"].as_str().unwrap_or("").to_string();
         told.times.push((Instant::now(), code.clone()));
@@ -150,7 +126,7 @@ pub async fn storm_on(
     arrival: Arrival,
     started: Arc<AtomicUsize>,
 ) -> HashMap<i64, Told> {
-    let c = super::client();
+    let api = Api::new(&bases[0]);
     let sem = Arc::new(tokio::sync::Semaphore::new(match arrival {
         Arrival::Crowd(n) => n,
         Arrival::Every(_) => tokio::sync::Semaphore::MAX_PERMITS,
@@ -159,9 +135,8 @@ pub async fn storm_on(
     let give_up = begin + Duration::from_secs(120);
     let mut tasks = Vec::new();
     for (i, (user, token)) in tokens.into_iter().enumerate() {
-        let (c, base, sale, sem, started) = (
-            c.clone(),
-            bases[i % bases.len()].clone(),
+        let (api, sale, sem, started) = (
+            api.at(&bases[i % bases.len()]),
             sale.clone(),
             sem.clone(),
             started.clone(),
@@ -172,10 +147,7 @@ pub async fn storm_on(
             }
             let _permit = sem.acquire().await.unwrap();
             started.fetch_add(1, Ordering::Relaxed);
-            (
-                user,
-                buy_until_final(&c, &base, &sale, &token, give_up).await,
-            )
+            (user, buy_until_final(&api, &sale, &token, give_up).await)
         }));
     }
     let mut told = HashMap::new();

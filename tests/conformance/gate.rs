@@ -3,7 +3,7 @@
 //! under a key prefix of its own), and the SQL gates (lock and conditional) on SQLite,
 //! PostgreSQL and MariaDB. Cases about loading a gate run on the gates that are loaded.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::sync::Arc;

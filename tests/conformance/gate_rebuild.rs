@@ -3,7 +3,7 @@
 //! gate is SQL + the order stream + orders written during the rebuild, each counted once.
 //! Each "process" here is a gate with its own Redis connection and its own sale cache.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

@@ -2,7 +2,7 @@
 //! on issuing; an instance that leases an id just after Redis started afresh waits until
 //! no earlier holder can still issue from it; a new deployment waits for nothing.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

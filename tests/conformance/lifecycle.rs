@@ -2,11 +2,11 @@
 //! payment and expiry at the same instant, cancel twice at once, the same notification
 //! delivered concurrently, and an expired order redelivered by the order log.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 
-use common::ALL_SQL;
+use crate::common::ALL_SQL;
 use seckill::gate::{Gate, Purchase, Release, Released, SaleLoad, Verdict};
 use seckill::model::{NewOrder, OrderStatus};
 use seckill::store::Store;

@@ -3,12 +3,12 @@
 //! entries are skipped; entries that can never be written go to the dead letters; a
 //! vanished stream or group is recreated instead of crashing the writer.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::Sql;
+use crate::common::Sql;
 use seckill::gate::redis::RedisGate;
 use seckill::gate::{Gate, Purchase, SaleLoad, Verdict};
 use seckill::orderlog::redis_stream::StreamLog;

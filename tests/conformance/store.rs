@@ -1,12 +1,12 @@
 //! One store suite, run against SQLite, PostgreSQL and MariaDB (each test in a database of
 //! its own): idempotent batch writes, the stock guard, concurrent writers, migrations.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use common::{Sql, ALL_SQL};
+use crate::common::{Sql, ALL_SQL};
 use seckill::model::{NewOrder, OrderStatus};
 use seckill::store::{Store, StoreError};
 

@@ -5,61 +5,27 @@
 //! scripts replaying tokens and hammering, against a Redis of the test's own so that every
 //! gate call can be counted.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use crate::common::api::Reply;
+use crate::common::{metric, Api, PrivateRedis, Server, Sql};
 use base64::Engine;
-use common::{metric, metrics, PrivateRedis, Server, Sql};
-use serde_json::{json, Value};
+use serde_json::json;
 
 const SECRET: &str = "e2e-antibot-secret";
 
-async fn get(c: &reqwest::Client, url: String, bearer: &str) -> (u16, Value) {
-    let r = c.get(url).bearer_auth(bearer).send().await.unwrap();
-    let status = r.status().as_u16();
-    (status, r.json().await.unwrap())
+/// A single-use purchase token for this buyer.
+async fn purchase_token(api: &Api, sale: &str, bearer: &str) -> String {
+    let answer = api.purchase_token(bearer, sale).await.expect(200);
+    answer["token"].as_str().unwrap().to_string()
 }
 
-async fn buy_with(
-    c: &reqwest::Client,
-    base: &str,
-    sale: &str,
-    bearer: &str,
-    token: Option<&str>,
-) -> (u16, Value) {
-    let body = match token {
-        Some(t) => json!({ "token": t }),
-        None => json!({}),
-    };
-    let r = c
-        .post(format!("{base}/api/sales/{sale}/purchase"))
-        .bearer_auth(bearer)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let status = r.status().as_u16();
-    (status, r.json().await.unwrap())
-}
-
-async fn purchase_token(c: &reqwest::Client, base: &str, sale: &str, bearer: &str) -> String {
-    let (status, body) = get(c, format!("{base}/api/sales/{sale}/token"), bearer).await;
-    assert_eq!(status, 200, "{body}");
-    body["token"].as_str().unwrap().to_string()
-}
-
-/// The order id of an `ok` answer.
-fn order_of(answer: &(u16, Value)) -> Option<String> {
-    answer.1["order_id"].as_str().map(str::to_string)
-}
-
-fn code(answer: &(u16, Value)) -> (u16, String) {
-    (
-        answer.0,
-        answer.1["code"].as_str().unwrap_or_default().to_string(),
-    )
+/// A purchase with this purchase token.
+async fn buy_with(api: &Api, sale: &str, bearer: &str, token: &str) -> Reply {
+    api.buy_with(bearer, sale, &json!({ "token": token })).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -70,91 +36,81 @@ async fn purchase_tokens_and_captchas_over_http() {
         ("SECKILL_TOKEN_SECRET".into(), SECRET.into()),
     ];
     let server = Server::start(env, vec!["serve".into()]).await;
-    let base = server.base.clone();
-    let c = common::client();
-    let with_token = common::open_sale_with(&c, &server, 5, 1, json!({"anti_bot": "token"})).await;
-    let with_captcha =
-        common::open_sale_with(&c, &server, 5, 1, json!({"anti_bot": "captcha"})).await;
-    let in_an_hour = (time::OffsetDateTime::now_utc() + time::Duration::hours(1))
-        .format(&time::format_description::well_known::Rfc3339)
-        .unwrap();
-    let later = common::open_sale_with(
-        &c,
-        &server,
-        5,
-        1,
-        json!({"anti_bot": "token", "begins_at": in_an_hour, "ends_at": "2099-01-01T00:00:00Z"}),
-    )
-    .await;
-    let users = common::login_users(&c, &base, 5).await;
-    let sale_view = common::get_json(&c, format!("{base}/api/sales/{with_token}"), None).await;
+    let api = server.api();
+    let with_token = api
+        .open_sale_with(5, 1, &json!({"anti_bot": "token"}))
+        .await;
+    let with_captcha = api
+        .open_sale_with(5, 1, &json!({"anti_bot": "captcha"}))
+        .await;
+    let in_an_hour = common::rfc3339_in(3600);
+    let later = api
+        .open_sale_with(
+            5,
+            1,
+            &json!({"anti_bot": "token", "begins_at": in_an_hour, "ends_at": "2099-01-01T00:00:00Z"}),
+        )
+        .await;
+    let users = api.login_users(5).await;
+    let sale_view = api.sale(&with_token).await.json();
     assert_eq!(
         sale_view["anti_bot"], "token",
         "clients learn what to fetch"
     );
 
     // Tokens: required, bound to user and sale, single-use.
-    let no_token = buy_with(&c, &base, &with_token, &users[0], None).await;
+    let no_token = api.buy_with(&users[0], &with_token, &json!({})).await;
     assert_eq!(
-        code(&no_token),
+        no_token.status_code(),
         (403, "token_required".into()),
-        "{no_token:?}"
+        "{no_token}"
     );
-    let t0 = purchase_token(&c, &base, &with_token, &users[0]).await;
-    let moved = buy_with(&c, &base, &with_token, &users[1], Some(&t0)).await;
-    assert_eq!(code(&moved), (403, "token_invalid".into()), "{moved:?}");
-    let other_sale = buy_with(&c, &base, &with_captcha, &users[0], Some(&t0)).await;
-    assert_eq!(code(&other_sale), (403, "token_invalid".into()));
-    let forged = buy_with(
-        &c,
-        &base,
-        &with_token,
-        &users[0],
-        Some(&t0.replace('.', "_")),
-    )
-    .await;
-    assert_eq!(code(&forged), (403, "token_invalid".into()));
-    let ok = buy_with(&c, &base, &with_token, &users[0], Some(&t0)).await;
-    assert_eq!(code(&ok), (200, "ok".into()), "{ok:?}");
-    let replay = buy_with(&c, &base, &with_token, &users[0], Some(&t0)).await;
-    assert_eq!(code(&replay), (403, "token_used".into()), "{replay:?}");
-    let t1 = purchase_token(&c, &base, &with_token, &users[0]).await;
-    let again = buy_with(&c, &base, &with_token, &users[0], Some(&t1)).await;
-    assert_eq!(code(&again), (409, "already_purchased".into()));
-    let early = get(&c, format!("{base}/api/sales/{later}/token"), &users[0]).await;
+    let t0 = purchase_token(&api, &with_token, &users[0]).await;
+    let moved = buy_with(&api, &with_token, &users[1], &t0).await;
     assert_eq!(
-        code(&early),
+        moved.status_code(),
+        (403, "token_invalid".into()),
+        "{moved}"
+    );
+    let other_sale = buy_with(&api, &with_captcha, &users[0], &t0).await;
+    assert_eq!(other_sale.status_code(), (403, "token_invalid".into()));
+    let forged = buy_with(&api, &with_token, &users[0], &t0.replace('.', "_")).await;
+    assert_eq!(forged.status_code(), (403, "token_invalid".into()));
+    let ok = buy_with(&api, &with_token, &users[0], &t0).await;
+    assert_eq!(ok.status_code(), (200, "ok".into()), "{ok}");
+    let replay = buy_with(&api, &with_token, &users[0], &t0).await;
+    assert_eq!(replay.status_code(), (403, "token_used".into()), "{replay}");
+    let t1 = purchase_token(&api, &with_token, &users[0]).await;
+    let again = buy_with(&api, &with_token, &users[0], &t1).await;
+    assert_eq!(again.status_code(), (409, "already_purchased".into()));
+    let early = api.purchase_token(&users[0], &later).await;
+    assert_eq!(
+        early.status_code(),
         (409, "not_started".into()),
         "only inside the window"
     );
-    let no_captcha_here = get(
-        &c,
-        format!("{base}/api/sales/{with_token}/captcha"),
-        &users[0],
-    )
-    .await;
-    assert_eq!(code(&no_captcha_here), (409, "conflict".into()));
-    let junk = get(
-        &c,
-        format!("{base}/api/sales/{with_token}/token?x=1"),
-        &users[0],
-    )
-    .await;
-    assert_eq!(code(&junk), (400, "invalid_request".into()), "{junk:?}");
-    let anonymous = c
-        .get(format!("{base}/api/sales/{with_token}/token"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(anonymous.status(), 401);
+    let no_captcha_here = api.captcha(&users[0], &with_token).await;
+    assert_eq!(no_captcha_here.status_code(), (409, "conflict".into()));
+    let junk = api
+        .get(
+            &format!("/api/sales/{with_token}/token?x=1"),
+            Some(&users[0]),
+        )
+        .await;
+    assert_eq!(
+        junk.status_code(),
+        (400, "invalid_request".into()),
+        "{junk}"
+    );
+    let anonymous = api
+        .get(&format!("/api/sales/{with_token}/token"), None)
+        .await;
+    assert_eq!(anonymous.status, 401);
 
     // Captchas: a picture only, one guess each.
-    let cap_url = format!("{base}/api/sales/{with_captcha}/captcha");
-    let token_url = format!("{base}/api/sales/{with_captcha}/token");
-    let unsolved = get(&c, token_url.clone(), &users[1]).await;
-    assert_eq!(code(&unsolved), (403, "captcha_required".into()));
-    let (status, captcha) = get(&c, cap_url.clone(), &users[1]).await;
-    assert_eq!(status, 200, "{captcha}");
+    let unsolved = api.purchase_token(&users[1], &with_captcha).await;
+    assert_eq!(unsolved.status_code(), (403, "captcha_required".into()));
+    let captcha = api.captcha(&users[1], &with_captcha).await.expect(200);
     let mut fields: Vec<_> = captcha.as_object().unwrap().keys().cloned().collect();
     fields.sort();
     assert_eq!(fields, ["captcha_id", "expires_at", "image"]);
@@ -171,42 +127,38 @@ async fn purchase_tokens_and_captchas_over_http() {
     assert!(!captcha.to_string().contains(&answer) || answer.len() < 5);
     let wrong = if answer == "00000" { "11111" } else { "00000" };
     let guess = |answer: String, id: String, user: String| {
-        let (c, url) = (c.clone(), token_url.clone());
-        async move { get(&c, format!("{url}?captcha_id={id}&answer={answer}"), &user).await }
+        let (api, sale) = (api.clone(), with_captcha.clone());
+        async move { api.purchase_token_for(&user, &sale, &id, &answer).await }
     };
     let miss = guess(wrong.into(), id.into(), users[1].clone()).await;
-    assert_eq!(code(&miss), (403, "captcha_failed".into()));
+    assert_eq!(miss.status_code(), (403, "captcha_failed".into()));
     let second_guess = guess(answer.clone(), id.into(), users[1].clone()).await;
     assert_eq!(
-        code(&second_guess),
+        second_guess.status_code(),
         (403, "captcha_failed".into()),
-        "one guess per picture: {second_guess:?}"
+        "one guess per picture: {second_guess}"
     );
-    let (_, fresh) = get(&c, cap_url.clone(), &users[1]).await;
+    let fresh = api.captcha(&users[1], &with_captcha).await.json();
     let fresh_id = fresh["captcha_id"].as_str().unwrap().to_string();
     let fresh_answer =
         seckill::edge::antibot::answer_for(SECRET, with_captcha.parse().unwrap(), user1, &fresh_id)
             .unwrap();
     let not_yours = guess(fresh_answer.clone(), fresh_id.clone(), users[2].clone()).await;
-    assert_eq!(code(&not_yours), (403, "captcha_failed".into()));
+    assert_eq!(not_yours.status_code(), (403, "captcha_failed".into()));
     let solved = guess(fresh_answer.clone(), fresh_id.clone(), users[1].clone()).await;
-    assert_eq!(solved.0, 200, "{solved:?}");
-    let token = solved.1["token"].as_str().unwrap();
-    let bought = buy_with(&c, &base, &with_captcha, &users[1], Some(token)).await;
-    assert_eq!(code(&bought), (200, "ok".into()), "{bought:?}");
+    assert_eq!(solved.status, 200, "{solved}");
+    let token = solved["token"].as_str().unwrap();
+    let bought = buy_with(&api, &with_captcha, &users[1], token).await;
+    assert_eq!(bought.status_code(), (200, "ok".into()), "{bought}");
     let reused = guess(fresh_answer, fresh_id, users[1].clone()).await;
-    assert_eq!(code(&reused), (403, "captcha_failed".into()));
+    assert_eq!(reused.status_code(), (403, "captcha_failed".into()));
 
     // Pictures are rationed per buyer and sale: five at once, then one every five seconds.
     let mut answers = Vec::new();
     for _ in 0..7 {
-        let r = c.get(&cap_url).bearer_auth(&users[3]).send().await.unwrap();
-        let retry_after = r
-            .headers()
-            .get("retry-after")
-            .map(|v| v.to_str().unwrap().to_string());
-        let status = r.status().as_u16();
-        let body: serde_json::Value = r.json().await.unwrap();
+        let r = api.captcha(&users[3], &with_captcha).await;
+        let retry_after = r.header("retry-after").map(str::to_string);
+        let (status, body) = (r.status, r.json());
         answers.push((status, body["code"].clone(), retry_after));
     }
     assert!(answers[..5].iter().all(|a| a.0 == 200), "{answers:?}");
@@ -219,10 +171,14 @@ async fn purchase_tokens_and_captchas_over_http() {
         let secs: u64 = retry_after.as_deref().unwrap().parse().unwrap();
         assert!((1..=5).contains(&secs), "{answers:?}");
     }
-    let (status, _) = get(&c, cap_url.clone(), &users[4]).await;
-    assert_eq!(status, 200, "another buyer is not affected");
+    let other = api.captcha(&users[4], &with_captcha).await;
+    assert_eq!(
+        (other.status, other.is_json()),
+        (200, true),
+        "another buyer is not affected"
+    );
 
-    let m = metrics(&c, &server).await;
+    let m = api.metrics().await;
     assert_eq!(metric(&m, "seckill_captchas_limited_total"), 2, "{m}");
     assert_eq!(
         metric(&m, "seckill_purchases_total{code=\"token_used\"}"),
@@ -230,13 +186,8 @@ async fn purchase_tokens_and_captchas_over_http() {
         "{m}"
     );
     assert_eq!(metric(&m, "seckill_captchas_failed_total"), 5, "{m}");
-    common::eventually(10, "the order is written", || {
-        let (c, url, admin) = (
-            c.clone(),
-            format!("{base}/api/admin/sales/{with_token}/audit"),
-            server.admin.clone(),
-        );
-        async move { common::get_json(&c, url, Some(&admin)).await["live_orders"] == 1 }
+    common::eventually(10, "the order is written", || async {
+        api.books(&with_token, "audit").await.json()["live_orders"] == 1
     })
     .await;
 }
@@ -249,31 +200,30 @@ struct Heard {
     orders: Vec<String>,
 }
 
-async fn honest(c: reqwest::Client, base: String, sale: String, bearer: String) -> Heard {
-    let token = purchase_token(&c, &base, &sale, &bearer).await;
-    let answer = buy_with(&c, &base, &sale, &bearer, Some(&token)).await;
+async fn honest(api: Api, sale: String, bearer: String) -> Heard {
+    let token = purchase_token(&api, &sale, &bearer).await;
+    let answer = buy_with(&api, &sale, &bearer, &token).await;
     Heard {
         user: common::user_of(&bearer),
         scripted: false,
-        codes: vec![code(&answer)],
-        orders: order_of(&answer).into_iter().collect(),
+        codes: vec![answer.status_code()],
+        orders: answer.order_id().into_iter().collect(),
     }
 }
 
 /// A script: one token fired 20 times at once, then three more tokens in a row.
-async fn scripted(c: reqwest::Client, base: String, sale: String, bearer: String) -> Heard {
-    let token = purchase_token(&c, &base, &sale, &bearer).await;
-    let volley = futures_util::future::join_all(
-        (0..20).map(|_| buy_with(&c, &base, &sale, &bearer, Some(&token))),
-    )
-    .await;
-    let mut codes: Vec<_> = volley.iter().map(code).collect();
-    let mut orders: Vec<_> = volley.iter().filter_map(order_of).collect();
+async fn scripted(api: Api, sale: String, bearer: String) -> Heard {
+    let token = purchase_token(&api, &sale, &bearer).await;
+    let volley =
+        futures_util::future::join_all((0..20).map(|_| buy_with(&api, &sale, &bearer, &token)))
+            .await;
+    let mut codes: Vec<_> = volley.iter().map(Reply::status_code).collect();
+    let mut orders: Vec<_> = volley.iter().filter_map(Reply::order_id).collect();
     for _ in 0..3 {
-        let token = purchase_token(&c, &base, &sale, &bearer).await;
-        let answer = buy_with(&c, &base, &sale, &bearer, Some(&token)).await;
-        codes.push(code(&answer));
-        orders.extend(order_of(&answer));
+        let token = purchase_token(&api, &sale, &bearer).await;
+        let answer = buy_with(&api, &sale, &bearer, &token).await;
+        codes.push(answer.status_code());
+        orders.extend(answer.order_id());
     }
     Heard {
         user: common::user_of(&bearer),
@@ -306,21 +256,17 @@ async fn a_bot_storm_against_an_anti_bot_sale_sells_exactly_the_stock() {
         ),
     ];
     let server = Server::start(env, vec!["serve".into()]).await;
-    let c = common::client();
-    let sale = common::open_sale_with(&c, &server, STOCK, 1, json!({"anti_bot": "token"})).await;
-    let users = common::login_users(&c, &server.base, BUYERS).await;
+    let api = server.api();
+    let sale = api
+        .open_sale_with(STOCK, 1, &json!({"anti_bot": "token"}))
+        .await;
+    let users = api.login_users(BUYERS).await;
 
     // First, while the stock is all there, one script's volley (its token fired 20 times
     // at once): one purchase, every repeat refused as a repeat, by the per-user rate limit
     // (its burst is 10) or as a spent token. In the storm below, most volleys arrive after
     // the sell-out and hear the cheaper `sold_out` from the flag instead.
-    let first_script = scripted(
-        c.clone(),
-        server.base.clone(),
-        sale.clone(),
-        users[0].clone(),
-    )
-    .await;
+    let first_script = scripted(api.clone(), sale.clone(), users[0].clone()).await;
     let volley = &first_script.codes[..20];
     let count = |code: &str| volley.iter().filter(|(_, c)| c == code).count();
     assert_eq!(count("ok"), 1, "{volley:?}");
@@ -336,15 +282,14 @@ async fn a_bot_storm_against_an_anti_bot_sale_sells_exactly_the_stock() {
         .iter()
         .enumerate()
         .map(|(i, bearer)| {
-            let (c, base, sale, bearer) =
-                (c.clone(), server.base.clone(), sale.clone(), bearer.clone());
-            let gate = gate.clone();
+            let (api, sale, bearer, gate) =
+                (api.clone(), sale.clone(), bearer.clone(), gate.clone());
             tokio::spawn(async move {
                 let _turn = gate.acquire().await.unwrap();
                 if i % 3 == 0 {
-                    scripted(c, base, sale, bearer).await
+                    scripted(api, sale, bearer).await
                 } else {
-                    honest(c, base, sale, bearer).await
+                    honest(api, sale, bearer).await
                 }
             })
         })
@@ -392,19 +337,19 @@ async fn a_bot_storm_against_an_anti_bot_sale_sells_exactly_the_stock() {
     let rate_key = format!("seckill:{{{sale}}}:rate");
     let late_users: Vec<i64> = late.iter().map(|t| common::user_of(t)).collect();
     let stamps_before = redis.hmget(&rate_key, &late_users).await;
-    let m = metrics(&c, &server).await;
+    let m = api.metrics().await;
     let shortcuts_before = metric(&m, "seckill_sold_out_shortcuts_total");
     for bearer in &late {
-        let token = purchase_token(&c, &server.base, &sale, bearer).await;
-        let answer = buy_with(&c, &server.base, &sale, bearer, Some(&token)).await;
-        assert_eq!(code(&answer), (409, "sold_out".into()), "{answer:?}");
+        let token = purchase_token(&api, &sale, bearer).await;
+        let answer = buy_with(&api, &sale, bearer, &token).await;
+        assert_eq!(answer.status_code(), (409, "sold_out".into()), "{answer}");
     }
     assert_eq!(
         redis.hmget(&rate_key, &late_users).await,
         stamps_before,
         "the purchase script did not run"
     );
-    let m = metrics(&c, &server).await;
+    let m = api.metrics().await;
     assert_eq!(
         metric(&m, "seckill_sold_out_shortcuts_total") - shortcuts_before,
         200,
@@ -412,25 +357,18 @@ async fn a_bot_storm_against_an_anti_bot_sale_sells_exactly_the_stock() {
     );
 
     // The database: exactly the stock, one unit per buyer, every `ok` there.
-    let audit_url = format!("{}/api/admin/sales/{sale}/audit", server.base);
-    common::eventually(30, "the order log drains", || {
-        let (c, url, admin) = (c.clone(), audit_url.clone(), server.admin.clone());
-        async move { common::get_json(&c, url, Some(&admin)).await["live_orders"] == STOCK }
+    common::eventually(30, "the order log drains", || async {
+        api.books(&sale, "audit").await.json()["live_orders"] == STOCK
     })
     .await;
-    let audit = common::get_json(&c, audit_url, Some(&server.admin)).await;
+    let audit = api.books(&sale, "audit").await.json();
     assert_eq!(audit["live_units"], STOCK, "{audit}");
     assert_eq!(audit["distinct_buyers"], STOCK, "{audit}");
     assert_eq!(audit["max_units_per_buyer"], 1, "{audit}");
     assert_eq!(audit["oversold"], 0, "{audit}");
     assert_eq!(audit["sql_stock"], 0, "{audit}");
     let mut answered: Vec<String> = heard.iter().flat_map(|h| h.orders.clone()).collect();
-    let ids = common::get_json(
-        &c,
-        format!("{}/api/admin/sales/{sale}/order-ids", server.base),
-        Some(&server.admin),
-    )
-    .await;
+    let ids = api.books(&sale, "order-ids").await.json();
     let mut stored: Vec<String> = ids["order_ids"]
         .as_array()
         .unwrap()

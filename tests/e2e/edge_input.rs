@@ -1,9 +1,9 @@
 //! Bad input of every kind, against the running binary: each gets a 4xx with a
 //! `{code, message}` body, never a 5xx, and changes nothing (stock and orders checked).
 
-mod common;
+use crate::common;
 
-use common::{Server, Sql};
+use crate::common::{Api, Server, Sql};
 use reqwest::Method;
 use seckill::store::Store;
 
@@ -22,9 +22,9 @@ async fn malformed_requests_get_clear_errors_and_change_nothing() {
         .pool_max_idle_per_host(0)
         .build()
         .unwrap();
-    let base = server.base.clone();
-    let sale = common::open_sale(&c, &server, 10, 2).await;
-    let tokens = common::login_users(&c, &base, 1).await;
+    let api = Api::with_client(c, &server.base).admin(&server.admin);
+    let sale = api.open_sale(10, 2).await;
+    let tokens = api.login_users(1).await;
     let token = tokens[0].as_str();
     let (user, exp, sig) = {
         let p: Vec<&str> = token.split('.').collect();
@@ -38,129 +38,330 @@ async fn malformed_requests_get_clear_errors_and_change_nothing() {
 
     // (method, path, bearer, body, expected status, expected code)
     type Case<'a> = (Method, String, Option<String>, Option<String>, u16, &'a str);
+    // A sale the admin may not create: 400 `invalid_request`.
+    let bad_sale = |body: &str| -> Case {
+        let admin = Some(server.admin.clone());
+        let path = "/api/admin/sales".to_string();
+        (
+            Method::POST,
+            path,
+            admin,
+            Some(body.into()),
+            400,
+            "invalid_request",
+        )
+    };
     let cases: Vec<Case> = vec![
-        (Method::POST, purchase.clone(), None, None, 401, "unauthorized"),
-        (Method::POST, purchase.clone(), Some("garbage".into()), None, 401, "unauthorized"),
-        (Method::POST, purchase.clone(), Some(forged_user), None, 401, "unauthorized"),
-        (Method::POST, purchase.clone(), Some(forged_exp), None, 401, "unauthorized"),
-        (Method::POST, purchase.clone(), Some(token.into()), Some("{".into()), 400, "invalid_request"),
-        (Method::POST, purchase.clone(), Some(token.into()), Some("not json".into()), 400, "invalid_request"),
-        (Method::POST, purchase.clone(), Some(token.into()), Some(r#"{"quantity":0}"#.into()), 400, "invalid_request"),
-        (Method::POST, purchase.clone(), Some(token.into()), Some(r#"{"quantity":-5}"#.into()), 400, "invalid_request"),
-        (Method::POST, purchase.clone(), Some(token.into()), Some(r#"{"quantity":3}"#.into()), 400, "invalid_request"),
-        (Method::POST, purchase.clone(), Some(token.into()), Some(r#"{"quantity":1e3}"#.into()), 400, "invalid_request"),
-        (Method::POST, purchase.clone(), Some(token.into()), Some(r#"{"quantity":"1"}"#.into()), 400, "invalid_request"),
-        (Method::POST, purchase.clone(), Some(token.into()), Some(r#"{"quantity":1,"x":2}"#.into()), 400, "invalid_request"),
-        (Method::POST, purchase.clone(), Some(token.into()), Some(deep.clone()), 400, "invalid_request"),
+        (
+            Method::POST,
+            purchase.clone(),
+            None,
+            None,
+            401,
+            "unauthorized",
+        ),
+        (
+            Method::POST,
+            purchase.clone(),
+            Some("garbage".into()),
+            None,
+            401,
+            "unauthorized",
+        ),
+        (
+            Method::POST,
+            purchase.clone(),
+            Some(forged_user),
+            None,
+            401,
+            "unauthorized",
+        ),
+        (
+            Method::POST,
+            purchase.clone(),
+            Some(forged_exp),
+            None,
+            401,
+            "unauthorized",
+        ),
+        (
+            Method::POST,
+            purchase.clone(),
+            Some(token.into()),
+            Some("{".into()),
+            400,
+            "invalid_request",
+        ),
+        (
+            Method::POST,
+            purchase.clone(),
+            Some(token.into()),
+            Some("not json".into()),
+            400,
+            "invalid_request",
+        ),
+        (
+            Method::POST,
+            purchase.clone(),
+            Some(token.into()),
+            Some(r#"{"quantity":0}"#.into()),
+            400,
+            "invalid_request",
+        ),
+        (
+            Method::POST,
+            purchase.clone(),
+            Some(token.into()),
+            Some(r#"{"quantity":-5}"#.into()),
+            400,
+            "invalid_request",
+        ),
+        (
+            Method::POST,
+            purchase.clone(),
+            Some(token.into()),
+            Some(r#"{"quantity":3}"#.into()),
+            400,
+            "invalid_request",
+        ),
+        (
+            Method::POST,
+            purchase.clone(),
+            Some(token.into()),
+            Some(r#"{"quantity":1e3}"#.into()),
+            400,
+            "invalid_request",
+        ),
+        (
+            Method::POST,
+            purchase.clone(),
+            Some(token.into()),
+            Some(r#"{"quantity":"1"}"#.into()),
+            400,
+            "invalid_request",
+        ),
+        (
+            Method::POST,
+            purchase.clone(),
+            Some(token.into()),
+            Some(r#"{"quantity":1,"x":2}"#.into()),
+            400,
+            "invalid_request",
+        ),
+        (
+            Method::POST,
+            purchase.clone(),
+            Some(token.into()),
+            Some(deep.clone()),
+            400,
+            "invalid_request",
+        ),
         // Optional fields are left out, never null (the schema gives each a type).
-        (Method::POST, purchase.clone(), Some(token.into()), Some(r#"{"quantity":null}"#.into()), 400, "invalid_request"),
-        (Method::POST, purchase.clone(), Some(token.into()), Some(r#"{"token":null}"#.into()), 400, "invalid_request"),
-        (Method::POST, purchase.clone(), Some(token.into()), Some(huge.clone()), 413, "payload_too_large"),
-        (Method::POST, "/api/sales/12345/purchase".into(), Some(token.into()), None, 404, "not_found"),
-        (Method::POST, "/api/sales/-1/purchase".into(), Some(token.into()), None, 400, "invalid_request"),
-        (Method::POST, "/api/sales/abc/purchase".into(), Some(token.into()), None, 400, "invalid_request"),
-        (Method::POST, "/api/sales/99999999999999999999999/purchase".into(), Some(token.into()), None, 400, "invalid_request"),
-        (Method::GET, purchase.clone(), Some(token.into()), None, 405, "method_not_allowed"),
-        (Method::GET, "/api/orders/1".into(), Some(token.into()), None, 404, "not_found"),
-        (Method::GET, "/api/orders/x".into(), Some(token.into()), None, 400, "invalid_request"),
-        (Method::GET, "/api/nothing".into(), None, None, 404, "not_found"),
-        (Method::POST, "/api/auth/code".into(), None, Some(r#"{"phone":"12"}"#.into()), 400, "invalid_phone"),
-        (Method::POST, "/api/auth/code".into(), None, Some(r#"{"phone":"+8613800000001 ext. 5"}"#.into()), 400, "invalid_phone"),
-        (Method::POST, "/api/auth/code".into(), None, Some(r#"{"phone":"+15550001234"}"#.into()), 400, "invalid_phone"),
-        (Method::POST, "/api/auth/code".into(), None, Some("[]".into()), 400, "invalid_request"),
-        (Method::POST, "/api/auth/login".into(), None, Some(r#"{"phone":"+123456","code":"000000"}"#.into()), 400, "invalid_phone"),
-        (Method::POST, "/api/auth/login".into(), None, Some(r#"{"phone":"+8613700000009","code":"000000"}"#.into()), 401, "invalid_code"),
-        (Method::POST, "/api/admin/sales".into(), None, Some("{}".into()), 401, "unauthorized"),
-        (Method::POST, "/api/admin/sales".into(), Some("wrong".into()), Some("{}".into()), 401, "unauthorized"),
-        (Method::POST, "/api/admin/sales".into(), Some(server.admin.clone()), Some("{}".into()), 400, "invalid_request"),
         (
             Method::POST,
-            "/api/admin/sales".into(),
-            Some(server.admin.clone()),
-            Some(r#"{"title":"t","price_cents":1,"stock":-1,"begins_at":"2026-01-01T00:00:00Z","ends_at":"2026-01-02T00:00:00Z"}"#.into()),
+            purchase.clone(),
+            Some(token.into()),
+            Some(r#"{"quantity":null}"#.into()),
             400,
             "invalid_request",
         ),
         (
             Method::POST,
-            "/api/admin/sales".into(),
-            Some(server.admin.clone()),
-            Some(r#"{"title":"t","price_cents":1,"stock":1,"begins_at":"2026-01-02T00:00:00Z","ends_at":"2026-01-01T00:00:00Z"}"#.into()),
+            purchase.clone(),
+            Some(token.into()),
+            Some(r#"{"token":null}"#.into()),
             400,
             "invalid_request",
         ),
         (
-            // A window entirely in the past: a sale that could never open.
+            Method::POST,
+            purchase.clone(),
+            Some(token.into()),
+            Some(huge.clone()),
+            413,
+            "payload_too_large",
+        ),
+        (
+            Method::POST,
+            "/api/sales/12345/purchase".into(),
+            Some(token.into()),
+            None,
+            404,
+            "not_found",
+        ),
+        (
+            Method::POST,
+            "/api/sales/-1/purchase".into(),
+            Some(token.into()),
+            None,
+            400,
+            "invalid_request",
+        ),
+        (
+            Method::POST,
+            "/api/sales/abc/purchase".into(),
+            Some(token.into()),
+            None,
+            400,
+            "invalid_request",
+        ),
+        (
+            Method::POST,
+            "/api/sales/99999999999999999999999/purchase".into(),
+            Some(token.into()),
+            None,
+            400,
+            "invalid_request",
+        ),
+        (
+            Method::GET,
+            purchase.clone(),
+            Some(token.into()),
+            None,
+            405,
+            "method_not_allowed",
+        ),
+        (
+            Method::GET,
+            "/api/orders/1".into(),
+            Some(token.into()),
+            None,
+            404,
+            "not_found",
+        ),
+        (
+            Method::GET,
+            "/api/orders/x".into(),
+            Some(token.into()),
+            None,
+            400,
+            "invalid_request",
+        ),
+        (
+            Method::GET,
+            "/api/nothing".into(),
+            None,
+            None,
+            404,
+            "not_found",
+        ),
+        (
+            Method::POST,
+            "/api/auth/code".into(),
+            None,
+            Some(r#"{"phone":"12"}"#.into()),
+            400,
+            "invalid_phone",
+        ),
+        (
+            Method::POST,
+            "/api/auth/code".into(),
+            None,
+            Some(r#"{"phone":"+8613800000001 ext. 5"}"#.into()),
+            400,
+            "invalid_phone",
+        ),
+        (
+            Method::POST,
+            "/api/auth/code".into(),
+            None,
+            Some(r#"{"phone":"+15550001234"}"#.into()),
+            400,
+            "invalid_phone",
+        ),
+        (
+            Method::POST,
+            "/api/auth/code".into(),
+            None,
+            Some("[]".into()),
+            400,
+            "invalid_request",
+        ),
+        (
+            Method::POST,
+            "/api/auth/login".into(),
+            None,
+            Some(r#"{"phone":"+123456","code":"000000"}"#.into()),
+            400,
+            "invalid_phone",
+        ),
+        (
+            Method::POST,
+            "/api/auth/login".into(),
+            None,
+            Some(r#"{"phone":"+8613700000009","code":"000000"}"#.into()),
+            401,
+            "invalid_code",
+        ),
+        (
+            Method::POST,
+            "/api/admin/sales".into(),
+            None,
+            Some("{}".into()),
+            401,
+            "unauthorized",
+        ),
+        (
+            Method::POST,
+            "/api/admin/sales".into(),
+            Some("wrong".into()),
+            Some("{}".into()),
+            401,
+            "unauthorized",
+        ),
+        (
             Method::POST,
             "/api/admin/sales".into(),
             Some(server.admin.clone()),
-            Some(r#"{"title":"t","price_cents":1,"stock":1,"begins_at":"2020-01-01T00:00:00Z","ends_at":"2020-01-02T00:00:00Z"}"#.into()),
+            Some("{}".into()),
             400,
             "invalid_request",
+        ),
+        bad_sale(
+            r#"{"title":"t","price_cents":1,"stock":-1,"begins_at":"2026-01-01T00:00:00Z","ends_at":"2026-01-02T00:00:00Z"}"#,
+        ),
+        bad_sale(
+            r#"{"title":"t","price_cents":1,"stock":1,"begins_at":"2026-01-02T00:00:00Z","ends_at":"2026-01-01T00:00:00Z"}"#,
+        ),
+        // A window entirely in the past: a sale that could never open.
+        bad_sale(
+            r#"{"title":"t","price_cents":1,"stock":1,"begins_at":"2020-01-01T00:00:00Z","ends_at":"2020-01-02T00:00:00Z"}"#,
         ),
         // Segments: 1 to 64, at most the stock, or "auto".
-        (
-            Method::POST,
-            "/api/admin/sales".into(),
-            Some(server.admin.clone()),
-            Some(r#"{"title":"t","price_cents":1,"stock":10,"segments":0,"begins_at":"2026-01-01T00:00:00Z","ends_at":"2099-01-02T00:00:00Z"}"#.into()),
-            400,
-            "invalid_request",
+        bad_sale(
+            r#"{"title":"t","price_cents":1,"stock":10,"segments":0,"begins_at":"2026-01-01T00:00:00Z","ends_at":"2099-01-02T00:00:00Z"}"#,
+        ),
+        bad_sale(
+            r#"{"title":"t","price_cents":1,"stock":100,"segments":65,"begins_at":"2026-01-01T00:00:00Z","ends_at":"2099-01-02T00:00:00Z"}"#,
+        ),
+        bad_sale(
+            r#"{"title":"t","price_cents":1,"stock":10,"segments":"many","begins_at":"2026-01-01T00:00:00Z","ends_at":"2099-01-02T00:00:00Z"}"#,
+        ),
+        bad_sale(
+            r#"{"title":"t","price_cents":1,"stock":10,"segments":-1,"begins_at":"2026-01-01T00:00:00Z","ends_at":"2099-01-02T00:00:00Z"}"#,
+        ),
+        bad_sale(
+            r#"{"title":"t","price_cents":1,"stock":10,"segments":1.5,"begins_at":"2026-01-01T00:00:00Z","ends_at":"2099-01-02T00:00:00Z"}"#,
+        ),
+        bad_sale(
+            r#"{"title":"t","price_cents":1,"stock":2,"segments":3,"begins_at":"2026-01-01T00:00:00Z","ends_at":"2099-01-02T00:00:00Z"}"#,
+        ),
+        // Found by schemathesis: null was read as "left out" though the schema says
+        // an integer or "auto".
+        bad_sale(
+            r#"{"title":"t","price_cents":1,"stock":10,"segments":null,"begins_at":"2026-01-01T00:00:00Z","ends_at":"2099-01-02T00:00:00Z"}"#,
         ),
         (
             Method::POST,
-            "/api/admin/sales".into(),
+            "/api/admin/sales/1/approve".into(),
             Some(server.admin.clone()),
-            Some(r#"{"title":"t","price_cents":1,"stock":100,"segments":65,"begins_at":"2026-01-01T00:00:00Z","ends_at":"2099-01-02T00:00:00Z"}"#.into()),
-            400,
-            "invalid_request",
+            None,
+            404,
+            "not_found",
         ),
-        (
-            Method::POST,
-            "/api/admin/sales".into(),
-            Some(server.admin.clone()),
-            Some(r#"{"title":"t","price_cents":1,"stock":10,"segments":"many","begins_at":"2026-01-01T00:00:00Z","ends_at":"2099-01-02T00:00:00Z"}"#.into()),
-            400,
-            "invalid_request",
-        ),
-        (
-            Method::POST,
-            "/api/admin/sales".into(),
-            Some(server.admin.clone()),
-            Some(r#"{"title":"t","price_cents":1,"stock":10,"segments":-1,"begins_at":"2026-01-01T00:00:00Z","ends_at":"2099-01-02T00:00:00Z"}"#.into()),
-            400,
-            "invalid_request",
-        ),
-        (
-            Method::POST,
-            "/api/admin/sales".into(),
-            Some(server.admin.clone()),
-            Some(r#"{"title":"t","price_cents":1,"stock":10,"segments":1.5,"begins_at":"2026-01-01T00:00:00Z","ends_at":"2099-01-02T00:00:00Z"}"#.into()),
-            400,
-            "invalid_request",
-        ),
-        (
-            Method::POST,
-            "/api/admin/sales".into(),
-            Some(server.admin.clone()),
-            Some(r#"{"title":"t","price_cents":1,"stock":2,"segments":3,"begins_at":"2026-01-01T00:00:00Z","ends_at":"2099-01-02T00:00:00Z"}"#.into()),
-            400,
-            "invalid_request",
-        ),
-        (
-            // Found by schemathesis: null was read as "left out" though the schema says
-            // an integer or "auto".
-            Method::POST,
-            "/api/admin/sales".into(),
-            Some(server.admin.clone()),
-            Some(r#"{"title":"t","price_cents":1,"stock":10,"segments":null,"begins_at":"2026-01-01T00:00:00Z","ends_at":"2099-01-02T00:00:00Z"}"#.into()),
-            400,
-            "invalid_request",
-        ),
-        (Method::POST, "/api/admin/sales/1/approve".into(), Some(server.admin.clone()), None, 404, "not_found"),
     ];
     for (method, path, bearer, body, status, code) in cases {
-        let mut req = c.request(method.clone(), format!("{base}{path}"));
+        let mut req = api.request(method.clone(), &path);
         if let Some(b) = &bearer {
             req = req.bearer_auth(b);
         }
@@ -187,22 +388,17 @@ async fn malformed_requests_get_clear_errors_and_change_nothing() {
     let sale_id: i64 = sale.parse().unwrap();
     assert!(store.orders_of_sale(sale_id).await.unwrap().is_empty());
     assert_eq!(store.sale(sale_id).await.unwrap().unwrap().stock, 10);
-    let stock: serde_json::Value =
-        common::get_json(&c, format!("{base}/api/sales/{sale}/stock"), None).await;
+    let stock = api.stock(&sale).await.json();
     assert_eq!(
         stock,
         serde_json::json!({"state": "active", "remaining": 10})
     );
 
     // And a valid purchase still works afterwards, with quantity up to the limit.
-    let r = c
-        .post(format!("{base}{purchase}"))
-        .bearer_auth(token)
-        .body(r#"{"quantity":2}"#)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    let r = api
+        .buy_with(token, &sale, &serde_json::json!({"quantity": 2}))
+        .await;
+    assert_eq!(r.status, 200, "{r}");
     // Durable in the order log at once, in SQL once the writer has drained it.
     let written = store.clone();
     common::eventually(20, "the order is written", || {
@@ -216,47 +412,37 @@ async fn malformed_requests_get_clear_errors_and_change_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn catalogue_is_cacheable_and_orders_are_private() {
     let server = Server::embedded(&[]).await;
-    let c = common::client();
-    let base = server.base.clone();
-    let sale = common::open_sale(&c, &server, 5, 1).await;
+    let api = server.api();
+    let sale = api.open_sale(5, 1).await;
 
-    let r = c
-        .get(format!("{base}/api/sales/{sale}"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    let etag = r.headers()["etag"].to_str().unwrap().to_string();
-    assert!(r.headers()["cache-control"]
-        .to_str()
-        .unwrap()
-        .contains("max-age"));
-    let r = c
-        .get(format!("{base}/api/sales/{sale}"))
-        .header("If-None-Match", &etag)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 304);
-    let list: serde_json::Value = common::get_json(&c, format!("{base}/api/sales"), None).await;
+    let r = api.sale(&sale).await;
+    assert_eq!(r.status, 200);
+    let etag = r.header("etag").unwrap().to_string();
+    assert!(r.header("cache-control").unwrap().contains("max-age"));
+    let path = format!("/api/sales/{sale}");
+    let r = Api::send(
+        api.request(Method::GET, &path)
+            .header("If-None-Match", &etag),
+    )
+    .await;
+    assert_eq!(r.status, 304);
+    let list = api.sales().await.json();
     assert!(list
         .as_array()
         .unwrap()
         .iter()
         .any(|s| s["id"] == sale.as_str()));
 
-    let tokens = common::login_users(&c, &base, 2).await;
-    let (status, body) = common::buy(&c, &base, &sale, &tokens[0]).await;
-    assert_eq!(status, 200, "{body}");
-    let order = body["order_id"].as_str().unwrap();
-    let mine: serde_json::Value =
-        common::get_json(&c, format!("{base}/api/orders/{order}"), Some(&tokens[0])).await;
+    let tokens = api.login_users(2).await;
+    let answer = api.buy(&tokens[0], &sale).await;
+    assert_eq!(answer.status, 200, "{answer}");
+    let order = answer.order_id().unwrap();
+    let mine = api.order(&tokens[0], &order).await.json();
     assert!(
         mine["status"] == "queued" || mine["status"] == "pending_payment",
         "an ok order is the buyer's at once, queued until written: {mine}"
     );
-    let listed: serde_json::Value =
-        common::get_json(&c, format!("{base}/api/orders"), Some(&tokens[0])).await;
+    let listed = api.orders(&tokens[0]).await.json();
     assert_eq!(
         listed
             .as_array()
@@ -264,32 +450,16 @@ async fn catalogue_is_cacheable_and_orders_are_private() {
         Some(1),
         "listed at once, once, written or not: {listed}"
     );
-    let (c2, base2, token2, order2) = (
-        c.clone(),
-        base.clone(),
-        tokens[0].clone(),
-        order.to_string(),
-    );
-    common::eventually(20, "the order is written", || {
-        let (c, base, token, order) = (c2.clone(), base2.clone(), token2.clone(), order2.clone());
-        async move {
-            let view: serde_json::Value =
-                common::get_json(&c, format!("{base}/api/orders/{order}"), Some(&token)).await;
-            view["status"] == "pending_payment"
-        }
+    common::eventually(20, "the order is written", || async {
+        api.order(&tokens[0], &order).await.json()["status"] == "pending_payment"
     })
     .await;
     // Another user's order is indistinguishable from an id nobody placed: `pending` while
     // an attempt with that id could still be decided (about 2 s), then 404; never the order.
     let mut theirs = (0, serde_json::Value::Null);
     for _ in 0..50 {
-        let r = c
-            .get(format!("{base}/api/orders/{order}"))
-            .bearer_auth(&tokens[1])
-            .send()
-            .await
-            .unwrap();
-        theirs = (r.status().as_u16(), r.json().await.unwrap());
+        let r = api.order(&tokens[1], &order).await;
+        theirs = (r.status, r.json());
         assert!(
             theirs.1.get("status").is_none() && theirs.1.get("quantity").is_none(),
             "another user's order is not visible: {}",
@@ -305,14 +475,12 @@ async fn catalogue_is_cacheable_and_orders_are_private() {
         "another user's order is not visible: {}",
         theirs.1
     );
-    let list: serde_json::Value =
-        common::get_json(&c, format!("{base}/api/orders"), Some(&tokens[1])).await;
+    let list = api.orders(&tokens[1]).await.json();
     assert_eq!(list, serde_json::json!([]));
-    let stock: serde_json::Value =
-        common::get_json(&c, format!("{base}/api/sales/{sale}/stock"), None).await;
+    let stock = api.stock(&sale).await.json();
     assert_eq!(stock["remaining"], 4);
 
-    let spec: serde_json::Value = common::get_json(&c, format!("{base}/openapi.json"), None).await;
+    let spec = api.openapi().await;
     for path in [
         "/api/sales/{id}/purchase",
         "/api/sales/{id}/token",
@@ -330,7 +498,7 @@ async fn catalogue_is_cacheable_and_orders_are_private() {
             "openapi.json describes {path}"
         );
     }
-    let metrics = common::metrics(&c, &server).await;
+    let metrics = api.metrics().await;
     for series in [
         "seckill_purchases_total{code=\"ok\"} 1\n",
         "seckill_purchase_request_seconds_count 1\n",

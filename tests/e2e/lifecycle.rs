@@ -5,12 +5,12 @@
 //! paid + pending never exceed the stock, each unit comes back once, and at the end
 //! SQL stock + units in live orders = the initial stock.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::time::Duration;
 
-use common::{Server, Sql};
+use crate::common::{Api, Server, Sql, Worker};
 use seckill::model::OrderStatus;
 use seckill::store::Store;
 
@@ -21,18 +21,9 @@ const WINDOW_SECS: i64 = 4;
 
 struct Deployment {
     server: Server,
-    _worker: Option<std::process::Child>,
+    _worker: Option<Worker>,
     store: Store,
     name: &'static str,
-}
-
-impl Drop for Deployment {
-    fn drop(&mut self) {
-        if let Some(w) = &mut self._worker {
-            let _ = w.kill();
-            let _ = w.wait();
-        }
-    }
 }
 
 async fn deploy(kind: Option<Sql>) -> Deployment {
@@ -43,9 +34,7 @@ async fn deploy(kind: Option<Sql>) -> Deployment {
         env.push(("SECKILL_REDIS_URL".into(), common::redis_url()));
         env.push(("SECKILL_REDIS_PREFIX".into(), common::unique("life")));
         env.push(("SECKILL_DEV".into(), "1".into()));
-        let mut wenv = env.clone();
-        wenv.push(("SECKILL_LOG".into(), "warn".into()));
-        worker = Some(common::spawn(&wenv, &["worker".to_string()]));
+        worker = Some(common::worker(&env));
     }
     let args = if kind.is_some() {
         vec!["serve".into(), "--no-writer".into()]
@@ -65,23 +54,9 @@ async fn deploy(kind: Option<Sql>) -> Deployment {
     }
 }
 
-async fn open_sale(c: &reqwest::Client, s: &Server) -> String {
+async fn open_sale(api: &Api) -> String {
     let terms = serde_json::json!({"title": "lifecycle", "price_cents": 500, "payment_window_secs": WINDOW_SECS});
-    common::open_sale_with(c, s, STOCK, 1, terms).await
-}
-
-async fn post(
-    c: &reqwest::Client,
-    url: String,
-    bearer: &str,
-    body: Option<serde_json::Value>,
-) -> (u16, serde_json::Value) {
-    let mut r = c.post(url).bearer_auth(bearer);
-    if let Some(b) = body {
-        r = r.json(&b);
-    }
-    let r = r.send().await.unwrap();
-    (r.status().as_u16(), r.json().await.unwrap_or_default())
+    api.open_sale_with(STOCK, 1, &terms).await
 }
 
 /// Paid + pending never exceed the stock; SQL stock + live units = the initial stock.
@@ -111,18 +86,17 @@ async fn check_invariants(d: &Deployment, sale_id: i64) -> HashMap<OrderStatus, 
 }
 
 async fn run(d: Deployment) {
-    let c = common::client();
-    let base = d.server.base.clone();
-    let sale = open_sale(&c, &d.server).await;
+    let api = d.server.api();
+    let sale = open_sale(&api).await;
     let sale_id: i64 = sale.parse().unwrap();
-    let tokens = common::login_users(&c, &base, 60).await;
+    let tokens = api.login_users(60).await;
 
     // Sell out: the first 12 winners hold orders.
     let mut winners = Vec::new();
     for t in &tokens[..30] {
-        let (status, body) = common::buy(&c, &base, &sale, t).await;
-        if status == 200 {
-            winners.push((t.clone(), body["order_id"].as_str().unwrap().to_string()));
+        let answer = api.buy(t, &sale).await;
+        if answer.status == 200 {
+            winners.push((t.clone(), answer.order_id().unwrap()));
         }
     }
     assert_eq!(winners.len(), STOCK as usize, "{}", d.name);
@@ -137,8 +111,8 @@ async fn run(d: Deployment) {
     // Some pay through the simulated provider; one of them is notified twice.
     let mut intents = Vec::new();
     for (t, order) in &winners[..PAY + 1] {
-        let (status, intent) = post(&c, format!("{base}/api/orders/{order}/pay"), t, None).await;
-        assert_eq!(status, 200, "{}: {intent}", d.name);
+        let intent = api.pay(t, order).await;
+        assert_eq!(intent.status, 200, "{}: {intent}", d.name);
         assert!(intent["qr_payload"]
             .as_str()
             .unwrap()
@@ -146,52 +120,27 @@ async fn run(d: Deployment) {
         intents.push(intent["intent_id"].as_str().unwrap().to_string());
     }
     for intent in &intents[..PAY] {
-        let (status, body) = post(
-            &c,
-            format!("{base}/api/admin/payments/{intent}/simulate"),
-            &d.server.admin,
-            Some(serde_json::json!({"outcome": "pay"})),
-        )
-        .await;
-        assert_eq!(status, 202, "{}: {body}", d.name);
+        let answer = api.simulate(intent, "pay").await;
+        assert_eq!(answer.status, 202, "{}: {answer}", d.name);
     }
-    post(
-        &c,
-        format!("{base}/api/admin/payments/{}/simulate", intents[0]),
-        &d.server.admin,
-        Some(serde_json::json!({"outcome": "pay"})),
-    )
-    .await;
+    api.simulate(&intents[0], "pay").await;
     // The last intent pays after its deadline: the order expires first, the money is owed back.
-    post(
-        &c,
-        format!("{base}/api/admin/payments/{}/simulate", intents[PAY]),
-        &d.server.admin,
-        Some(serde_json::json!({"outcome": "pay_late"})),
-    )
-    .await;
+    api.simulate(&intents[PAY], "pay_late").await;
 
     // Some cancel; cancelling twice is refused and changes nothing.
     for (t, order) in &winners[PAY + 1..PAY + 1 + CANCEL] {
-        let (status, body) = post(&c, format!("{base}/api/orders/{order}/cancel"), t, None).await;
-        assert_eq!(status, 200, "{}: {body}", d.name);
-        let (status, body) = post(&c, format!("{base}/api/orders/{order}/cancel"), t, None).await;
+        let answer = api.cancel(t, order).await;
+        assert_eq!(answer.status, 200, "{}: {answer}", d.name);
+        let answer = api.cancel(t, order).await;
         assert_eq!(
-            (status, body["code"].as_str()),
-            (409, Some("invalid_transition")),
-            "{}: {body}",
+            answer.status_code(),
+            (409, "invalid_transition".into()),
+            "{}: {answer}",
             d.name
         );
     }
     // Someone else's order cannot be cancelled.
-    let (status, _) = post(
-        &c,
-        format!("{base}/api/orders/{}/cancel", winners[0].1),
-        &tokens[59],
-        None,
-    )
-    .await;
-    assert_eq!(status, 404);
+    assert_eq!(api.cancel(&tokens[59], &winners[0].1).await.status, 404);
     let by_status = check_invariants(&d, sale_id).await;
     assert_eq!(
         by_status.get(&OrderStatus::Cancelled),
@@ -201,8 +150,7 @@ async fn run(d: Deployment) {
     );
 
     // The cancelled units are buyable again at once.
-    let stock: serde_json::Value =
-        common::get_json(&c, format!("{base}/api/sales/{sale}/stock"), None).await;
+    let stock = api.stock(&sale).await.json();
     assert_eq!(
         (stock["state"].as_str(), stock["remaining"].as_i64()),
         (Some("active"), Some(CANCEL as i64)),
@@ -228,8 +176,7 @@ async fn run(d: Deployment) {
     tokio::time::sleep(Duration::from_secs(2)).await; // the late payment arrives
     let by_status = check_invariants(&d, sale_id).await;
     assert_eq!(by_status.get(&OrderStatus::Paid), Some(&PAY), "{}", d.name);
-    let stock: serde_json::Value =
-        common::get_json(&c, format!("{base}/api/sales/{sale}/stock"), None).await;
+    let stock = api.stock(&sale).await.json();
     let returned = (CANCEL + expiring) as i64;
     assert_eq!(
         stock["remaining"].as_i64(),
@@ -237,22 +184,21 @@ async fn run(d: Deployment) {
         "{}: every returned unit once",
         d.name
     );
-    let mine: serde_json::Value =
-        common::get_json(&c, format!("{base}/api/orders"), Some(&winners[0].0)).await;
+    let mine = api.orders(&winners[0].0).await.json();
     assert_eq!(mine[0]["status"], "paid", "{}", d.name);
     assert!(mine[0]["pay_deadline"].is_string());
 
     // New buyers take exactly the returned stock; winners who paid are still refused.
-    let (status, body) = common::buy(&c, &base, &sale, &winners[0].0).await;
+    let answer = api.buy(&winners[0].0, &sale).await;
     assert_eq!(
-        (status, body["code"].as_str()),
-        (409, Some("already_purchased")),
+        answer.status_code(),
+        (409, "already_purchased".into()),
         "{}",
         d.name
     );
     let mut second = 0;
     for t in &tokens[30..] {
-        if common::buy(&c, &base, &sale, t).await.0 == 200 {
+        if api.buy(t, &sale).await.status == 200 {
             second += 1;
         }
     }
@@ -273,12 +219,7 @@ async fn run(d: Deployment) {
         d.name
     );
 
-    let stats: serde_json::Value = common::get_json(
-        &c,
-        format!("{base}/api/admin/sales/{sale}/stats"),
-        Some(&d.server.admin),
-    )
-    .await;
+    let stats = api.books(&sale, "stats").await.json();
     assert_eq!(
         stats["payments_by_status"]["paid"], PAY as i64,
         "{}: {stats}",
@@ -301,13 +242,8 @@ async fn run(d: Deployment) {
     );
     // After payments, cancels, expiries and a resale: the gate matches SQL, the journal
     // sums to the stock, and it holds one row per step of every unit.
-    common::check_reconciled(&c, &d.server, &sale).await;
-    let journal = common::get_json(
-        &c,
-        format!("{base}/api/admin/sales/{sale}/journal?limit=10000"),
-        Some(&d.server.admin),
-    )
-    .await;
+    api.check_reconciled(&sale).await;
+    let journal = api.journal(&sale).await;
     let rows = journal["rows"].as_array().unwrap();
     let count = |cause: &str| rows.iter().filter(|r| r["cause"] == cause).count();
     let by_status = check_invariants(&d, sale_id).await;

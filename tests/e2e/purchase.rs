@@ -4,29 +4,20 @@
 //! repeat buyers, then the database itself checked. Then a storm cut by SIGKILL of the
 //! server, a restart, and the same checks.
 
-mod common;
+use crate::common;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use common::{Server, Sql};
+use crate::common::{Api, Server, Sql, Worker};
 use seckill::store::Store;
 
 struct Deployment {
     name: &'static str,
     server: Server,
-    _worker: Option<WorkerProcess>,
+    _worker: Option<Worker>,
     store: Store,
-}
-
-struct WorkerProcess(std::process::Child);
-
-impl Drop for WorkerProcess {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 async fn embedded() -> Deployment {
@@ -78,9 +69,7 @@ async fn distributed(kind: Sql) -> Deployment {
         ("SECKILL_DEV".to_string(), "1".to_string()),
     ];
     let server = Server::start(env.clone(), vec!["serve".into(), "--no-writer".into()]).await;
-    let mut worker_env = env;
-    worker_env.push(("SECKILL_LOG".into(), "warn".into()));
-    let worker = WorkerProcess(common::spawn(&worker_env, &["worker".to_string()]));
+    let worker = common::worker(&env);
     Deployment {
         name: if kind == Sql::Postgres {
             "redis+postgres"
@@ -112,17 +101,15 @@ async fn storm(
     repeat: usize,
     kill_after_ok: Option<usize>,
 ) -> Answers {
-    let c = common::client();
-    let base = d.server.base.clone();
+    let api = Api::new(&d.server.base);
     let sem = Arc::new(tokio::sync::Semaphore::new(256));
     let ok_count = Arc::new(AtomicUsize::new(0));
     let killed = Arc::new(tokio::sync::Notify::new());
     let mut tasks = Vec::new();
     let requests = tokens.iter().chain(tokens[..repeat].iter());
     for token in requests {
-        let (c, base, sale, token, sem, ok_count, killed) = (
-            c.clone(),
-            base.clone(),
+        let (api, sale, token, sem, ok_count, killed) = (
+            api.clone(),
             sale.to_string(),
             token.clone(),
             sem.clone(),
@@ -131,20 +118,10 @@ async fn storm(
         );
         tasks.push(tokio::spawn(async move {
             let _permit = sem.acquire().await.unwrap();
-            let r = c
-                .post(format!("{base}/api/sales/{sale}/purchase"))
-                .bearer_auth(&token)
-                .send()
-                .await;
-            let answer = match r {
-                Ok(r) => {
-                    let status = r.status().as_u16();
-                    r.json::<serde_json::Value>()
-                        .await
-                        .ok()
-                        .map(|b| (status, b))
-                }
-                Err(_) => None,
+            // No answer, or one cut short: the server was killed under it.
+            let answer = match api.try_buy(&token, &sale).await {
+                Ok(r) if r.is_json() => Some((r.status, r.body)),
+                _ => None,
             };
             if let Some((200, _)) = &answer {
                 if kill_after_ok == Some(ok_count.fetch_add(1, Ordering::SeqCst) + 1) {
@@ -226,11 +203,11 @@ async fn check_database(
 async fn run_deployment(mut d: Deployment) {
     const BUYERS: usize = 1500;
     const STOCK: i64 = 100;
-    let c = common::client();
-    let tokens = common::login_users(&c, &d.server.base.clone(), BUYERS).await;
+    let api = d.server.api();
+    let tokens = api.login_users(BUYERS).await;
 
     // 1. A storm: 1500 buyers, a quarter of them twice at once, on a stock of 100.
-    let sale = common::open_sale(&c, &d.server, STOCK, 1).await;
+    let sale = api.open_sale(STOCK, 1).await;
     let answers = storm(&mut d, &sale, &tokens, BUYERS / 4, None).await;
     let ok_ids: HashSet<i64> = answers.ok.values().flatten().copied().collect();
     assert_eq!(
@@ -259,10 +236,10 @@ async fn run_deployment(mut d: Deployment) {
         answers.by_code
     );
     check_database(&d, &sale, STOCK, &ok_ids, STOCK as usize).await;
-    common::check_reconciled(&c, &d.server, &sale).await;
+    api.check_reconciled(&sale).await;
 
     // 2. The same storm on a new sale, with the server SIGKILLed mid-storm, then restarted.
-    let sale = common::open_sale(&c, &d.server, STOCK, 1).await;
+    let sale = api.open_sale(STOCK, 1).await;
     let first = storm(&mut d, &sale, &tokens, BUYERS / 4, Some(STOCK as usize / 2)).await;
     d.server.restart().await;
     let after_kill: HashSet<i64> = first.ok.values().flatten().copied().collect();
@@ -303,7 +280,7 @@ async fn run_deployment(mut d: Deployment) {
     // Requests cut by the kill may have been accepted without their answer arriving: the
     // database holds every ok order and sells exactly the stock in all.
     check_database(&d, &sale, STOCK, &all_ok, STOCK as usize).await;
-    common::check_reconciled(&c, &d.server, &sale).await;
+    api.check_reconciled(&sale).await;
     let orders = d.store.orders_of_sale(sale.parse().unwrap()).await.unwrap();
     for o in &orders {
         assert!(

@@ -11,14 +11,14 @@
 //! - Embedded (memory gate, SQLite): the same storm ends exact; repair is refused with the
 //!   reason (the gate is the server's memory, rebuilt from SQL at every start).
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::storm::{storm_on, tokens, Arrival, Told};
-use common::{client, Server, Sql};
+use crate::common::storm::{storm_on, tokens, Arrival, Told};
+use crate::common::{Api, Server, Sql};
 use seckill::redis_client::keys::SaleKeys;
 use seckill::store::Store;
 use serde_json::{json, Value};
@@ -32,16 +32,10 @@ fn ok_orders(told: &HashMap<i64, Told>) -> Vec<(i64, i64)> {
 }
 
 /// Cancels as the buyer, retrying while the order is still being written.
-async fn cancel(c: &reqwest::Client, base: &str, token: &str, order: i64) {
+async fn cancel(api: &Api, token: &str, order: i64) {
     for _ in 0..100 {
-        let r = c
-            .post(format!("{base}/api/orders/{order}/cancel"))
-            .bearer_auth(token)
-            .send()
-            .await
-            .unwrap();
-        let status = r.status().as_u16();
-        let body: Value = r.json().await.unwrap();
+        let r = api.cancel(token, order).await;
+        let (status, body) = (r.status, r.json());
         if status == 200 {
             return;
         }
@@ -55,48 +49,18 @@ async fn cancel(c: &reqwest::Client, base: &str, token: &str, order: i64) {
 }
 
 /// Pays as the buyer through the simulated provider.
-async fn pay(c: &reqwest::Client, s: &Server, token: &str, order: i64) {
+async fn pay(api: &Api, token: &str, order: i64) {
     let mut intent = Value::Null;
     for _ in 0..100 {
-        let r = c
-            .post(format!("{}/api/orders/{order}/pay", s.base))
-            .bearer_auth(token)
-            .send()
-            .await
-            .unwrap();
-        if r.status() == 200 {
-            intent = r.json().await.unwrap();
+        let r = api.pay(token, order).await;
+        if r.status == 200 {
+            intent = r.json();
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let id = intent["intent_id"].as_str().expect("a payment intent");
-    let r = c
-        .post(format!("{}/api/admin/payments/{id}/simulate", s.base))
-        .bearer_auth(&s.admin)
-        .json(&json!({"outcome": "pay"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 202);
-}
-
-async fn reconciliation(c: &reqwest::Client, s: &Server, sale: i64) -> Value {
-    common::get_json(
-        c,
-        format!("{}/api/admin/sales/{sale}/reconcile", s.base),
-        Some(&s.admin),
-    )
-    .await
-}
-
-async fn journal(c: &reqwest::Client, s: &Server, sale: i64) -> Value {
-    common::get_json(
-        c,
-        format!("{}/api/admin/sales/{sale}/journal?limit=10000", s.base),
-        Some(&s.admin),
-    )
-    .await
+    assert_eq!(api.simulate(id, "pay").await.status, 202);
 }
 
 fn count_cause(journal: &Value, cause: &str) -> usize {
@@ -111,11 +75,11 @@ fn count_cause(journal: &Value, cause: &str) -> usize {
 /// A storm with cancels, payments and expiries; returns (orders answered ok, paid, cancelled).
 async fn storm_with_lifecycle(
     bases: Vec<String>,
-    admin: &Server,
+    admin: &Api,
     sale: i64,
     buyers: Vec<(i64, String)>,
 ) -> (usize, Vec<(i64, i64)>, usize) {
-    let c = client();
+    let on_first = admin.at(&bases[0]);
     let token_of: HashMap<i64, String> = buyers.iter().cloned().collect();
     let told = storm_on(
         bases.clone(),
@@ -129,20 +93,20 @@ async fn storm_with_lifecycle(
     // 30 pay, 40 cancel; the rest expire unpaid.
     let paid: Vec<(i64, i64)> = ok[..30].to_vec();
     for (user, order) in &paid {
-        pay(&c, admin, &token_of[user], *order).await;
+        pay(admin, &token_of[user], *order).await;
     }
     for (user, order) in &ok[30..70] {
-        cancel(&c, &bases[0], &token_of[user], *order).await;
+        cancel(&on_first, &token_of[user], *order).await;
     }
     (ok.len(), paid, 40)
 }
 
 /// Waits until the sale's account is exact, nothing is in flight and `live_units` units
 /// are live in SQL (the unpaid orders have expired).
-async fn settled(c: &reqwest::Client, s: &Server, sale: i64, live_units: i64, secs: u64) -> Value {
+async fn settled(api: &Api, sale: i64, live_units: i64, secs: u64) -> Value {
     let deadline = std::time::Instant::now() + Duration::from_secs(secs);
     loop {
-        let r = reconciliation(c, s, sale).await;
+        let r = api.reconciliation(sale).await;
         let quiet = r["unwritten_orders"] == 0 && r["returns_owed_orders"] == 0;
         if r["exact"] == true && quiet && r["sql_live_units"] == live_units {
             return r;
@@ -175,27 +139,20 @@ async fn drift_injected_in_redis_is_reported_and_repaired_with_a_trail() {
     ];
     let (instances, workers) = common::storm::instances_and_workers(env.clone()).await;
     let store = Store::connect(&db, 4).await.unwrap();
-    let c = client();
+    let apis: Vec<Api> = instances.iter().map(Server::api).collect();
     let bases: Vec<String> = instances.iter().map(|s| s.base.clone()).collect();
-    let sale: i64 = common::open_sale_with(
-        &c,
-        &instances[0],
-        STOCK,
-        1,
-        json!({"payment_window_secs": 4}),
-    )
-    .await
-    .parse()
-    .unwrap();
+    let sale: i64 = apis[0]
+        .open_sale_with(STOCK, 1, &json!({"payment_window_secs": 4}))
+        .await
+        .parse()
+        .unwrap();
 
     // 1,000 buyers take the 300; 30 pay, 40 cancel, 230 expire; 400 more take what came back.
     let (first_ok, paid, cancelled) =
-        storm_with_lifecycle(bases.clone(), &instances[0], sale, tokens(&secret, 1..1001)).await;
+        storm_with_lifecycle(bases.clone(), &apis[0], sale, tokens(&secret, 1..1001)).await;
     assert_eq!(first_ok as i64, STOCK);
-    common::eventually(30, "expired units back in the gate", || {
-        let c = c.clone();
-        let s = &instances[1];
-        async move { reconciliation(&c, s, sale).await["gate_stock"] == STOCK - 30 }
+    common::eventually(30, "expired units back in the gate", || async {
+        apis[1].reconciliation(sale).await["gate_stock"] == STOCK - 30
     })
     .await;
     let second = storm_on(
@@ -209,12 +166,12 @@ async fn drift_injected_in_redis_is_reported_and_repaired_with_a_trail() {
     assert_eq!(ok_orders(&second).len() as i64, STOCK - 30);
 
     // Everything settled: gate = SQL + in flight, journal = stock, on both instances.
-    let account = settled(&c, &instances[0], sale, 30, 60).await;
+    let account = settled(&apis[0], sale, 30, 60).await;
     assert_eq!(account["sql_live_buyers"], 30, "{account}");
     assert_eq!(account["gate_buyers"], 30, "{account}");
     assert_eq!(account["journal_sum"], account["sql_stock"], "{account}");
-    settled(&c, &instances[1], sale, 30, 10).await;
-    let j = journal(&c, &instances[0], sale).await;
+    settled(&apis[1], sale, 30, 10).await;
+    let j = apis[0].journal(sale).await;
     assert_eq!(j["sum"], j["stock"], "{j}");
     let sold = (STOCK + STOCK - 30) as usize;
     assert_eq!(
@@ -235,8 +192,8 @@ async fn drift_injected_in_redis_is_reported_and_repaired_with_a_trail() {
     assert!(out.contains("exact"), "{out}");
     // One instance audits; the other holds no lease.
     let mut auditing = 0;
-    for s in &instances {
-        let m = common::metrics(&c, s).await;
+    for api in &apis {
+        let m = api.metrics().await;
         auditing += common::metric(&m, "seckill_reconcile_auditing");
         assert!(
             common::drift_in(&m, sale).is_empty(),
@@ -265,8 +222,7 @@ async fn drift_injected_in_redis_is_reported_and_repaired_with_a_trail() {
         .await
         .unwrap();
     let lost_buyer = tokens(&secret, 5000..5001).remove(0);
-    let (status, body) = common::buy(&c, &bases[0], &sale.to_string(), &lost_buyer.1).await;
-    assert_eq!(status, 200, "{body}");
+    apis[0].buy(&lost_buyer.1, sale).await.expect(200);
     let entries: Vec<(String, HashMap<String, String>)> = redis::cmd("XRANGE")
         .arg(&keys.stream)
         .arg("-")
@@ -296,8 +252,8 @@ async fn drift_injected_in_redis_is_reported_and_repaired_with_a_trail() {
     let mut seen = HashMap::new();
     while started.elapsed() < Duration::from_secs(15) && seen != expected {
         seen.clear();
-        for s in &instances {
-            seen.extend(common::drift_in(&common::metrics(&c, s).await, sale));
+        for api in &apis {
+            seen.extend(common::drift_in(&api.metrics().await, sale));
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -323,11 +279,11 @@ async fn drift_injected_in_redis_is_reported_and_repaired_with_a_trail() {
     );
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("repaired"), "{out}");
-    let after = reconciliation(&c, &instances[1], sale).await;
+    let after = apis[1].reconciliation(sale).await;
     assert_eq!(after["exact"], true, "{after}");
     assert_eq!(after["gate_stock"], STOCK - 30, "{after}");
     assert_eq!(after["gate_buyers"], 30, "{after}");
-    let j = journal(&c, &instances[0], sale).await;
+    let j = apis[0].journal(sale).await;
     let repaired: Vec<&Value> = j["rows"]
         .as_array()
         .unwrap()
@@ -343,16 +299,12 @@ async fn drift_injected_in_redis_is_reported_and_repaired_with_a_trail() {
             .starts_with("test: injected faults"),
         "{j}"
     );
-    common::eventually(15, "the drift cleared from /metrics", || {
-        let c = c.clone();
-        let instances = &instances;
-        async move {
-            let mut any = false;
-            for s in instances {
-                any |= !common::drift_in(&common::metrics(&c, s).await, sale).is_empty();
-            }
-            !any
+    common::eventually(15, "the drift cleared from /metrics", || async {
+        let mut any = false;
+        for api in &apis {
+            any |= !common::drift_in(&api.metrics().await, sale).is_empty();
         }
+        !any
     })
     .await;
 
@@ -361,8 +313,8 @@ async fn drift_injected_in_redis_is_reported_and_repaired_with_a_trail() {
     let removed_token = tokens(&secret, removed_buyer..removed_buyer + 1)
         .remove(0)
         .1;
-    let (_, body) = common::buy(&c, &bases[1], &sale.to_string(), &removed_token).await;
-    assert_eq!(body["code"], "already_purchased", "{body}");
+    let answer = apis[1].buy(&removed_token, sale).await;
+    assert_eq!(answer["code"], "already_purchased", "{answer}");
     let _workers = common::storm::start_workers(&env);
     let last = storm_on(
         bases.clone(),
@@ -377,7 +329,7 @@ async fn drift_injected_in_redis_is_reported_and_repaired_with_a_trail() {
         STOCK - 30,
         "the rest sold exactly"
     );
-    settled(&c, &instances[0], sale, 30, 60).await;
+    settled(&apis[0], sale, 30, 60).await;
     // Every order ever written, by buyer: one each (each buyer here bought once, and the
     // removed one could not buy again); the lost order never reached SQL.
     let orders = common::storm::live_orders(&store, sale).await;
@@ -395,45 +347,36 @@ async fn drift_injected_in_redis_is_reported_and_repaired_with_a_trail() {
 async fn the_embedded_gate_ends_a_storm_exact_and_explains_why_it_is_not_repaired_live() {
     const STOCK: i64 = 200;
     let server = Server::embedded(&[("SECKILL_AUDIT_EVERY_SECS", "1")]).await;
-    let c = client();
-    let sale: i64 =
-        common::open_sale_with(&c, &server, STOCK, 1, json!({"payment_window_secs": 3}))
-            .await
-            .parse()
-            .unwrap();
-    let users = common::login_users(&c, &server.base, 600).await;
+    let api = server.api();
+    let sale: i64 = api
+        .open_sale_with(STOCK, 1, &json!({"payment_window_secs": 3}))
+        .await
+        .parse()
+        .unwrap();
+    let users = api.login_users(600).await;
     let buyers: Vec<(i64, String)> = users
         .iter()
         .map(|t| (common::user_of(t), t.clone()))
         .collect();
     let (ok, _, cancelled) =
-        storm_with_lifecycle(vec![server.base.clone()], &server, sale, buyers).await;
+        storm_with_lifecycle(vec![server.base.clone()], &api, sale, buyers).await;
     assert_eq!(ok as i64, STOCK);
-    common::eventually(30, "expired units back in the gate", || {
-        let c = c.clone();
-        let s = &server;
-        async move { reconciliation(&c, s, sale).await["gate_stock"] == STOCK - 30 }
+    common::eventually(30, "expired units back in the gate", || async {
+        api.reconciliation(sale).await["gate_stock"] == STOCK - 30
     })
     .await;
-    let account = settled(&c, &server, sale, 30, 30).await;
+    let account = settled(&api, sale, 30, 30).await;
     assert_eq!(account["sql_live_buyers"], 30, "{account}");
-    let j = journal(&c, &server, sale).await;
+    let j = api.journal(sale).await;
     assert_eq!(j["sum"], j["stock"]);
     assert_eq!(j["stock"], STOCK - 30);
     assert_eq!(count_cause(&j, "written"), STOCK as usize);
     assert_eq!(count_cause(&j, "cancelled"), cancelled);
     assert_eq!(count_cause(&j, "expired"), STOCK as usize - 30 - cancelled);
-    let m = common::metrics(&c, &server).await;
+    let m = api.metrics().await;
     assert_eq!(common::metric(&m, "seckill_reconcile_auditing"), 1);
     assert!(common::metric(&m, "seckill_reconcile_audits_total") >= 1);
-    let r = c
-        .post(format!("{}/api/admin/sales/{sale}/reconcile", server.base))
-        .bearer_auth(&server.admin)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 409);
-    let body: Value = r.json().await.unwrap();
+    let body = api.repair(sale).await.expect(409);
     assert!(
         body["message"].as_str().unwrap().contains("restart"),
         "{body}"
@@ -450,32 +393,32 @@ async fn a_sql_gate_has_only_its_journal_to_reconcile_and_never_reports_drift() 
         ("SECKILL_AUDIT_EVERY_SECS", "1"),
     ])
     .await;
-    let c = client();
-    let sale: i64 = common::open_sale(&c, &server, 20, 1).await.parse().unwrap();
-    let tokens = common::login_users(&c, &server.base, 30).await;
+    let api = server.api();
+    let sale: i64 = api.open_sale(20, 1).await.parse().unwrap();
+    let tokens = api.login_users(30).await;
     let mut orders = Vec::new();
     for t in &tokens {
-        let (status, body) = common::buy(&c, &server.base, &sale.to_string(), t).await;
-        if status == 200 {
+        let answer = api.buy(t, sale).await;
+        if answer.status == 200 {
             orders.push((
                 t.clone(),
-                body["order_id"].as_str().unwrap().parse::<i64>().unwrap(),
+                answer.order_id().unwrap().parse::<i64>().unwrap(),
             ));
         }
     }
     assert_eq!(orders.len(), 20);
     for (t, o) in &orders[..3] {
-        cancel(&c, &server.base, t, *o).await;
+        cancel(&api, t, *o).await;
     }
     // Three audits and more: a SQL gate, whose orders are cancelled and counted in SQL
     // itself, is never taken for drift.
     tokio::time::sleep(Duration::from_secs(4)).await;
-    let r = reconciliation(&c, &server, sale).await;
+    let r = api.reconciliation(sale).await;
     assert_eq!(r["exact"], true, "{r}");
     assert_eq!(r["gate_loaded"], false, "{r}");
-    let m = common::metrics(&c, &server).await;
+    let m = api.metrics().await;
     assert!(common::drift_in(&m, sale).is_empty(), "{m}");
-    let j = journal(&c, &server, sale).await;
+    let j = api.journal(sale).await;
     assert_eq!(j["sum"], j["stock"], "{j}");
     assert_eq!(j["stock"], 3, "{j}");
     assert_eq!(count_cause(&j, "accepted"), 20, "{j}");
@@ -501,11 +444,8 @@ async fn confirmed_drift_is_repaired_by_the_audit_and_a_sale_that_keeps_drifting
         ("SECKILL_AUDIT_REPAIR".to_string(), "1".to_string()),
     ];
     let (instances, _workers) = common::storm::instances_and_workers(env.clone()).await;
-    let c = client();
-    let sale: i64 = common::open_sale(&c, &instances[0], STOCK, 1)
-        .await
-        .parse()
-        .unwrap();
+    let apis: Vec<Api> = instances.iter().map(Server::api).collect();
+    let sale: i64 = apis[0].open_sale(STOCK, 1).await.parse().unwrap();
     let bases: Vec<String> = instances.iter().map(|s| s.base.clone()).collect();
     let told = storm_on(
         bases.clone(),
@@ -516,7 +456,7 @@ async fn confirmed_drift_is_repaired_by_the_audit_and_a_sale_that_keeps_drifting
     )
     .await;
     assert_eq!(ok_orders(&told).len(), 40);
-    common::check_reconciled(&c, &instances[0], &sale.to_string()).await;
+    apis[0].check_reconciled(sale).await;
     let keys = SaleKeys::new(&prefix, sale);
     let (_, mut redis) = seckill::app::redis_manager(REDIS).await.unwrap();
     let repaired_rows = |j: &Value| {
@@ -543,23 +483,21 @@ async fn confirmed_drift_is_repaired_by_the_audit_and_a_sale_that_keeps_drifting
             .query_async(&mut redis)
             .await
             .unwrap();
-        common::eventually(30, "the audit repairs the drift by itself", || {
-            let c = c.clone();
-            let s = &instances[0];
-            async move { repaired_rows(&journal(&c, s, sale).await) == round }
+        common::eventually(30, "the audit repairs the drift by itself", || async {
+            repaired_rows(&apis[0].journal(sale).await) == round
         })
         .await;
-        common::check_reconciled(&c, &instances[0], &sale.to_string()).await;
+        apis[0].check_reconciled(sale).await;
         let again = tokens(&secret, forgotten..forgotten + 1).remove(0).1;
-        let (_, body) = common::buy(&c, &bases[1], &sale.to_string(), &again).await;
-        assert_eq!(body["code"], "already_purchased", "round {round}: {body}");
+        let answer = apis[1].buy(&again, sale).await;
+        assert_eq!(
+            answer["code"], "already_purchased",
+            "round {round}: {answer}"
+        );
     }
     let mut repairs = 0;
-    for s in &instances {
-        repairs += common::metric(
-            &common::metrics(&c, s).await,
-            "seckill_reconcile_repairs_total",
-        );
+    for api in &apis {
+        repairs += common::metric(&api.metrics().await, "seckill_reconcile_repairs_total");
     }
     assert_eq!(repairs, 3);
     // A fourth time within ten minutes: paused, not repaired.
@@ -570,28 +508,21 @@ async fn confirmed_drift_is_repaired_by_the_audit_and_a_sale_that_keeps_drifting
         .query_async(&mut redis)
         .await
         .unwrap();
-    common::eventually(30, "the audit pauses the drifting sale", || {
-        let c = c.clone();
-        let instances = &instances;
-        async move {
-            let mut paused = false;
-            for s in instances {
-                paused |= common::metrics(&c, s)
-                    .await
-                    .contains(&format!("seckill_reconcile_paused{{sale=\"{sale}\"}} 1"));
-            }
-            paused
+    common::eventually(30, "the audit pauses the drifting sale", || async {
+        let mut paused = false;
+        for api in &apis {
+            paused |= api
+                .metrics()
+                .await
+                .contains(&format!("seckill_reconcile_paused{{sale=\"{sale}\"}} 1"));
         }
+        paused
     })
     .await;
     let newcomer = tokens(&secret, 900..901).remove(0).1;
-    common::eventually(10, "purchases answer paused", || {
-        let c = c.clone();
-        let (base, newcomer) = (bases[0].clone(), newcomer.clone());
-        async move {
-            common::buy(&c, &base, &sale.to_string(), &newcomer).await.1["code"] == "paused"
-        }
+    common::eventually(10, "purchases answer paused", || async {
+        apis[0].buy(&newcomer, sale).await["code"] == "paused"
     })
     .await;
-    assert_eq!(repaired_rows(&journal(&c, &instances[0], sale).await), 3);
+    assert_eq!(repaired_rows(&apis[0].journal(sale).await), 3);
 }

@@ -12,13 +12,13 @@
 //! - a callback timestamp at the end of i64 is refused, not a panic;
 //! - `/metrics` needs a token.
 
-mod common;
+use crate::common;
 
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
+use crate::common::{Api, Server};
 use base64::Engine;
-use common::Server;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -38,52 +38,21 @@ fn buyer(user: i64) -> String {
         .1
 }
 
-async fn send(
-    c: &reqwest::Client,
-    method: reqwest::Method,
-    url: String,
-    bearer: Option<&str>,
-    body: Option<Value>,
-) -> (u16, Value) {
-    let mut r = c.request(method, url);
-    if let Some(b) = bearer {
-        r = r.bearer_auth(b);
-    }
-    if let Some(body) = body {
-        r = r.json(&body);
-    }
-    let r = r.send().await.unwrap();
-    let status = r.status().as_u16();
-    (status, r.json().await.unwrap_or(Value::Null))
-}
-
-async fn post(c: &reqwest::Client, url: String, bearer: Option<&str>, body: Value) -> (u16, Value) {
-    send(c, reqwest::Method::POST, url, bearer, Some(body)).await
-}
-
-async fn get(c: &reqwest::Client, url: String, bearer: Option<&str>) -> (u16, Value) {
-    send(c, reqwest::Method::GET, url, bearer, None).await
-}
-
 /// A sale open now, bought by `token`'s user; returns the order id once SQL holds it.
-async fn bought_order(c: &reqwest::Client, s: &Server, token: &str) -> String {
-    let sale = common::open_sale(c, s, 10, 1).await;
-    let (status, answer) = common::buy(c, &s.base, &sale, token).await;
-    assert_eq!(status, 200, "{answer}");
-    let order = answer["order_id"].as_str().unwrap().to_string();
-    let url = format!("{}/api/orders/{order}", s.base);
+async fn bought_order(api: &Api, token: &str) -> String {
+    let sale = api.open_sale(10, 1).await;
+    let answer = api.buy(token, &sale).await;
+    assert_eq!(answer.status, 200, "{answer}");
+    let order = answer.order_id().unwrap();
     common::eventually(10, "the order is written", || async {
-        get(c, url.clone(), Some(token)).await.1["status"] == "pending_payment"
+        api.order(token, &order).await["status"] == "pending_payment"
     })
     .await;
     order
 }
 
-async fn order_status(c: &reqwest::Client, s: &Server, token: &str, order: &str) -> Value {
-    get(c, format!("{}/api/orders/{order}", s.base), Some(token))
-        .await
-        .1["status"]
-        .clone()
+async fn order_status(api: &Api, token: &str, order: &str) -> Value {
+    api.order(token, order).await["status"].clone()
 }
 
 // ---- 1. payments ---------------------------------------------------------------------------
@@ -91,51 +60,24 @@ async fn order_status(c: &reqwest::Client, s: &Server, token: &str, order: &str)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_dev_mode_off_and_no_provider_nothing_a_buyer_calls_marks_an_order_paid() {
     let s = production(&[]).await;
-    let c = common::client();
+    let api = s.api();
     let token = buyer(501);
-    let order = bought_order(&c, &s, &token).await;
-    let (status, answer) = post(
-        &c,
-        format!("{}/api/orders/{order}/pay", s.base),
-        Some(&token),
-        json!({}),
-    )
-    .await;
+    let order = bought_order(&api, &token).await;
+    let answer = api.pay_with(&token, &order, &json!({})).await;
     assert_eq!(
-        (status, answer["code"].as_str()),
-        (503, Some("payment_unavailable")),
+        answer.status_code(),
+        (503, "payment_unavailable".into()),
         "{answer}"
     );
     // The simulated provider's calls and page are not there at all.
     for intent in ["1", &order] {
-        let (status, answer) = post(
-            &c,
-            format!("{}/api/simulated-pay/{intent}", s.base),
-            Some(&token),
-            json!({"outcome": "pay"}),
-        )
-        .await;
-        assert_eq!(status, 404, "{answer}");
-        let (status, _) = post(
-            &c,
-            format!("{}/api/admin/payments/{intent}/simulate", s.base),
-            Some(&s.admin),
-            json!({"outcome": "pay"}),
-        )
-        .await;
-        assert_eq!(status, 404);
+        let answer = api.simulated_pay(&token, intent, "pay").await;
+        assert_eq!(answer.status, 404, "{answer}");
+        assert_eq!(api.simulate(intent, "pay").await.status, 404);
     }
-    let page = c
-        .get(format!("{}/simulated-pay/1", s.base))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(page.status(), 404);
+    assert_eq!(api.get("/simulated-pay/1", None).await.status, 404);
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(
-        order_status(&c, &s, &token, &order).await,
-        "pending_payment"
-    );
+    assert_eq!(order_status(&api, &token, &order).await, "pending_payment");
 }
 
 /// A real provider: the buyer is sent to its pay page; only its signed callback pays, and
@@ -150,23 +92,19 @@ async fn with_a_real_provider_only_its_signed_callback_pays_and_one_intent_is_op
         ("SECKILL_PAYMENT_SECRET", PAYMENT_SECRET),
     ])
     .await;
-    let c = common::client();
+    let api = s.api();
     let token = buyer(502);
-    let order = bought_order(&c, &s, &token).await;
+    let order = bought_order(&api, &token).await;
     let asks: Vec<_> = (0..20)
         .map(|_| {
-            let (c, url, token) = (
-                c.clone(),
-                format!("{}/api/orders/{order}/pay", s.base),
-                token.clone(),
-            );
-            tokio::spawn(async move { post(&c, url, Some(&token), json!({})).await })
+            let (api, order, token) = (api.clone(), order.clone(), token.clone());
+            tokio::spawn(async move { api.pay_with(&token, &order, &json!({})).await })
         })
         .collect();
     let mut intents = std::collections::HashSet::new();
     for a in asks {
-        let (status, intent) = a.await.unwrap();
-        assert_eq!(status, 200, "{intent}");
+        let intent = a.await.unwrap();
+        assert_eq!(intent.status, 200, "{intent}");
         let id = intent["intent_id"].as_str().unwrap().to_string();
         assert_eq!(
             intent["pay_url"],
@@ -177,14 +115,11 @@ async fn with_a_real_provider_only_its_signed_callback_pays_and_one_intent_is_op
     }
     assert_eq!(intents.len(), 1, "one open intent per order: {intents:?}");
     let intent = intents.into_iter().next().unwrap();
-    let (status, _) = post(
-        &c,
-        format!("{}/api/simulated-pay/{intent}", s.base),
-        Some(&token),
-        json!({"outcome": "pay"}),
-    )
-    .await;
-    assert_eq!(status, 404, "no simulated provider beside a real one");
+    let answer = api.simulated_pay(&token, &intent, "pay").await;
+    assert_eq!(
+        answer.status, 404,
+        "no simulated provider beside a real one"
+    );
     // A callback signed with anything but the shared secret changes nothing.
     let notify = |secret: &str| {
         let body =
@@ -192,49 +127,30 @@ async fn with_a_real_provider_only_its_signed_callback_pays_and_one_intent_is_op
         let ts = seckill::now_ms() / 1000;
         let sig =
             seckill::lifecycle::payment::CallbackSigner::new(secret).sign(ts, body.as_bytes());
-        c.post(format!("{}/api/payments/notify", s.base))
-            .header("x-seckill-timestamp", ts.to_string())
-            .header("x-seckill-signature", sig)
-            .body(body)
-            .send()
+        let api = api.clone();
+        async move { api.notify(Some(ts), Some(&sig), &body).await }
     };
-    assert_eq!(notify("a-guess").await.unwrap().status(), 401);
-    assert_eq!(
-        order_status(&c, &s, &token, &order).await,
-        "pending_payment"
-    );
-    let r = notify(PAYMENT_SECRET).await.unwrap();
-    assert_eq!(r.status(), 200);
-    assert_eq!(r.json::<Value>().await.unwrap()["result"], "paid");
-    assert_eq!(order_status(&c, &s, &token, &order).await, "paid");
+    assert_eq!(notify("a-guess").await.status, 401);
+    assert_eq!(order_status(&api, &token, &order).await, "pending_payment");
+    let r = notify(PAYMENT_SECRET).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json()["result"], "paid");
+    assert_eq!(order_status(&api, &token, &order).await, "paid");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_simulated_provider_runs_outside_dev_mode_only_when_chosen_by_name() {
     let s = production(&[("SECKILL_PAYMENT_PROVIDER", "simulated")]).await;
-    let c = common::client();
+    let api = s.api();
     let token = buyer(503);
-    let order = bought_order(&c, &s, &token).await;
-    let (status, intent) = post(
-        &c,
-        format!("{}/api/orders/{order}/pay", s.base),
-        Some(&token),
-        json!({}),
-    )
-    .await;
-    assert_eq!(status, 200, "{intent}");
+    let order = bought_order(&api, &token).await;
+    let intent = api.pay_with(&token, &order, &json!({})).await;
+    assert_eq!(intent.status, 200, "{intent}");
     let id = intent["intent_id"].as_str().unwrap();
     assert_eq!(intent["pay_url"], format!("/simulated-pay/{id}"));
-    let (status, _) = post(
-        &c,
-        format!("{}/api/simulated-pay/{id}", s.base),
-        Some(&token),
-        json!({"outcome": "pay"}),
-    )
-    .await;
-    assert_eq!(status, 202);
+    assert_eq!(api.simulated_pay(&token, id, "pay").await.status, 202);
     common::eventually(10, "the simulated callback pays", || async {
-        order_status(&c, &s, &token, &order).await == "paid"
+        order_status(&api, &token, &order).await == "paid"
     })
     .await;
 }
@@ -247,17 +163,14 @@ async fn the_simulated_provider_runs_outside_dev_mode_only_when_chosen_by_name()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_captcha_picture_cannot_be_drawn_again_from_what_the_client_sees() {
     let s = production(&[]).await;
-    let c = common::client();
-    let sale = common::open_sale_with(&c, &s, 5, 1, json!({"anti_bot": "captcha"})).await;
+    let api = s.api();
+    let sale = api
+        .open_sale_with(5, 1, &json!({"anti_bot": "captcha"}))
+        .await;
     let token = buyer(504);
     for _ in 0..3 {
-        let (status, captcha) = get(
-            &c,
-            format!("{}/api/sales/{sale}/captcha", s.base),
-            Some(&token),
-        )
-        .await;
-        assert_eq!(status, 200, "{captcha}");
+        let captcha = api.captcha(&token, &sale).await;
+        assert_eq!(captcha.status, 200, "{captcha}");
         let id = captcha["captcha_id"].as_str().unwrap();
         let png = base64::engine::general_purpose::STANDARD
             .decode(
@@ -288,8 +201,8 @@ async fn every_spelling_of_one_phone_is_one_buyer() {
     let store = seckill::store::Store::connect(&s.env_value("SECKILL_DATABASE_URL"), 2)
         .await
         .unwrap();
-    let c = common::client();
-    let sale = common::open_sale(&c, &s, 10, 1).await;
+    let api = s.api();
+    let sale = api.open_sale(10, 1).await;
     let mut users = std::collections::HashSet::new();
     let mut oks = 0;
     let spellings = [
@@ -301,26 +214,14 @@ async fn every_spelling_of_one_phone_is_one_buyer() {
         "+86 138-0000-0001",
     ];
     for phone in spellings {
-        let (status, sent) = post(
-            &c,
-            format!("{}/api/auth/code", s.base),
-            None,
-            json!({"phone": phone}),
-        )
-        .await;
-        assert_eq!(status, 200, "{phone}: {sent}");
+        let sent = api.request_code(phone).await;
+        assert_eq!(sent.status, 200, "{phone}: {sent}");
         let code = sent["dev_code"].as_str().unwrap().to_string();
-        let (status, login) = post(
-            &c,
-            format!("{}/api/auth/login", s.base),
-            None,
-            json!({"phone": phone, "code": code}),
-        )
-        .await;
-        assert_eq!(status, 200, "{phone}: {login}");
+        let login = api.login(phone, &code).await;
+        assert_eq!(login.status, 200, "{phone}: {login}");
         users.insert(login["user_id"].as_str().unwrap().to_string());
         let token = login["token"].as_str().unwrap();
-        if common::buy(&c, &s.base, &sale, token).await.0 == 200 {
+        if api.buy(token, &sale).await.status == 200 {
             oks += 1;
         }
         // Past the 30 s before a phone may ask for another code.
@@ -332,41 +233,12 @@ async fn every_spelling_of_one_phone_is_one_buyer() {
     assert_eq!(users.len(), 1, "one number, one user: {users:?}");
     assert_eq!(oks, 1, "one purchase under a limit of one");
     // Two spellings within 30 s are one phone asking twice.
-    assert_eq!(
-        post(
-            &c,
-            format!("{}/api/auth/code", s.base),
-            None,
-            json!({"phone": "13800000001"})
-        )
-        .await
-        .0,
-        200
-    );
-    let (status, again) = post(
-        &c,
-        format!("{}/api/auth/code", s.base),
-        None,
-        json!({"phone": "0086 138 0000 0001"}),
-    )
-    .await;
-    assert_eq!(
-        (status, again["code"].as_str()),
-        (429, Some("rate_limited"))
-    );
+    assert_eq!(api.request_code("13800000001").await.status, 200);
+    let again = api.request_code("0086 138 0000 0001").await;
+    assert_eq!(again.status_code(), (429, "rate_limited".into()));
     for bad in ["12345", "+15550001234", "+8613800000001 ext. 2", "abc"] {
-        let (status, answer) = post(
-            &c,
-            format!("{}/api/auth/code", s.base),
-            None,
-            json!({"phone": bad}),
-        )
-        .await;
-        assert_eq!(
-            (status, answer["code"].as_str()),
-            (400, Some("invalid_phone")),
-            "{bad}"
-        );
+        let answer = api.request_code(bad).await;
+        assert_eq!(answer.status_code(), (400, "invalid_phone".into()), "{bad}");
     }
 }
 
@@ -452,46 +324,25 @@ fn client_from(local: &str) -> reqwest::Client {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_admin_tokens_are_throttled_per_address_and_counted() {
     let s = production(&[]).await;
-    let guesser = client_from("127.0.0.1");
-    let url = format!("{}/api/admin/sales", s.base);
+    let guesser = Api::with_client(client_from("127.0.0.1"), &s.base).admin(&s.admin);
     let mut statuses = Vec::new();
     for i in 0..8 {
-        let (status, _) = get(&guesser, url.clone(), Some(&format!("guess-{i}"))).await;
-        statuses.push(status);
+        let guess = guesser
+            .get("/api/admin/sales", Some(&format!("guess-{i}")))
+            .await;
+        statuses.push(guess.status);
     }
     assert_eq!(statuses, [401, 401, 401, 401, 401, 429, 429, 429]);
-    let r = guesser
-        .get(&url)
-        .bearer_auth(&s.admin)
-        .send()
-        .await
-        .unwrap();
+    let r = guesser.admin_sales().await;
     assert_eq!(
-        r.status(),
-        429,
+        r.status, 429,
         "once over, not even the right token is compared"
     );
-    let retry: u64 = r.headers()["retry-after"]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let retry: u64 = r.header("retry-after").unwrap().parse().unwrap();
     assert!((1..=60).contains(&retry), "{retry}");
-    let other = client_from("127.0.0.2");
-    assert_eq!(
-        get(&other, url.clone(), Some(&s.admin)).await.0,
-        200,
-        "another address"
-    );
-    let text = other
-        .get(format!("{}/metrics", s.base))
-        .bearer_auth(&s.admin)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let other = Api::with_client(client_from("127.0.0.2"), &s.base).admin(&s.admin);
+    assert_eq!(other.admin_sales().await.status, 200, "another address");
+    let text = other.metrics().await;
     assert_eq!(common::metric(&text, "seckill_auth_failures_total"), 5);
     assert_eq!(common::metric(&text, "seckill_auth_throttled_total"), 4);
 }
@@ -509,23 +360,12 @@ async fn a_new_login_code_does_not_give_a_guesser_new_tries() {
     let store = seckill::store::Store::connect(&s.env_value("SECKILL_DATABASE_URL"), 2)
         .await
         .unwrap();
-    let c = common::client();
+    let api = s.api();
     let phone = "+8613700000042";
-    let ask = || {
-        post(
-            &c,
-            format!("{}/api/auth/code", s.base),
-            None,
-            json!({"phone": phone}),
-        )
-    };
+    let ask = || api.request_code(phone);
     let login = |code: String| {
-        post(
-            &c,
-            format!("{}/api/auth/login", s.base),
-            None,
-            json!({"phone": phone, "code": code}),
-        )
+        let api = api.clone();
+        async move { api.login(phone, &code).await }
     };
     let last_code = || {
         let text = std::fs::read_to_string(&outbox).unwrap();
@@ -539,10 +379,10 @@ async fn a_new_login_code_does_not_give_a_guesser_new_tries() {
     };
     let wrong = |code: &str| format!("{:06}", (code.parse::<u32>().unwrap() + 1) % 1_000_000);
     for round in 0..2 {
-        assert_eq!(ask().await.0, 200, "round {round}");
+        assert_eq!(ask().await.status, 200, "round {round}");
         let code = last_code();
         for _ in 0..5 {
-            assert_eq!(login(wrong(&code)).await.0, 401);
+            assert_eq!(login(wrong(&code)).await.status, 401);
         }
         // Half a minute later (the resend interval), as the guesser would wait.
         sqlx::query("UPDATE login_codes SET created_at = created_at - 60000")
@@ -551,14 +391,14 @@ async fn a_new_login_code_does_not_give_a_guesser_new_tries() {
             .unwrap();
     }
     assert_eq!(
-        ask().await.0,
+        ask().await.status,
         429,
         "no more codes sent to a phone that guessed ten times"
     );
-    let (status, answer) = login(last_code()).await;
+    let answer = login(last_code()).await;
     assert_eq!(
-        (status, answer["code"].as_str()),
-        (429, Some("rate_limited")),
+        answer.status_code(),
+        (429, "rate_limited".into()),
         "the right code after ten wrong ones today: {answer}"
     );
 }
@@ -568,23 +408,15 @@ async fn a_new_login_code_does_not_give_a_guesser_new_tries() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_callback_stamped_at_the_end_of_i64_is_refused_not_a_crash() {
     let s = production(&[("SECKILL_PAYMENT_PROVIDER", "simulated")]).await;
-    let c = common::client();
+    let api = s.api();
     let body = json!({"intent_id": "1", "status": "paid"}).to_string();
     for ts in [i64::MIN, i64::MIN + 1, i64::MAX] {
         let sig = seckill::lifecycle::payment::CallbackSigner::new("x").sign(ts, body.as_bytes());
-        let r = c
-            .post(format!("{}/api/payments/notify", s.base))
-            .header("x-seckill-timestamp", ts.to_string())
-            .header("x-seckill-signature", sig)
-            .body(body.clone())
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 401, "{ts}");
-        let answer: Value = r.json().await.unwrap();
-        assert_eq!(answer["code"], "unauthorized");
+        let answer = api.notify(Some(ts), Some(&sig), &body).await;
+        assert_eq!(answer.status, 401, "{ts}");
+        assert_eq!(answer.json()["code"], "unauthorized");
     }
-    assert_eq!(get(&c, format!("{}/healthz", s.base), None).await.0, 200);
+    assert_eq!(api.get("/healthz", None).await.status, 200);
 }
 
 // ---- 8. /metrics ---------------------------------------------------------------------------
@@ -593,24 +425,12 @@ async fn a_callback_stamped_at_the_end_of_i64_is_refused_not_a_crash() {
 async fn metrics_need_a_token_unless_made_public() {
     let metrics_token = "metrics-token-0123456789abcdef0123456789";
     let s = production(&[("SECKILL_METRICS_TOKEN", metrics_token)]).await;
-    let c = common::client();
-    let url = format!("{}/metrics", s.base);
-    let status = |bearer: Option<&str>| {
-        let mut r = c.get(&url);
-        if let Some(b) = bearer {
-            r = r.bearer_auth(b);
-        }
-        async move { r.send().await.unwrap().status().as_u16() }
-    };
-    assert_eq!(status(None).await, 401);
-    assert_eq!(status(Some(metrics_token)).await, 200);
-    assert_eq!(status(Some(&s.admin)).await, 200);
+    let api = s.api();
+    assert_eq!(api.get("/metrics", None).await.status, 401);
+    assert_eq!(api.get("/metrics", Some(metrics_token)).await.status, 200);
+    assert_eq!(api.get("/metrics", Some(&s.admin)).await.status, 200);
     let public = production(&[("SECKILL_METRICS_PUBLIC", "1")]).await;
-    let r = c
-        .get(format!("{}/metrics", public.base))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    assert!(r.text().await.unwrap().contains("seckill_purchases_total"));
+    let r = public.api().get("/metrics", None).await;
+    assert_eq!(r.status, 200);
+    assert!(r.text.contains("seckill_purchases_total"));
 }

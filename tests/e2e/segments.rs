@@ -1,4 +1,4 @@
-//! A hot sale over 3 segments on one Redis (the cluster case is in `e2e_cluster.rs`): two
+//! A hot sale over 3 segments on one Redis (the cluster case is in `faults/cluster.rs`): two
 //! instances and two workers on PostgreSQL, buyers crowding one segment so that the
 //! others' units must move to it.
 //!
@@ -8,12 +8,14 @@
 //! - Unpaid orders expire and each unit goes back to its buyer's segment; sold again.
 //! - A move whose mover died after taking the units is finished by the scheduler.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 
-use common::storm::{check_segments, check_sql, storm_on, tokens_for, users_of_segment, Arrival};
-use common::{Server, Sql};
+use crate::common::storm::{
+    check_segments, check_sql, storm_on, tokens_for, users_of_segment, Arrival,
+};
+use crate::common::{Server, Sql};
 use seckill::gate::Gate;
 use seckill::model::OrderStatus;
 use seckill::store::Store;
@@ -22,7 +24,7 @@ const REDIS: &str = "redis://127.0.0.1:6379/";
 
 struct Deployment {
     instances: Vec<Server>,
-    _workers: Vec<common::storm::Worker>,
+    _workers: Vec<common::Worker>,
     store: Store,
     secret: String,
     prefix: String,
@@ -69,18 +71,13 @@ impl Deployment {
     }
 
     async fn remaining(&self, sale_id: i64) -> i64 {
-        let r: serde_json::Value = common::client()
-            .get(format!(
-                "{}/api/sales/{sale_id}/stock",
-                self.instances[1].base
-            ))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        r["remaining"].as_i64().unwrap_or(-1)
+        self.instances[1].api().remaining(sale_id).await
+    }
+
+    /// A sale open now on the first instance, with these fields besides; its id.
+    async fn open_sale(&self, stock: i64, extra: serde_json::Value) -> i64 {
+        let api = self.instances[0].api();
+        api.open_sale_with(stock, 1, &extra).await.parse().unwrap()
     }
 
     async fn gate(&self) -> seckill::gate::redis::RedisGate {
@@ -102,17 +99,12 @@ fn ok_users(told: &std::collections::HashMap<i64, common::storm::Told>) -> Vec<i
 async fn a_hot_sale_over_three_segments_sells_exactly_its_stock_and_rebuilds_one_segment_alone() {
     const STOCK: i64 = 500;
     let d = Deployment::start().await;
-    let c = common::client();
-    let sale: i64 = common::open_sale_with(
-        &c,
-        &d.instances[0],
-        STOCK,
-        1,
-        serde_json::json!({"segments": 3, "payment_window_secs": 20}),
-    )
-    .await
-    .parse()
-    .unwrap();
+    let sale = d
+        .open_sale(
+            STOCK,
+            serde_json::json!({"segments": 3, "payment_window_secs": 20}),
+        )
+        .await;
 
     // 3,000 buyers: 2,800 pinned to segment 0 (167 units), 100 to each of the others
     // (167 and 166 units), the crowd first: units must move to segment 0, or they are
@@ -130,7 +122,7 @@ async fn a_hot_sale_over_three_segments_sells_exactly_its_stock_and_rebuilds_one
         "every buyer ends with ok or sold_out"
     );
     check_sql(&d.store, sale, STOCK, &told).await;
-    common::check_reconciled(&c, &d.instances[1], &sale.to_string()).await;
+    d.instances[1].api().check_reconciled(sale).await;
     let stocks = check_segments(&d.store, REDIS, &d.prefix, sale).await;
     assert_eq!(stocks, vec![0, 0, 0], "nothing stranded in any segment");
     let into_crowded: i64 = d
@@ -227,17 +219,7 @@ async fn a_hot_sale_over_three_segments_sells_exactly_its_stock_and_rebuilds_one
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_move_whose_mover_died_after_taking_is_finished_by_the_scheduler() {
     let d = Deployment::start().await;
-    let c = common::client();
-    let sale: i64 = common::open_sale_with(
-        &c,
-        &d.instances[0],
-        90,
-        1,
-        serde_json::json!({"segments": 3}),
-    )
-    .await
-    .parse()
-    .unwrap();
+    let sale = d.open_sale(90, serde_json::json!({"segments": 3})).await;
     let gate = d.gate().await;
     // A mover plans a move of 10 units from segment 1 to segment 0, takes them, and dies.
     let m = seckill::store::moves::SegmentMove {
@@ -299,16 +281,7 @@ async fn a_move_whose_mover_died_after_taking_is_finished_by_the_scheduler() {
 async fn instances_sigkilled_while_moving_stock_lose_no_order_and_strand_no_unit() {
     const STOCK: i64 = 400;
     let mut d = Deployment::start().await;
-    let sale: i64 = common::open_sale_with(
-        &common::client(),
-        &d.instances[0],
-        STOCK,
-        1,
-        serde_json::json!({"segments": 3}),
-    )
-    .await
-    .parse()
-    .unwrap();
+    let sale = d.open_sale(STOCK, serde_json::json!({"segments": 3})).await;
     // Most buyers in segment 0, so units keep moving there while the instances die.
     let mut buyers = users_of_segment(3, 0, 1, 2400);
     buyers.extend(users_of_segment(3, 1, 1, 300));

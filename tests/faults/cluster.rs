@@ -10,21 +10,18 @@
 //! - Drift injected by hand into two segments on different masters is reported by the
 //!   continuous audit and `seckill reconcile`, and `--repair` rebuilds the sale exactly.
 
-mod common;
+use crate::common;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::cluster::PrivateCluster;
-use common::storm::{check_sql, storm_on, Arrival, Told, Worker};
-use common::{Server, Sql};
+use crate::common::cluster::PrivateCluster;
+use crate::common::storm::{check_sql, storm_on, Arrival, Told};
+use crate::common::{Api, Server, Sql, Worker};
+use reqwest::Method;
 use seckill::model::OrderStatus;
 use seckill::store::Store;
-
-/// Each test runs seven Redis processes and four of ours, and judges a failover's timing:
-/// on two cores they take turns.
-static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 struct Deployment {
     cluster: PrivateCluster,
@@ -72,15 +69,11 @@ impl Deployment {
         stock: i64,
         extra: serde_json::Value,
     ) -> Vec<(i64, usize)> {
-        let c = common::client();
         let mut sales = Vec::new();
         let mut masters = HashSet::new();
         while sales.len() < min || masters.len() < 3 {
             assert!(sales.len() < 40, "sales never spread over 3 masters");
-            let id: i64 = common::open_sale_with(&c, &self.instances[0], stock, 1, extra.clone())
-                .await
-                .parse()
-                .unwrap();
+            let id = self.open_sale(stock, extra.clone()).await;
             let master = self
                 .cluster
                 .master_of(&PrivateCluster::sale_key("seckill", id))
@@ -91,29 +84,20 @@ impl Deployment {
         sales
     }
 
+    /// A sale open now on the first instance, with these fields besides; its id.
+    async fn open_sale(&self, stock: i64, extra: serde_json::Value) -> i64 {
+        let api = self.instances[0].api();
+        api.open_sale_with(stock, 1, &extra).await.parse().unwrap()
+    }
+
     async fn remaining(&self, sale_id: i64) -> i64 {
-        let r: serde_json::Value = common::client()
-            .get(format!(
-                "{}/api/sales/{sale_id}/stock",
-                self.instances[1].base
-            ))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        r["remaining"].as_i64().unwrap_or(-1)
+        self.instances[1].api().remaining(sale_id).await
     }
 
     async fn ready(&self) -> bool {
         for s in &self.instances {
-            let ok = common::client()
-                .get(format!("{}/readyz", s.base))
-                .send()
-                .await
-                .is_ok_and(|r| r.status().is_success());
-            if !ok {
+            let ready = Api::try_send(s.api().request(Method::GET, "/readyz")).await;
+            if !ready.is_ok_and(|r| (200..300).contains(&r.status)) {
                 return false;
             }
         }
@@ -148,7 +132,7 @@ fn count(told: &HashMap<i64, Told>, code: &str) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sales_on_every_master_are_sold_written_expired_and_resold() {
-    let _turn = ONE_AT_A_TIME.lock().await;
+    let _turn = common::one_at_a_time().await;
     const STOCK: i64 = 60;
     const BUYERS: i64 = 90;
     let d = Deployment::start().await;
@@ -170,7 +154,7 @@ async fn sales_on_every_master_are_sold_written_expired_and_resold() {
             );
             assert_eq!(count(told, "sold_out"), (BUYERS - STOCK) as usize);
             check_sql(&d.store, *sale, STOCK, told).await;
-            common::check_reconciled(&common::client(), &d.instances[1], &sale.to_string()).await;
+            d.instances[1].api().check_reconciled(sale).await;
         }
     });
     futures_util::future::join_all(checks).await;
@@ -226,7 +210,7 @@ async fn sales_on_every_master_are_sold_written_expired_and_resold() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_master_killed_mid_storm_loses_no_acknowledged_order() {
-    let _turn = ONE_AT_A_TIME.lock().await;
+    let _turn = common::one_at_a_time().await;
     const STOCK: i64 = 400;
     const BUYERS: i64 = 500;
     let mut d = Deployment::start().await;
@@ -311,20 +295,11 @@ async fn a_master_killed_mid_storm_loses_no_acknowledged_order() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_hot_sale_over_three_segments_on_three_masters_sells_exactly_its_stock() {
-    let _turn = ONE_AT_A_TIME.lock().await;
+    let _turn = common::one_at_a_time().await;
     const STOCK: i64 = 500;
     const BUYERS: i64 = 3000;
     let d = Deployment::start().await;
-    let sale: i64 = common::open_sale_with(
-        &common::client(),
-        &d.instances[0],
-        STOCK,
-        1,
-        serde_json::json!({"segments": 3}),
-    )
-    .await
-    .parse()
-    .unwrap();
+    let sale = d.open_sale(STOCK, serde_json::json!({"segments": 3})).await;
     let mut masters = HashSet::new();
     for s in 0..3 {
         let k = seckill::redis_client::keys::SaleKeys::for_segment("seckill", sale, 3, s);
@@ -355,20 +330,11 @@ async fn a_hot_sale_over_three_segments_on_three_masters_sells_exactly_its_stock
 /// buy again and the rest of the stock sells exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn drift_in_two_segments_on_two_masters_is_reported_and_repaired() {
-    let _turn = ONE_AT_A_TIME.lock().await;
+    let _turn = common::one_at_a_time().await;
     const STOCK: i64 = 300;
     let d = Deployment::start().await;
-    let c = common::client();
-    let sale: i64 = common::open_sale_with(
-        &c,
-        &d.instances[0],
-        STOCK,
-        1,
-        serde_json::json!({"segments": 3}),
-    )
-    .await
-    .parse()
-    .unwrap();
+    let apis: Vec<Api> = d.instances.iter().map(Server::api).collect();
+    let sale = d.open_sale(STOCK, serde_json::json!({"segments": 3})).await;
     let told = storm_on(
         d.bases(),
         sale.to_string(),
@@ -378,7 +344,7 @@ async fn drift_in_two_segments_on_two_masters_is_reported_and_repaired() {
     )
     .await;
     assert_eq!(count(&told, "ok"), 200);
-    common::check_reconciled(&c, &d.instances[0], &sale.to_string()).await;
+    apis[0].check_reconciled(sale).await;
 
     // A buyer of segment `a` vanishes from its gate; segment `b`, on another master,
     // gains 2 units from nowhere.
@@ -417,8 +383,8 @@ async fn drift_in_two_segments_on_two_masters_is_reported_and_repaired() {
     let mut seen = HashMap::new();
     while started.elapsed() < Duration::from_secs(20) {
         seen.clear();
-        for s in &d.instances {
-            let m = common::metrics(&c, s).await;
+        for api in &apis {
+            let m = api.metrics().await;
             seen.extend(
                 common::drift_in(&m, sale)
                     .into_iter()
@@ -447,7 +413,7 @@ async fn drift_in_two_segments_on_two_masters_is_reported_and_repaired() {
         ],
     );
     assert_eq!(code, 0, "{out}");
-    common::check_reconciled(&c, &d.instances[1], &sale.to_string()).await;
+    apis[1].check_reconciled(sale).await;
 
     // The removed buyer holds its unit again; the 100 left sell once each.
     let again = storm_on(
@@ -471,7 +437,7 @@ async fn drift_in_two_segments_on_two_masters_is_reported_and_repaired() {
     let mut all = told;
     common::storm::merge(&mut all, rest);
     check_sql(&d.store, sale, STOCK, &all).await;
-    common::check_reconciled(&c, &d.instances[0], &sale.to_string()).await;
+    apis[0].check_reconciled(sale).await;
     let stocks = common::storm::check_segments(&d.store, &d.cluster.url(), "seckill", sale).await;
     assert_eq!(stocks, vec![0, 0, 0]);
 }

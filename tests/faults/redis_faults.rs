@@ -8,20 +8,16 @@
 //!   attempt, purchases work again within 2 s of Redis answering, and there is no second
 //!   outage afterwards.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::storm::{check_sql, first_ok_after, merge, storm_on, Arrival, Told, Worker};
-use common::{PrivateRedis, Server, Sql};
+use crate::common::storm::{check_sql, first_ok_after, merge, storm_on, Arrival, Told};
+use crate::common::{PrivateRedis, Server, Sql, Worker};
 use seckill::store::Store;
-
-/// Each test here runs a deployment of several processes and judges timings (purchases
-/// again within 2 s, no 503 afterwards): on two cores they take turns.
-static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 struct Deployment {
     redis: PrivateRedis,
@@ -64,10 +60,6 @@ impl Deployment {
 
     fn tokens(&self, users: std::ops::Range<i64>) -> Vec<(i64, String)> {
         common::storm::tokens(&self.secret, users)
-    }
-
-    fn base(&self, i: usize) -> &str {
-        &self.instances[i % self.instances.len()].base
     }
 
     fn bases(&self) -> Vec<String> {
@@ -128,11 +120,10 @@ async fn wait_in_sync(master_url: String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn redis_losing_its_data_mid_sale_sells_nobody_twice() {
-    let _turn = ONE_AT_A_TIME.lock().await;
+    let _turn = common::one_at_a_time().await;
     let mut d = Deployment::start("wipe").await;
-    let c = common::client();
     const STOCK: i64 = 4000;
-    let sale = common::open_sale(&c, &d.instances[0], STOCK, 1).await;
+    let sale = d.instances[0].api().open_sale(STOCK, 1).await;
     let sale_id: i64 = sale.parse().unwrap();
     let rounds: i64 = std::env::var("SECKILL_TEST_WIPE_ROUNDS")
         .ok()
@@ -187,11 +178,11 @@ async fn redis_losing_its_data_mid_sale_sells_nobody_twice() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_frozen_redis_never_turns_a_503_into_an_order() {
-    let _turn = ONE_AT_A_TIME.lock().await;
+    let _turn = common::one_at_a_time().await;
     let d = Deployment::start("freeze").await;
-    let c = common::client();
+    let api = d.instances[0].api();
     const BUYERS: i64 = 3000;
-    let sale = common::open_sale(&c, &d.instances[0], BUYERS, 1).await;
+    let sale = api.open_sale(BUYERS, 1).await;
     let sale_id: i64 = sale.parse().unwrap();
 
     let started = Arc::new(AtomicUsize::new(0));
@@ -248,14 +239,8 @@ async fn a_frozen_redis_never_turns_a_503_into_an_order() {
         for id in &t.pending {
             let give_up = Instant::now() + Duration::from_secs(40);
             loop {
-                let r = c
-                    .get(format!("{}/api/orders/{id}", d.base(0)))
-                    .bearer_auth(&token)
-                    .send()
-                    .await
-                    .unwrap();
-                let status = r.status().as_u16();
-                let body: serde_json::Value = r.json().await.unwrap();
+                let r = api.order(&token, id).await;
+                let (status, body) = (r.status, r.json());
                 let in_sql = d
                     .live_orders(sale_id)
                     .await
@@ -285,7 +270,7 @@ async fn a_frozen_redis_never_turns_a_503_into_an_order() {
 /// An instance and a worker started before their Redis wait for it, and serve once it is up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn processes_started_before_redis_come_up_by_themselves() {
-    let _turn = ONE_AT_A_TIME.lock().await;
+    let _turn = common::one_at_a_time().await;
     let port = common::free_port();
     let env = vec![
         (
@@ -299,9 +284,7 @@ async fn processes_started_before_redis_come_up_by_themselves() {
         ("SECKILL_DEV".to_string(), "1".to_string()),
     ];
     let mut instance = Server::spawn(env.clone(), vec!["serve".into(), "--no-writer".into()]);
-    let mut worker_env = env;
-    worker_env.push(("SECKILL_LOG".into(), "warn".into()));
-    let _worker = Worker(common::spawn(&worker_env, &["worker".to_string()]));
+    let _worker = common::worker(&env);
     // Longer than the Redis client's own connection retries (about 6 s).
     tokio::time::sleep(Duration::from_secs(10)).await;
     assert!(
@@ -312,11 +295,11 @@ async fn processes_started_before_redis_come_up_by_themselves() {
     std::fs::create_dir_all(&dir).unwrap();
     let _redis = PrivateRedis::start(port, &dir);
     instance.wait_ready().await;
-    let c = common::client();
-    let sale = common::open_sale(&c, &instance, 5, 1).await;
-    let token = common::login_users(&c, &instance.base, 1).await.remove(0);
-    let (status, body) = common::buy(&c, &instance.base, &sale, &token).await;
-    assert_eq!(status, 200, "{body}");
+    let api = instance.api();
+    let sale = api.open_sale(5, 1).await;
+    let token = api.login_users(1).await.remove(0);
+    let answer = api.buy(&token, &sale).await;
+    assert_eq!(answer.status, 200, "{answer}");
     let store = Store::connect(&instance.env[0].1, 2).await.unwrap();
     let sale_id: i64 = sale.parse().unwrap();
     common::eventually(20, "the worker writes the order", || {
@@ -331,7 +314,7 @@ async fn processes_started_before_redis_come_up_by_themselves() {
 /// back); an `aof` level the Redis cannot give refuses to start.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replica_durability_says_ok_only_for_what_a_replica_holds() {
-    let _turn = ONE_AT_A_TIME.lock().await;
+    let _turn = common::one_at_a_time().await;
     let (mport, rport) = (common::free_port(), common::free_port());
     let base_dir = std::env::temp_dir().join(common::unique("repl"));
     let master = PrivateRedis::start_with(mport, &base_dir.join("m"), &["--appendfsync", "no"]);
@@ -378,43 +361,37 @@ async fn replica_durability_says_ok_only_for_what_a_replica_holds() {
     drop(aof);
 
     let server = Server::start(env("replica"), vec!["serve".into()]).await;
-    let c = common::client();
-    let sale = common::open_sale(&c, &server, 100, 1).await;
+    let api = server.api();
+    let sale = api.open_sale(100, 1).await;
     let sale_id: i64 = sale.parse().unwrap();
-    let tokens = common::login_users(&c, &server.base, 40).await;
+    let tokens = api.login_users(40).await;
     for t in &tokens[..10] {
-        let (status, body) = common::buy(&c, &server.base, &sale, t).await;
-        assert_eq!((status, body["code"].as_str()), (200, Some("ok")), "{body}");
+        let answer = api.buy(t, &sale).await;
+        assert_eq!(answer.status_code(), (200, "ok".into()), "{answer}");
     }
 
     signal("-STOP", replica.pid());
     let mut pending = Vec::new();
     for t in &tokens[10..20] {
-        let (status, body) = common::buy(&c, &server.base, &sale, t).await;
+        let answer = api.buy(t, &sale).await;
         assert_eq!(
-            (status, body["code"].as_str()),
-            (202, Some("pending")),
-            "no replica holds it: never ok: {body}"
+            answer.status_code(),
+            (202, "pending".into()),
+            "no replica holds it: never ok: {answer}"
         );
-        pending.push((t.clone(), body["order_id"].as_str().unwrap().to_string()));
+        pending.push((t.clone(), answer.order_id().unwrap()));
     }
     signal("-CONT", replica.pid());
-    let metrics = common::metrics(&c, &server).await;
+    let metrics = api.metrics().await;
     assert!(common::metric(&metrics, "seckill_gate_durability_misses_total") >= 10);
     for t in &tokens[20..30] {
-        let (status, body) = common::buy(&c, &server.base, &sale, t).await;
-        assert_eq!((status, body["code"].as_str()), (200, Some("ok")), "{body}");
+        let answer = api.buy(t, &sale).await;
+        assert_eq!(answer.status_code(), (200, "ok".into()), "{answer}");
     }
     // The pending ones were accepted by the master: they settle into orders.
     for (token, id) in &pending {
-        let url = format!("{}/api/orders/{id}", server.base);
-        let (c, token, url) = (c.clone(), token.clone(), url.clone());
-        common::eventually(20, "a pending purchase settles into its order", move || {
-            let (c, token, url) = (c.clone(), token.clone(), url.clone());
-            async move {
-                let r = c.get(url).bearer_auth(token).send().await.unwrap();
-                r.status().as_u16() == 200
-            }
+        common::eventually(20, "a pending purchase settles into its order", || async {
+            api.order(token, id).await.status == 200
         })
         .await;
     }
@@ -486,7 +463,7 @@ fn signal(sig: &str, pid: u32) {
 /// (the old master, restarted, which Sentinel turns into one), without restarting seckill.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_sentinel_failover_to_a_lagging_replica_loses_no_ok() {
-    let _turn = ONE_AT_A_TIME.lock().await;
+    let _turn = common::one_at_a_time().await;
     let (mport, rport) = (common::free_port(), common::free_port());
     let dir = std::env::temp_dir().join(common::unique("sentinel"));
     // Full resyncs start at once rather than after diskless sync's 5 s wait for more
@@ -512,9 +489,8 @@ async fn a_sentinel_failover_to_a_lagging_replica_loses_no_ok() {
     let master_pid = master.pid();
     let mut d =
         Deployment::start_on(master, &url, &[("SECKILL_REDIS_DURABILITY", "replica")]).await;
-    let c = common::client();
     const BUYERS: i64 = 3000;
-    let sale = common::open_sale(&c, &d.instances[0], BUYERS, 1).await;
+    let sale = d.instances[0].api().open_sale(BUYERS, 1).await;
     let sale_id: i64 = sale.parse().unwrap();
 
     let started = Arc::new(AtomicUsize::new(0));
@@ -595,11 +571,10 @@ async fn a_sentinel_failover_to_a_lagging_replica_loses_no_ok() {
 /// nobody buys twice, no `ok` is lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn workers_frozen_across_a_wipe_lose_nothing_and_sell_nobody_twice() {
-    let _turn = ONE_AT_A_TIME.lock().await;
+    let _turn = common::one_at_a_time().await;
     let mut d = Deployment::start("frozen").await;
-    let c = common::client();
     const STOCK: i64 = 4000;
-    let sale = common::open_sale(&c, &d.instances[0], STOCK, 1).await;
+    let sale = d.instances[0].api().open_sale(STOCK, 1).await;
     let sale_id: i64 = sale.parse().unwrap();
     let mut told = storm(&d, &sale, d.tokens(1..1001), 256).await;
     check_sql(&d.store, sale_id, STOCK, &told).await;
@@ -679,7 +654,7 @@ async fn workers_frozen_across_a_wipe_lose_nothing_and_sell_nobody_twice() {
 /// 503 (it cannot be told), never 404 (it exists).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unwritten_order_is_not_denied_while_redis_is_away() {
-    let _turn = ONE_AT_A_TIME.lock().await;
+    let _turn = common::one_at_a_time().await;
     let port = common::free_port();
     let dir = std::env::temp_dir().join(common::unique("away"));
     let mut redis = PrivateRedis::start(port, &dir);
@@ -693,23 +668,22 @@ async fn an_unwritten_order_is_not_denied_while_redis_is_away() {
     ];
     // No writer anywhere: the order stays in the stream.
     let server = Server::start(env, vec!["serve".into(), "--no-writer".into()]).await;
-    let c = common::client();
-    let sale = common::open_sale(&c, &server, 5, 1).await;
-    let token = common::login_users(&c, &server.base, 1).await.remove(0);
-    let (status, body) = common::buy(&c, &server.base, &sale, &token).await;
-    assert_eq!(status, 200, "{body}");
-    let order = body["order_id"].as_str().unwrap().to_string();
+    let api = server.api();
+    let sale = api.open_sale(5, 1).await;
+    let token = api.login_users(1).await.remove(0);
+    let answer = api.buy(&token, &sale).await;
+    assert_eq!(answer.status, 200, "{answer}");
+    let order = answer.order_id().unwrap();
     let call = |what: &'static str| {
-        let (c, url, token) = (
-            c.clone(),
-            format!("{}/api/orders/{order}/{what}", server.base),
-            token.clone(),
-        );
+        let (api, token, order) = (api.clone(), token.clone(), order.clone());
         async move {
-            let r = c.post(url).bearer_auth(token).send().await.unwrap();
-            let status = r.status().as_u16();
-            let body: serde_json::Value = r.json().await.unwrap();
-            (status, body["code"].as_str().unwrap_or("").to_string())
+            let r = match what {
+                "cancel" => api.cancel(&token, &order).await,
+                _ => api.pay(&token, &order).await,
+            };
+            let code = r.code().to_string();
+            assert!(r.is_json(), "{r}");
+            (r.status, code)
         }
     };
     redis.kill();

@@ -5,18 +5,19 @@
 //! every order answered `ok` is there. A buyer whose script ran just before the kill never
 //! got its reply (503); retrying, they hear `already_purchased`, and their order is there too.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{PrivateRedis, Server, Sql};
+use crate::common::{PrivateRedis, Server, Sql};
 use seckill::store::Store;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_storm_survives_redis_dying_without_oversell_or_loss() {
+    let _turn = common::one_at_a_time().await;
     let port = common::free_port();
     let dir = std::env::temp_dir().join(common::unique("redis"));
     std::fs::create_dir_all(&dir).unwrap();
@@ -31,10 +32,10 @@ async fn a_storm_survives_redis_dying_without_oversell_or_loss() {
         ("SECKILL_DEV".to_string(), "1".to_string()),
     ];
     let server = Server::start(env, vec!["serve".into()]).await;
-    let c = common::client();
+    let api = server.api();
     const STOCK: i64 = 600;
-    let sale = common::open_sale(&c, &server, STOCK, 1).await;
-    let tokens = Arc::new(common::login_users(&c, &server.base, 1200).await);
+    let sale = api.open_sale(STOCK, 1).await;
+    let tokens = Arc::new(api.login_users(1200).await);
 
     // The storm: every buyer tries until answered ok, sold_out or already_purchased.
     let done = Arc::new(AtomicUsize::new(0));
@@ -42,9 +43,8 @@ async fn a_storm_survives_redis_dying_without_oversell_or_loss() {
     let next = Arc::new(AtomicUsize::new(0));
     let workers: Vec<_> = (0..32)
         .map(|_| {
-            let (c, base, sale, tokens, done, unavailable, next) = (
-                c.clone(),
-                server.base.clone(),
+            let (api, sale, tokens, done, unavailable, next) = (
+                api.clone(),
                 sale.clone(),
                 tokens.clone(),
                 done.clone(),
@@ -63,17 +63,11 @@ async fn a_storm_survives_redis_dying_without_oversell_or_loss() {
                     // Told 503: it did not (and must not later).
                     let mut saw_ambiguous = false;
                     for _attempt in 0..200 {
-                        let r = c
-                            .post(format!("{base}/api/sales/{sale}/purchase"))
-                            .bearer_auth(token)
-                            .send()
-                            .await;
-                        let Ok(r) = r else {
+                        let Ok(r) = api.try_buy(token, &sale).await else {
                             saw_ambiguous = true;
                             continue;
                         };
-                        let status = r.status().as_u16();
-                        let body: serde_json::Value = r.json().await.unwrap_or_default();
+                        let (status, body) = (r.status, r.body);
                         assert!(status != 500, "never a 500: {body}");
                         match body["code"].as_str() {
                             Some("ok") => {
@@ -131,7 +125,7 @@ async fn a_storm_survives_redis_dying_without_oversell_or_loss() {
         unavailable.load(Ordering::Relaxed) > 0,
         "the outage was seen"
     );
-    let metrics = common::metrics(&c, &server).await;
+    let metrics = api.metrics().await;
     assert!(
         metrics
             .lines()

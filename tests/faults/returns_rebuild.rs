@@ -8,23 +8,19 @@
 //! the test's own, and on a Redis Cluster of the test's own.
 //!
 //! `SECKILL_TEST_RETURN_RUNS` sets the runs of each (default 2; `20` for the issue's
-//! check: `SECKILL_TEST_RETURN_RUNS=20 cargo test --test e2e_returns_rebuild`).
+//! check: `SECKILL_TEST_RETURN_RUNS=20 cargo test --test faults returns_rebuild`).
 
-mod common;
+use crate::common;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::cluster::PrivateCluster;
-use common::storm::{storm_on, tokens, Arrival, Told, Worker};
-use common::{PrivateRedis, Server, Sql};
+use crate::common::cluster::PrivateCluster;
+use crate::common::storm::{storm_on, tokens, Arrival, Told};
+use crate::common::{Api, PrivateRedis, Server, Sql, Worker};
 use seckill::redis_client::keys::SaleKeys;
 use seckill::store::Store;
-use serde_json::Value;
-
-/// The deployments here run several processes each and judge a storm: they take turns.
-static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 const STOCK: i64 = 2000;
 const CANCELS: usize = 1500;
@@ -126,17 +122,11 @@ async fn flush(port: u16, sale: i64) -> Vec<i64> {
 }
 
 /// Cancels as the buyer, retrying while the order is being written or Redis is away.
-async fn cancel(c: &reqwest::Client, base: &str, token: &str, order: i64) {
+async fn cancel(api: &Api, token: &str, order: i64) {
     let give_up = Instant::now() + Duration::from_secs(60);
     while Instant::now() < give_up {
-        if let Ok(r) = c
-            .post(format!("{base}/api/orders/{order}/cancel"))
-            .bearer_auth(token)
-            .send()
-            .await
-        {
-            let status = r.status().as_u16();
-            let body: Value = r.json().await.unwrap_or_default();
+        if let Ok(r) = api.try_cancel(token, order).await {
+            let (status, body) = (r.status, r.body);
             // A retry after an answer that was lost may find it done already.
             let done_before = body["message"]
                 .as_str()
@@ -157,22 +147,15 @@ async fn cancel(c: &reqwest::Client, base: &str, token: &str, order: i64) {
 /// Buys until `over`, again after every final answer but `ok`: what a crowd does while
 /// stock comes back. Returns the ids answered `ok` (and `pending`).
 async fn keep_buying(
-    c: reqwest::Client,
-    base: String,
+    api: Api,
     sale: i64,
     token: String,
     over: Arc<std::sync::atomic::AtomicBool>,
 ) -> Told {
     let mut told = Told::default();
     while !over.load(std::sync::atomic::Ordering::Relaxed) {
-        let r = c
-            .post(format!("{base}/api/sales/{sale}/purchase"))
-            .bearer_auth(&token)
-            .send()
-            .await;
-        if let Ok(r) = r {
-            let status = r.status().as_u16();
-            let body: Value = r.json().await.unwrap_or_default();
+        if let Ok(r) = api.try_buy(&token, sale).await {
+            let (status, body) = (r.status, r.body);
             assert_ne!(status, 500, "{body}");
             let id = || {
                 body["order_id"]
@@ -195,12 +178,9 @@ async fn keep_buying(
 }
 
 async fn one_run(d: &Deployment, run: usize) {
-    let c = common::client();
+    let api = d.instances[0].api();
     let bases = d.bases();
-    let sale: i64 = common::open_sale(&c, &d.instances[0], STOCK, 1)
-        .await
-        .parse()
-        .unwrap();
+    let sale: i64 = api.open_sale(STOCK, 1).await.parse().unwrap();
     let first = 1 + run as i64 * 10_000;
     let buyers = tokens(&d.secret, first..first + STOCK);
     let token_of: HashMap<i64, String> = buyers.iter().cloned().collect();
@@ -229,9 +209,8 @@ async fn one_run(d: &Deployment, run: usize) {
     let cancelled: Vec<(i64, i64)> = orders[..CANCELS].to_vec();
     let crowd_of_cancels = Arc::new(tokio::sync::Semaphore::new(CANCEL_CROWD));
     let cancels = cancelled.iter().enumerate().map(|(i, (user, order))| {
-        let (c, base, token, done, crowd) = (
-            c.clone(),
-            bases[i % bases.len()].clone(),
+        let (api, token, done, crowd) = (
+            api.at(&bases[i % bases.len()]),
             token_of[user].clone(),
             done.clone(),
             crowd_of_cancels.clone(),
@@ -241,7 +220,7 @@ async fn one_run(d: &Deployment, run: usize) {
         tokio::spawn(async move {
             tokio::time::sleep_until(at.into()).await;
             let _turn = crowd.acquire().await.unwrap();
-            cancel(&c, &base, &token, order).await;
+            cancel(&api, &token, order).await;
             done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         })
     });
@@ -251,9 +230,8 @@ async fn one_run(d: &Deployment, run: usize) {
         .into_iter()
         .enumerate()
         .map(|(i, (user, token))| {
-            let base = bases[i % bases.len()].clone();
-            let (c, over) = (c.clone(), chaos_over.clone());
-            tokio::spawn(async move { (user, keep_buying(c, base, sale, token, over).await) })
+            let (api, over) = (api.at(&bases[i % bases.len()]), chaos_over.clone());
+            tokio::spawn(async move { (user, keep_buying(api, sale, token, over).await) })
         })
         .collect();
     let port = d.target.port_of(sale).await;
@@ -292,20 +270,10 @@ async fn one_run(d: &Deployment, run: usize) {
     );
 
     // The gate equals SQL plus what is in flight, without a repair.
-    common::check_reconciled(&c, &d.instances[0], &sale.to_string()).await;
-    let account = common::get_json(
-        &c,
-        format!("{}/api/admin/sales/{sale}/reconcile", bases[0]),
-        Some(&d.instances[0].admin),
-    )
-    .await;
+    api.check_reconciled(sale).await;
+    let account = api.reconciliation(sale).await;
     assert_eq!(account["dead_letters"], 0, "run {run}: {account}");
-    let journal = common::get_json(
-        &c,
-        format!("{}/api/admin/sales/{sale}/journal?limit=10000", bases[0]),
-        Some(&d.instances[0].admin),
-    )
-    .await;
+    let journal = api.journal(sale).await;
     let causes = |cause: &str| {
         journal["rows"]
             .as_array()
@@ -354,7 +322,7 @@ async fn one_run(d: &Deployment, run: usize) {
             "run {run}: buyer {user} cancelled and holds nothing, yet is refused"
         );
     }
-    common::check_reconciled(&c, &d.instances[0], &sale.to_string()).await;
+    api.check_reconciled(sale).await;
     let sold = d
         .store
         .orders_of_sale(sale)
@@ -373,7 +341,7 @@ async fn one_run(d: &Deployment, run: usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn returns_during_repeated_redis_losses_are_counted_once_on_one_redis() {
-    let _turn = ONE_AT_A_TIME.lock().await;
+    let _turn = common::one_at_a_time().await;
     let port = common::free_port();
     let dir = std::env::temp_dir().join(common::unique("retflush"));
     std::fs::create_dir_all(&dir).unwrap();
@@ -387,7 +355,7 @@ async fn returns_during_repeated_redis_losses_are_counted_once_on_one_redis() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn returns_during_repeated_redis_losses_are_counted_once_on_a_cluster() {
-    let _turn = ONE_AT_A_TIME.lock().await;
+    let _turn = common::one_at_a_time().await;
     let cluster = PrivateCluster::start(3).await;
     let url = cluster.url();
     let d = Deployment::start(Target::Cluster(cluster), url).await;

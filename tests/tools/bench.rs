@@ -2,9 +2,9 @@
 //! checks read from the database; `--compare` does so for every gate; `--target` drives a
 //! running server whose buyers log in through the API.
 
-mod common;
+use crate::common;
 
-use common::{Server, Sql};
+use crate::common::{Server, Sql};
 
 fn bench(args: &[&str], env: &[(&str, &str)]) -> (bool, serde_json::Value, String) {
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_seckill"));

@@ -8,14 +8,15 @@
 //! `target/browser-screenshots/` (named after the test); passing runs save one of each
 //! page there too (README's pictures come from them).
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{client, free_port, login_users, Server};
+use crate::common::{free_port, Api, Server};
 use fantoccini::{Client, ClientBuilder, Locator};
+use reqwest::Method;
 use serde_json::{json, Value};
 
 fn screenshots() -> PathBuf {
@@ -237,23 +238,13 @@ async fn log_in(c: &Client, phone: &str) {
     .await;
 }
 
-fn rfc3339_in(secs: i64) -> String {
-    let t = time::OffsetDateTime::now_utc() + time::Duration::seconds(secs);
-    t.format(&time::format_description::well_known::Rfc3339)
-        .unwrap()
-}
-
 /// An approved sale with these fields (a window, a title, anti-bot...).
 async fn create_sale(s: &Server, fields: Value) -> String {
     let (stock, limit) = (
         fields["stock"].as_i64().unwrap(),
         fields["per_user_limit"].as_i64().unwrap(),
     );
-    common::open_sale_with(&client(), s, stock, limit, fields).await
-}
-
-async fn admin_json(s: &Server, path: &str) -> Value {
-    common::get_json(&client(), format!("{}{path}", s.base), Some(&s.admin)).await
+    s.api().open_sale_with(stock, limit, &fields).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -267,8 +258,8 @@ async fn a_buyer_waits_for_the_opening_buys_and_pays_a_second_sees_sold_out() {
         &server,
         json!({
             "title": "Browser test: one lamp", "price_cents": 4999, "stock": 1,
-            "per_user_limit": 1, "begins_at": rfc3339_in(opens_in),
-            "ends_at": rfc3339_in(3600), "payment_window_secs": 600,
+            "per_user_limit": 1, "begins_at": common::rfc3339_in(opens_in),
+            "ends_at": common::rfc3339_in(3600), "payment_window_secs": 600,
         }),
     )
     .await;
@@ -351,7 +342,7 @@ async fn a_buyer_waits_for_the_opening_buys_and_pays_a_second_sees_sold_out() {
         .await;
 
     // SQL holds it paid, as the pages said.
-    let stats = admin_json(&server, &format!("/api/admin/sales/{sale}/stats")).await;
+    let stats = server.api().books(&sale, "stats").await.json();
     assert_eq!(stats["orders_by_status"]["paid"], 1, "{stats}");
     assert_eq!(stats["sql_stock"], 0, "{stats}");
 
@@ -497,24 +488,24 @@ async fn the_admin_creates_approves_pauses_and_watches_a_sale_live() {
 
     let buyers = async {
         let sale = sale_rx.await.unwrap();
-        let c = client();
-        let tokens = login_users(&c, &server.base, 6).await;
+        let api = server.api();
+        let tokens = api.login_users(6).await;
         for t in &tokens[..5] {
-            let (status, body) = common::buy(&c, &server.base, &sale, t).await;
-            assert_eq!(status, 200, "{body}");
+            let answer = api.buy(t, &sale).await;
+            assert_eq!(answer.status, 200, "{answer}");
         }
         bought_tx.send(()).unwrap();
         paused_rx.await.unwrap();
         // Paused on the dashboard: paused for buyers at once.
-        let (status, body) = common::buy(&c, &server.base, &sale, &tokens[5]).await;
-        assert_eq!(body["code"], "paused", "{status} {body}");
+        let answer = api.buy(&tokens[5], &sale).await;
+        assert_eq!(answer["code"], "paused", "{answer}");
         checked_tx.send(()).unwrap();
         sale
     };
     let ((), sale) = tokio::join!(ui, buyers);
-    let audit = admin_json(&server, &format!("/api/admin/sales/{sale}/audit")).await;
+    let audit = server.api().books(&sale, "audit").await.json();
     assert_eq!(audit["live_units"], 5, "{audit}");
-    let listed = admin_json(&server, "/api/admin/sales").await;
+    let listed = server.api().admin_sales().await.json();
     assert!(listed.to_string().contains(&title), "{listed}");
 }
 
@@ -528,7 +519,7 @@ async fn pages_fit_a_phone_name_their_controls_and_walk_through_the_anti_bot_ste
         &server,
         json!({
             "title": "Token sale", "price_cents": 100, "stock": 10, "per_user_limit": 1,
-            "begins_at": rfc3339_in(-5), "ends_at": rfc3339_in(3600), "anti_bot": "token",
+            "begins_at": common::rfc3339_in(-5), "ends_at": common::rfc3339_in(3600), "anti_bot": "token",
         }),
     )
     .await;
@@ -536,7 +527,7 @@ async fn pages_fit_a_phone_name_their_controls_and_walk_through_the_anti_bot_ste
         &server,
         json!({
             "title": "Captcha sale", "price_cents": 100, "stock": 10, "per_user_limit": 1,
-            "begins_at": rfc3339_in(-5), "ends_at": rfc3339_in(3600), "anti_bot": "captcha",
+            "begins_at": common::rfc3339_in(-5), "ends_at": common::rfc3339_in(3600), "anti_bot": "captcha",
         }),
     )
     .await;
@@ -602,14 +593,14 @@ async fn pages_fit_a_phone_name_their_controls_and_walk_through_the_anti_bot_ste
             assert!(c.find(Locator::Css("#order:not(.hidden)")).await.is_err());
         })
         .await;
-    let stats = admin_json(&server, "/api/admin/live").await;
+    let stats = server.api().live().await;
     assert_eq!(stats["purchases"]["ok"], 1, "{stats}");
 }
 
 #[tokio::test]
 async fn pages_and_assets_are_cacheable_and_locked_down() {
     let server = Server::embedded(&[]).await;
-    let c = client();
+    let api = server.api();
     for path in [
         "/",
         "/sales/123",
@@ -618,38 +609,28 @@ async fn pages_and_assets_are_cacheable_and_locked_down() {
         "/admin",
         "/assets/app.css",
     ] {
-        let r = c
-            .get(format!("{}{path}", server.base))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 200, "{path}");
-        let h = r.headers().clone();
-        let etag = h["etag"].to_str().unwrap().to_string();
-        assert!(h["cache-control"]
-            .to_str()
+        let r = api.get(path, None).await;
+        assert_eq!(r.status, 200, "{path}");
+        let etag = r.header("etag").unwrap().to_string();
+        assert!(r
+            .header("cache-control")
             .unwrap()
             .starts_with("public, max-age="));
-        assert!(h["content-security-policy"]
-            .to_str()
+        assert!(r
+            .header("content-security-policy")
             .unwrap()
             .contains("script-src 'self'"));
-        let again = c
-            .get(format!("{}{path}", server.base))
-            .header("If-None-Match", &etag)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(again.status(), 304, "{path}");
+        let again = Api::send(
+            api.request(Method::GET, path)
+                .header("If-None-Match", &etag),
+        )
+        .await;
+        assert_eq!(again.status, 304, "{path}");
     }
     for path in ["/sales/abc", "/assets/nothing.js", "/assets/index.html"] {
-        let r = c
-            .get(format!("{}{path}", server.base))
-            .send()
-            .await
-            .unwrap();
-        assert!(r.status().is_client_error(), "{path}");
-        let body: Value = r.json().await.unwrap();
+        let r = api.get(path, None).await;
+        assert!((400..500).contains(&r.status), "{path}");
+        let body = r.json();
         assert!(body["code"].is_string(), "{path}: {body}");
     }
 }

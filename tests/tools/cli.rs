@@ -1,9 +1,9 @@
 //! The command line as an operator uses it: `migrate`, `users mint`, and a server that
 //! accepts the minted tokens; a bad configuration is refused with a clear message.
 
-mod common;
+use crate::common;
 
-use common::{Server, Sql};
+use crate::common::{Server, Sql};
 
 fn seckill(env: &[(&str, &str)], args: &[&str]) -> std::process::Output {
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_seckill"));
@@ -59,15 +59,15 @@ async fn minted_tokens_buy_on_the_server() {
         vec!["serve".into()],
     )
     .await;
-    let c = common::client();
-    let sale = common::open_sale(&c, &server, 5, 1).await;
+    let api = server.api();
+    let sale = api.open_sale(5, 1).await;
     let mut ok = 0;
     for t in &tokens[..20] {
-        let (status, body) = common::buy(&c, &server.base, &sale, t).await;
-        match status {
+        let answer = api.buy(t, &sale).await;
+        match answer.status {
             200 => ok += 1,
-            409 => assert_eq!(body["code"], "sold_out"),
-            _ => panic!("{status} {body}"),
+            409 => assert_eq!(answer["code"], "sold_out"),
+            _ => panic!("{answer}"),
         }
     }
     assert_eq!(ok, 5);
@@ -157,18 +157,10 @@ async fn a_server_database_has_dev_mode_off_and_dev_mode_warns() {
         ),
     ];
     let server = Server::start(env.clone(), vec!["serve".into()]).await;
-    let c = common::client();
-    let r = c
-        .post(format!("{}/api/auth/code", server.base))
-        .json(&serde_json::json!({"phone": "+8613800000001"}))
-        .send()
-        .await
-        .unwrap();
-    let status = r.status().as_u16();
-    let body: serde_json::Value = r.json().await.unwrap();
+    let sent = server.api().request_code("+8613800000001").await;
     assert!(
-        body.get("dev_code").is_none(),
-        "PostgreSQL without Redis must not hand out login codes: {status} {body}"
+        sent.is_json() && sent.body.get("dev_code").is_none(),
+        "PostgreSQL without Redis must not hand out login codes: {sent}"
     );
     drop(server);
 

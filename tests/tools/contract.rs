@@ -7,11 +7,11 @@
 //! `SECKILL_SCHEMATHESIS`; without it the test says so and skips. `SECKILL_CONTRACT_SEED`
 //! replays a run; `SECKILL_CONTRACT_SECONDS` gives each run more time.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 
-use common::Server;
+use crate::common::Server;
 
 fn schemathesis() -> Option<String> {
     let path = std::env::var("SECKILL_SCHEMATHESIS").ok()?;
@@ -75,12 +75,12 @@ async fn schemathesis_finds_nothing_with_the_admin_and_a_buyer_each_on_their_ope
     };
     // schemathesis tries wrong and malformed admin tokens on purpose, from one address:
     // the guard against guessing would answer its later, right ones 429 and leave the
-    // admin operations untested (tests/security.rs tries the guard).
+    // admin operations untested (tests/e2e/security.rs tries the guard).
     let server = Server::embedded(&[("SECKILL_WRONG_TOKEN_LIMIT", "0")]).await;
-    let c = common::client();
+    let api = server.api();
     // An open sale, so that the buyer's purchases, orders, payments and cancels are real.
-    common::open_sale(&c, &server, 1000, 1).await;
-    let buyer = common::login_users(&c, &server.base, 1).await.remove(0);
+    api.open_sale(1000, 1).await;
+    let buyer = api.login_users(1).await.remove(0);
     let seed = std::env::var("SECKILL_CONTRACT_SEED").unwrap_or_else(|_| "20261123".into());
     let seconds = std::env::var("SECKILL_CONTRACT_SECONDS").unwrap_or_else(|_| "40".into());
     let (admin, base) = (server.admin.clone(), server.base.clone());
@@ -103,7 +103,7 @@ async fn schemathesis_finds_nothing_with_the_admin_and_a_buyer_each_on_their_ope
     // Every operation of the document was reached with data that exists, by its own
     // caller: at least one answer that is not 404 (nothing led to its ids) nor 401/403
     // (it was never called with its credentials).
-    let doc = common::get_json(&c, format!("{}/openapi.json", server.base), None).await;
+    let doc = api.openapi().await;
     let answers = answers_by_operation(&har_dir, &doc);
     let mut unreached = Vec::new();
     for (path, item) in doc["paths"].as_object().unwrap() {

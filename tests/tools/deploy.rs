@@ -2,7 +2,7 @@
 //! `systemd-analyze verify`, and nginx accepts `deploy/nginx.conf` and, run with it in
 //! front of a real server, serves the API, the cached sale pages and local-only metrics.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -66,8 +66,7 @@ async fn nginx_fronts_a_server_with_the_example_configuration() {
         ("SECKILL_METRICS_TOKEN", &metrics_token),
     ])
     .await;
-    let c = common::client();
-    common::open_sale(&c, &server, 10, 1).await;
+    server.api().open_sale(10, 1).await;
     let upstream = server.base.trim_start_matches("http://").to_string();
     let port = common::free_port();
     let dir = std::env::temp_dir().join(common::unique("nginx"));
@@ -113,35 +112,24 @@ async fn nginx_fronts_a_server_with_the_example_configuration() {
             .spawn()
             .unwrap(),
     );
-    let front = format!("http://127.0.0.1:{port}");
+    // The API through nginx.
+    let front = common::Api::new(&format!("http://127.0.0.1:{port}"));
     common::eventually(10, "nginx answers", || async {
-        c.get(format!("{front}/api/sales"))
-            .send()
-            .await
-            .is_ok_and(|r| r.status().is_success())
+        let answer = common::Api::try_send(front.request(reqwest::Method::GET, "/api/sales")).await;
+        answer.is_ok_and(|r| (200..300).contains(&r.status))
     })
     .await;
-    let sales = common::get_json(&c, format!("{front}/api/sales"), None).await;
+    let sales = front.sales().await.json();
     assert_eq!(sales.as_array().map(Vec::len), Some(1), "{sales}");
-    let r = c.get(format!("{front}/readyz")).send().await.unwrap();
-    assert_eq!(r.status(), 200);
-    let r = c.get(format!("{front}/metrics")).send().await.unwrap();
-    assert_eq!(r.status(), 401, "metrics without the token");
-    let r = c
-        .get(format!("{front}/metrics"))
-        .bearer_auth(&metrics_token)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200, "metrics from this host, with the token");
+    assert_eq!(front.readyz().await.status, 200);
+    let r = front.get("/metrics", None).await;
+    assert_eq!(r.status, 401, "metrics without the token");
+    let r = front.get("/metrics", Some(&metrics_token)).await;
+    assert_eq!(r.status, 200, "metrics from this host, with the token");
     // A purchase goes through to the instance (and is answered by it, not by nginx).
-    let r = c
-        .post(format!("{front}/api/sales/1/purchase"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 401);
-    let body: serde_json::Value = r.json().await.unwrap();
+    let r = front.post("/api/sales/1/purchase", None, None).await;
+    assert_eq!(r.status, 401);
+    let body = r.json();
     assert_eq!(body["code"], "unauthorized", "{body}");
     let _ = std::fs::remove_dir_all(&dir);
 }

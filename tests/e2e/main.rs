@@ -1,0 +1,19 @@
+//! The real binary over HTTP, per deployment: purchases, payments, anti-bot, limits,
+//! reconciliation, segments, the admin API, and bad input and attacks of every kind.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod antibot;
+mod edge_fuzz;
+mod edge_input;
+mod lifecycle;
+mod limits;
+mod payments;
+mod purchase;
+mod readiness;
+mod reconcile;
+mod sale_admin;
+mod security;
+mod segments;
+mod soldout;
