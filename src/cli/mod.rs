@@ -1,6 +1,8 @@
 //! The `seckill` command line: `serve`, `worker`, `migrate`, `users mint`. Parses flags,
 //! resolves the configuration, and hands over to `app`; holds no business logic.
 
+mod open_files;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -113,9 +115,13 @@ async fn run(command: Command, config: Config) -> ExitCode {
         Command::Serve => serve(config).await,
         Command::Worker => worker(config).await,
         Command::Migrate => migrate(config).await,
-        Command::Bench(args) => crate::bench::run(config, args)
-            .await
-            .map_err(|e| AppError::Other(e.to_string())),
+        Command::Bench(args) => {
+            // Its connections, and those of the server it starts in-process.
+            open_files::raise_to_hard_limit();
+            crate::bench::run(config, args)
+                .await
+                .map_err(|e| AppError::Other(e.to_string()))
+        }
         Command::Users {
             command: UsersCommand::Mint { count, out },
         } => mint(config, count, out).await,
@@ -168,6 +174,9 @@ fn init_tracing(filter: &str) {
 
 async fn serve(config: Config) -> Result<(), AppError> {
     tracing::info!("configuration:\n{}", config.describe());
+    // Client connections, the database pool, and a few for Redis, the log and the listener.
+    let may_open = config.max_connections as u64 + config.db_max_connections as u64 + 64;
+    open_files::raise_and_report(may_open);
     if config.dev {
         tracing::warn!(
             "DEV MODE IS ON: /api/auth/code returns the login code to whoever asks, so anyone \

@@ -2,11 +2,12 @@
 //! Retry-After while a person clicking does not; the per-address limit (when configured)
 //! throttles an address, believing X-Forwarded-For only from a trusted proxy.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
-use common::Server;
+use crate::common::{Api, Server};
+use reqwest::Method;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scripted_buyers_are_throttled_people_are_not() {
@@ -15,28 +16,19 @@ async fn scripted_buyers_are_throttled_people_are_not() {
         ("SECKILL_RATE_USER_BURST", "4"),
     ])
     .await;
-    let c = common::client();
-    let sale = common::open_sale(&c, &server, 5, 1).await;
-    let tokens = common::login_users(&c, &server.base, 2).await;
+    let api = server.api();
+    let sale = api.open_sale(5, 1).await;
+    let tokens = api.login_users(2).await;
 
     // A script: 20 requests at once.
     let mut codes = Vec::new();
     let mut retry_after = None;
     for _ in 0..20 {
-        let r = c
-            .post(format!("{}/api/sales/{sale}/purchase", server.base))
-            .bearer_auth(&tokens[0])
-            .send()
-            .await
-            .unwrap();
-        if r.status() == 429 {
-            retry_after = r
-                .headers()
-                .get("retry-after")
-                .map(|v| v.to_str().unwrap().to_string());
+        let r = api.buy(&tokens[0], &sale).await;
+        if r.status == 429 {
+            retry_after = r.header("retry-after").map(str::to_string);
         }
-        let body: serde_json::Value = r.json().await.unwrap();
-        codes.push(body["code"].as_str().unwrap().to_string());
+        codes.push(r.json()["code"].as_str().unwrap().to_string());
     }
     assert_eq!(codes.iter().filter(|c| *c == "ok").count(), 1, "{codes:?}");
     assert_eq!(
@@ -53,11 +45,11 @@ async fn scripted_buyers_are_throttled_people_are_not() {
 
     // A person: one click, a pause, another click: never throttled.
     for _ in 0..3 {
-        let (status, body) = common::buy(&c, &server.base, &sale, &tokens[1]).await;
-        assert_ne!(status, 429, "{body}");
+        let answer = api.buy(&tokens[1], &sale).await;
+        assert_ne!(answer.status, 429, "{answer}");
         tokio::time::sleep(Duration::from_millis(600)).await;
     }
-    let metrics = common::metrics(&c, &server).await;
+    let metrics = api.metrics().await;
     assert!(
         metrics.contains("seckill_purchases_total{code=\"rate_limited\"} 16"),
         "{metrics}"
@@ -72,19 +64,12 @@ async fn the_address_limit_believes_only_trusted_proxies() {
         ("SECKILL_TRUSTED_PROXIES", "127.0.0.1"),
     ])
     .await;
-    let c = common::client();
+    let api = server.api();
     let get = |xff: &'static str| {
-        let c = c.clone();
-        let url = format!("{}/api/sales", server.base);
-        async move {
-            c.get(url)
-                .header("X-Forwarded-For", xff)
-                .send()
-                .await
-                .unwrap()
-                .status()
-                .as_u16()
-        }
+        let request = api
+            .request(Method::GET, "/api/sales")
+            .header("X-Forwarded-For", xff);
+        async move { Api::send(request).await.status }
     };
     // Behind the trusted proxy (the tests connect from 127.0.0.1) each client has its bucket.
     let a: Vec<u16> = futures_util::future::join_all((0..5).map(|_| get("203.0.113.1"))).await;
@@ -94,16 +79,13 @@ async fn the_address_limit_believes_only_trusted_proxies() {
         b.iter().all(|s| *s == 200),
         "another client is not throttled: {b:?}"
     );
-    let metrics = c
-        .get(format!("{}/metrics", server.base))
-        .bearer_auth(&server.admin)
-        .header("X-Forwarded-For", "203.0.113.3")
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = Api::send(
+        api.request(Method::GET, "/metrics")
+            .bearer_auth(&server.admin)
+            .header("X-Forwarded-For", "203.0.113.3"),
+    )
+    .await
+    .text;
     assert!(
         metrics.contains("seckill_rate_limited_addresses_total 2"),
         "{metrics}"
@@ -125,32 +107,85 @@ async fn hold_a_connection(base: &str) -> tokio::net::TcpStream {
     conn
 }
 
+/// Opens a connection and sends the start of a request's head, leaving it unfinished: the
+/// connection is busy receiving a request (never shed) until the head deadline.
+async fn half_a_head(base: &str) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let addr = base.trim_start_matches("http://");
+    let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+    conn.write_all(format!("GET /healthz HTTP/1.1\r\nHost: {addr}\r\n").as_bytes())
+        .await
+        .unwrap();
+    conn
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_beyond_the_cap_wait_their_turn() {
     let server = Server::embedded(&[("SECKILL_MAX_CONNECTIONS", "2")]).await;
-    let first = hold_a_connection(&server.base).await;
-    let _second = hold_a_connection(&server.base).await;
+    // Both slots taken by connections that are sending a request: nothing to shed.
+    let first = half_a_head(&server.base).await;
+    let mut second = half_a_head(&server.base).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
     let third = reqwest::Client::builder()
         .timeout(Duration::from_millis(800))
         .build()
         .unwrap();
     let url = format!("{}/healthz", server.base);
     assert!(
-        third.get(&url).send().await.is_err(),
-        "a third connection is not served while two are open"
+        Api::try_send(third.get(&url)).await.is_err(),
+        "a third connection is not served while two are receiving requests"
     );
     drop(first);
     let patient = reqwest::Client::builder()
         .timeout(Duration::from_secs(5))
         .build()
         .unwrap();
-    let r = patient.get(&url).send().await.unwrap();
-    assert_eq!(r.status(), 200, "served once a slot is free");
-    let metrics = common::metrics(&patient, &server).await;
+    let patient = Api::with_client(patient, &server.base).admin(&server.admin);
+    let r = patient.get("/healthz", None).await;
+    assert_eq!(r.status, 200, "served once a slot is free");
+    let metrics = patient.metrics().await;
     assert!(metrics.contains("seckill_connections_max 2"), "{metrics}");
     assert!(
         !metrics.contains("seckill_connections_saturated_total 0"),
         "{metrics}"
+    );
+    assert_eq!(
+        closed_within(&mut second, Duration::from_millis(300)).await,
+        None,
+        "a connection receiving a request is never shed"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_the_cap_the_connection_idle_longest_makes_room() {
+    let server = Server::embedded(&[("SECKILL_MAX_CONNECTIONS", "2")]).await;
+    // One slot idle on keep-alive after its answer, the other receiving a request.
+    let mut idle = hold_a_connection(&server.base).await;
+    let _busy = half_a_head(&server.base).await;
+    // Past the grace a keep-alive client has to send its next request.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let quick = reqwest::Client::builder()
+        .timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let quick = Api::with_client(quick, &server.base).admin(&server.admin);
+    let r = Api::try_send(quick.request(Method::GET, "/healthz"))
+        .await
+        .expect("a new connection is served at once: the idle one makes room");
+    assert_eq!(r.status, 200);
+    closed_within(&mut idle, Duration::from_secs(1))
+        .await
+        .expect("the idle keep-alive connection is closed");
+    // (Its own keep-alive connection may be shed in turn, if the client opens another.)
+    let metrics = quick.metrics().await;
+    assert!(
+        common::metric(&metrics, "seckill_connections_shed_total") >= 1,
+        "{metrics}"
+    );
+    assert_eq!(
+        common::metric(&metrics, "seckill_connections_timed_out_total"),
+        0,
+        "shed is not counted as a timeout: {metrics}"
     );
 }
 
@@ -177,11 +212,13 @@ async fn silent_sockets(base: &str, local: &str, n: usize) -> Vec<tokio::net::Tc
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_silent_sockets_from_one_address_stop_nobody_else() {
-    // Default caps: 10,000 connections in all, 1,000 per address.
+    // Default caps: 10,000 connections in all, 1,000 per address. Floods take turns: two
+    // at once would pass this process's open-file limit.
+    let _turn = common::one_at_a_time().await;
     let server = Server::embedded(&[]).await;
-    let c = common::client();
-    let sale = common::open_sale(&c, &server, 5, 1).await;
-    let tokens = common::login_users(&c, &server.base, 3).await;
+    let api = server.api();
+    let sale = api.open_sale(5, 1).await;
+    let tokens = api.login_users(3).await;
 
     let silent = silent_sockets(&server.base, "127.0.0.2", 10_000).await;
     assert!(silent.len() >= 9_000, "opened {}", silent.len());
@@ -192,24 +229,21 @@ async fn ten_thousand_silent_sockets_from_one_address_stop_nobody_else() {
         .timeout(Duration::from_secs(2))
         .build()
         .unwrap();
+    let quick = Api::with_client(quick, &server.base).admin(&server.admin);
     for _ in 0..5 {
-        let r = quick
-            .get(format!("{}/healthz", server.base))
-            .send()
+        let r = Api::try_send(quick.request(Method::GET, "/healthz"))
             .await
             .expect("/healthz answers while one address holds 10,000 silent sockets");
-        assert_eq!(r.status(), 200);
+        assert_eq!(r.status, 200);
     }
     for t in &tokens {
         let r = quick
-            .post(format!("{}/api/sales/{sale}/purchase", server.base))
-            .bearer_auth(t)
-            .send()
+            .try_buy(t, &sale)
             .await
             .expect("a purchase is answered while the flood is held");
-        assert_eq!(r.status(), 200, "{:?}", r.text().await);
+        assert_eq!(r.status, 200, "{r}");
     }
-    let metrics = common::metrics(&quick, &server).await;
+    let metrics = quick.metrics().await;
     let open = common::metric(&metrics, "seckill_connections_open");
     assert!(
         open <= 1_010,
@@ -217,6 +251,58 @@ async fn ten_thousand_silent_sockets_from_one_address_stop_nobody_else() {
     );
     assert!(
         common::metric(&metrics, "seckill_connections_refused_per_address_total") >= 8_000,
+        "{metrics}"
+    );
+    drop(silent);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_silent_sockets_from_fifty_addresses_stop_nobody_else() {
+    // Default caps: 10,000 connections in all, 1,000 per address; 200 from each of 50
+    // addresses stay under the per-address cap and reach the global one.
+    let _turn = common::one_at_a_time().await;
+    let server = Server::embedded(&[]).await;
+    let api = server.api();
+    let sale = api.open_sale(5, 1).await;
+    let tokens = api.login_users(3).await;
+
+    let floods = (10..60).map(|i| {
+        let base = server.base.clone();
+        async move { silent_sockets(&base, &format!("127.0.0.{i}"), 200).await }
+    });
+    let silent: Vec<_> = futures_util::future::join_all(floods)
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
+    assert!(silent.len() >= 9_900, "opened {}", silent.len());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let quick = reqwest::Client::builder()
+        .timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let quick = Api::with_client(quick, &server.base).admin(&server.admin);
+    for _ in 0..5 {
+        let r = Api::try_send(quick.request(Method::GET, "/healthz"))
+            .await
+            .expect("/healthz answers within 1 s while 50 addresses hold 10,000 silent sockets");
+        assert_eq!(r.status, 200);
+    }
+    for t in &tokens {
+        let r = quick
+            .try_buy(t, &sale)
+            .await
+            .expect("a purchase is answered within 1 s while the flood is held");
+        assert_eq!(r.status, 200, "{r}");
+    }
+    let metrics = quick.metrics().await;
+    assert!(
+        common::metric(&metrics, "seckill_connections_shed_total") >= 1,
+        "room was made by shedding silent connections: {metrics}"
+    );
+    assert!(
+        common::metric(&metrics, "seckill_connections_open") <= 10_000,
         "{metrics}"
     );
     drop(silent);
@@ -281,13 +367,9 @@ async fn idle_and_slow_connections_are_closed_busy_ones_are_not() {
         .pool_max_idle_per_host(1)
         .build()
         .unwrap();
+    let busy = Api::with_client(busy, &server.base).admin(&server.admin);
     for _ in 0..8 {
-        let r = busy
-            .get(format!("{}/healthz", server.base))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 200);
+        assert_eq!(busy.get("/healthz", None).await.status, 200);
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 
@@ -314,7 +396,7 @@ async fn idle_and_slow_connections_are_closed_busy_ones_are_not() {
         );
     }
     writer.abort();
-    let metrics = common::metrics(&busy, &server).await;
+    let metrics = busy.metrics().await;
     assert!(
         common::metric(&metrics, "seckill_connections_timed_out_total") >= 3,
         "{metrics}"
@@ -328,75 +410,55 @@ async fn pages_of_listed_origins_may_call_the_api_others_may_not() {
         "https://shop.example,http://localhost:3000",
     )])
     .await;
-    let c = common::client();
-    let sale = common::open_sale(&c, &server, 5, 1).await;
-    let token = common::login_users(&c, &server.base, 1).await.remove(0);
-    let purchase = format!("{}/api/sales/{sale}/purchase", server.base);
+    let api = server.api();
+    let sale = api.open_sale(5, 1).await;
+    let token = api.login_users(1).await.remove(0);
+    let purchase = format!("/api/sales/{sale}/purchase");
+    let from = |origin: &str, method: Method, path: &str| {
+        api.request(method, path).header("Origin", origin)
+    };
 
     // The browser's preflight before a purchase with a bearer token.
-    let pre = c
-        .request(reqwest::Method::OPTIONS, &purchase)
-        .header("Origin", "https://shop.example")
-        .header("Access-Control-Request-Method", "POST")
-        .header(
-            "Access-Control-Request-Headers",
-            "authorization, content-type",
-        )
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(pre.status(), 204);
+    let pre = Api::send(
+        from("https://shop.example", Method::OPTIONS, &purchase)
+            .header("Access-Control-Request-Method", "POST")
+            .header(
+                "Access-Control-Request-Headers",
+                "authorization, content-type",
+            ),
+    )
+    .await;
+    assert_eq!(pre.status, 204);
     assert_eq!(
-        pre.headers()["access-control-allow-origin"],
-        "https://shop.example"
+        pre.header("access-control-allow-origin"),
+        Some("https://shop.example")
     );
-    let allowed = pre.headers()["access-control-allow-headers"]
-        .to_str()
-        .unwrap();
+    let allowed = pre.header("access-control-allow-headers").unwrap();
     assert!(allowed.contains("authorization"), "{allowed}");
 
     // The purchase itself (served by the front door, not the router) and a routed call.
-    let r = c
-        .post(&purchase)
-        .bearer_auth(&token)
-        .header("Origin", "https://shop.example")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    let r =
+        Api::send(from("https://shop.example", Method::POST, &purchase).bearer_auth(&token)).await;
+    assert_eq!(r.status, 200);
     assert_eq!(
-        r.headers()["access-control-allow-origin"],
-        "https://shop.example"
+        r.header("access-control-allow-origin"),
+        Some("https://shop.example")
     );
-    let r = c
-        .get(format!("{}/api/sales", server.base))
-        .header("Origin", "http://localhost:3000")
-        .send()
-        .await
-        .unwrap();
+    let r = Api::send(from("http://localhost:3000", Method::GET, "/api/sales")).await;
     assert_eq!(
-        r.headers()["access-control-allow-origin"],
-        "http://localhost:3000"
+        r.header("access-control-allow-origin"),
+        Some("http://localhost:3000")
     );
-    let exposed = r.headers()["access-control-expose-headers"]
-        .to_str()
-        .unwrap();
+    let exposed = r.header("access-control-expose-headers").unwrap();
     assert!(exposed.contains("etag"), "{exposed}");
 
     // Another origin gets nothing that would let its page read the answer.
-    let pre = c
-        .request(reqwest::Method::OPTIONS, &purchase)
-        .header("Origin", "https://evil.example")
-        .header("Access-Control-Request-Method", "POST")
-        .send()
-        .await
-        .unwrap();
-    assert!(pre.headers().get("access-control-allow-origin").is_none());
-    let r = c
-        .get(format!("{}/api/sales", server.base))
-        .header("Origin", "https://evil.example")
-        .send()
-        .await
-        .unwrap();
-    assert!(r.headers().get("access-control-allow-origin").is_none());
+    let pre = Api::send(
+        from("https://evil.example", Method::OPTIONS, &purchase)
+            .header("Access-Control-Request-Method", "POST"),
+    )
+    .await;
+    assert!(pre.header("access-control-allow-origin").is_none());
+    let r = Api::send(from("https://evil.example", Method::GET, "/api/sales")).await;
+    assert!(r.header("access-control-allow-origin").is_none());
 }

@@ -1,9 +1,12 @@
 //! Client connections: the cap on connections served at once, the cap per client
 //! address, and what each connection is doing (for the idle and header-read timeouts).
 //!
-//! Over the global cap, the listener stops accepting: new connections wait in the kernel's
-//! accept queue (long, see `cli`) instead of each costing a task, buffers and a file
-//! descriptor. A slot is freed when its connection closes, however it closes. Over the
+//! At the global cap, the connections waiting the longest for a request (silent since
+//! they connected, or idle between requests) are shed, as nginx reuses its idle
+//! keep-alive connections, so that a flood of silent sockets from many addresses cannot
+//! keep anyone else out. Only when every connection is receiving or being served a
+//! request does the listener stop: the connection it accepted waits for a slot, later ones
+//! in the kernel's accept queue (long, see `cli`). A slot is freed when its connection closes, however it closes. Over the
 //! per-address cap, a new connection is closed at once, so that one address holding
 //! thousands of silent sockets cannot take every slot from everyone else.
 
@@ -12,8 +15,9 @@ use std::collections::HashMap;
 use std::io;
 use std::net::IpAddr;
 use std::pin::Pin;
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -33,6 +37,17 @@ pub struct Connections {
     pub idle_timeout: Duration,
     /// Connections closed because they were idle, or too slow sending a request's head.
     pub timed_out: AtomicU64,
+    /// Connections closed at the cap, to make room, because they waited the longest.
+    pub shed: AtomicU64,
+    /// Every open connection's activity, for choosing whom to shed.
+    registry: Mutex<Registry>,
+}
+
+/// The open connections, by a number of their own.
+#[derive(Default)]
+struct Registry {
+    next: u64,
+    open: HashMap<u64, Weak<Activity>>,
 }
 
 /// The limits on one client's connections (see `Config`).
@@ -73,6 +88,12 @@ impl Connections {
             self.timed_out.load(Ordering::Relaxed),
             out,
         );
+        render_counter(
+            "seckill_connections_shed_total",
+            "Connections closed at the cap to make room: those waiting longest for a request.",
+            self.shed.load(Ordering::Relaxed),
+            out,
+        );
     }
 
     pub fn new(limits: ConnectionLimits) -> Arc<Self> {
@@ -90,7 +111,75 @@ impl Connections {
             header_read_timeout: limits.header_read_timeout,
             idle_timeout: limits.idle_timeout,
             timed_out: AtomicU64::new(0),
+            shed: AtomicU64::new(0),
+            registry: Mutex::new(Registry::default()),
         })
+    }
+
+    /// Enters a new connection's activity in the registry, until the guard is dropped.
+    fn register(self: &Arc<Self>, activity: &Arc<Activity>) -> Registration {
+        let mut registry = self.registry.lock().unwrap_or_else(|p| p.into_inner());
+        registry.next += 1;
+        let id = registry.next;
+        registry.open.insert(id, Arc::downgrade(activity));
+        Registration {
+            connections: self.clone(),
+            id,
+        }
+    }
+
+    /// Closes the connections that have waited longest for a request, and at least
+    /// `SHED_GRACE` (a share of the cap at once, so that a flood does not pay a scan per
+    /// connection); returns how many. None is closed while it is sending a request or
+    /// being answered.
+    pub fn shed_idlest(&self) -> usize {
+        self.shed_idlest_at(clock_ms())
+    }
+
+    fn shed_idlest_at(&self, now_ms: u64) -> usize {
+        let waited_enough = now_ms.saturating_sub(SHED_GRACE.as_millis() as u64);
+        let mut waiting: Vec<(u64, Arc<Activity>)> = {
+            let registry = self.registry.lock().unwrap_or_else(|p| p.into_inner());
+            registry
+                .open
+                .values()
+                .filter_map(Weak::upgrade)
+                .filter_map(|a| a.waiting_since().map(|since| (since, a)))
+                .filter(|(since, _)| *since <= waited_enough)
+                .collect()
+        };
+        let n = (self.max / SHED_SHARE).max(1).min(waiting.len());
+        if n == 0 {
+            return 0;
+        }
+        waiting.select_nth_unstable_by_key(n - 1, |(since, _)| *since);
+        for (_, activity) in &waiting[..n] {
+            activity.shed();
+        }
+        self.shed.fetch_add(n as u64, Ordering::Relaxed);
+        n
+    }
+
+    /// A slot for a connection accepted at the cap: sheds the connections waiting longest
+    /// (again each `SHED_GRACE`, as more of them pass it) until one closes.
+    async fn room_at_the_cap(&self) -> Option<OwnedSemaphorePermit> {
+        let times = self.saturated.fetch_add(1, Ordering::Relaxed);
+        let shed = self.shed_idlest();
+        // A flood would hit this once per connection: log the first of each thousand.
+        if times.is_multiple_of(1000) {
+            tracing::warn!(
+                max = self.max,
+                times = times + 1,
+                shed,
+                "connection cap reached; the connections waiting longest for a request are closed to make room (none: new ones wait in the accept queue)"
+            );
+        }
+        loop {
+            match tokio::time::timeout(SHED_GRACE, self.slots.clone().acquire_owned()).await {
+                Ok(slot) => return slot.ok(),
+                Err(_) => self.shed_idlest(),
+            };
+        }
     }
 
     /// Takes one of `peer`'s connection slots, or `None` when it holds its share already.
@@ -125,45 +214,40 @@ pub struct Limited<L> {
     connections: Arc<Connections>,
 }
 
+/// At the cap, 1/64 of it is shed at once.
+const SHED_SHARE: usize = 64;
+
+/// A connection is shed only once it has waited this long for a request: a keep-alive
+/// client sends its next request within a round trip of its last answer, and closing the
+/// connection just as that request arrives would lose it.
+const SHED_GRACE: Duration = Duration::from_secs(1);
+
 impl<L: Listener> Listener for Limited<L> {
     type Io = Counted<L::Io>;
     type Addr = L::Addr;
 
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        // The connection first, then its slot: shedding makes room for a connection that
+        // is there, never in advance for one that may not come (it would close the newest
+        // connection before it could send its request).
+        let (io, addr) = self.inner.accept().await;
         let slots = self.connections.slots.clone();
         let slot = match slots.clone().try_acquire_owned() {
             Ok(slot) => slot,
-            Err(_) => {
-                let times = self.connections.saturated.fetch_add(1, Ordering::Relaxed);
-                // A flood would hit this once per connection: log the first of each thousand.
-                if times.is_multiple_of(1000) {
-                    tracing::warn!(
-                        max = self.connections.max,
-                        times = times + 1,
-                        "connection cap reached; new connections wait in the accept queue"
-                    );
-                }
-                // The semaphore is never closed, so this cannot fail; if it ever were,
-                // serving without the cap beats refusing every connection.
-                match slots.acquire_owned().await {
-                    Ok(slot) => slot,
-                    Err(_) => return self.unlimited().await,
-                }
-            }
+            Err(_) => match self.connections.room_at_the_cap().await {
+                Some(slot) => slot,
+                // The semaphore is never closed; if it ever were, serving without the cap
+                // beats refusing every connection.
+                None => return (Counted::new(io, None), addr),
+            },
         };
-        let (io, addr) = self.inner.accept().await;
-        (Counted::new(io, Some(slot)), addr)
+        let mut counted = Counted::new(io, Some(slot));
+        counted.registration = Some(self.connections.register(&counted.activity));
+        (counted, addr)
     }
 
     fn local_addr(&self) -> io::Result<Self::Addr> {
         self.inner.local_addr()
-    }
-}
-
-impl<L: Listener> Limited<L> {
-    async fn unlimited(&mut self) -> (Counted<L::Io>, L::Addr) {
-        let (io, addr) = self.inner.accept().await;
-        (Counted::new(io, None), addr)
     }
 }
 
@@ -173,6 +257,7 @@ pub struct Counted<I> {
     io: I,
     _slot: Option<OwnedSemaphorePermit>,
     activity: Arc<Activity>,
+    registration: Option<Registration>,
 }
 
 impl<I> Counted<I> {
@@ -181,6 +266,7 @@ impl<I> Counted<I> {
             io,
             _slot: slot,
             activity: Activity::new(),
+            registration: None,
         }
     }
 
@@ -191,6 +277,23 @@ impl<I> Counted<I> {
     /// What this connection is doing, for its watchdog and its requests.
     pub fn activity(&self) -> Arc<Activity> {
         self.activity.clone()
+    }
+}
+
+/// A connection's place in the registry, given up when it closes.
+struct Registration {
+    connections: Arc<Connections>,
+    id: u64,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        let mut registry = self
+            .connections
+            .registry
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        registry.open.remove(&self.id);
     }
 }
 
@@ -285,9 +388,12 @@ fn clock_ms() -> u64 {
 pub struct Activity {
     idle_since: AtomicU64,
     head_since: AtomicU64,
-    /// Set by the watchdog when a deadline passed; the connection's task is woken.
-    expired: std::sync::atomic::AtomicBool,
+    /// Set by the watchdog when a deadline passed, or by the cap when it is shed; the
+    /// connection's task is woken.
+    expired: AtomicBool,
     expired_waker: futures_util::task::AtomicWaker,
+    /// Closed to make room at the cap (not for a timeout).
+    was_shed: AtomicBool,
 }
 
 impl Activity {
@@ -314,12 +420,36 @@ impl Activity {
         self.idle_since.store(clock_ms(), Ordering::Relaxed);
     }
 
+    /// Since when this connection has been waiting for a request (since it connected, or
+    /// since its last answer); `None` while a request is received or served, or once it
+    /// is closing.
+    fn waiting_since(&self) -> Option<u64> {
+        let since = self.idle_since.load(Ordering::Relaxed);
+        (since != 0 && !self.expired.load(Ordering::Acquire)).then_some(since)
+    }
+
+    /// Closes the connection to make room; a request that started meanwhile is lost
+    /// with it, as with any idle keep-alive connection a server closes.
+    fn shed(&self) {
+        self.was_shed.store(true, Ordering::Relaxed);
+        self.expire();
+    }
+
+    /// Whether the connection was closed to make room, rather than for a timeout.
+    pub fn was_shed(&self) -> bool {
+        self.was_shed.load(Ordering::Relaxed)
+    }
+
+    fn expire(&self) {
+        self.expired.store(true, Ordering::Release);
+        self.expired_waker.wake();
+    }
+
     /// The watchdog of one connection, run as a task of its own: a timer polled beside the
     /// connection would be polled again at every wake-up of every request.
     pub async fn watch(self: Arc<Self>, header: Duration, idle: Duration) {
         self.expired(header, idle).await;
-        self.expired.store(true, Ordering::Release);
-        self.expired_waker.wake();
+        self.expire();
     }
 
     /// Ready once `watch` saw a deadline pass: an atomic load on the connection's path.
@@ -446,6 +576,62 @@ mod tests {
         let held: Vec<_> = (0..10).map(|_| c.admit(proxy).unwrap()).collect();
         assert_eq!(held.len(), 10, "a trusted proxy is exempt");
         assert_eq!(c.refused_per_address(), 1);
+    }
+
+    #[test]
+    fn at_the_cap_the_longest_waiting_are_shed_and_never_one_being_served() {
+        let c = Connections::new(ConnectionLimits {
+            max: 128,
+            ..limits(1000, &[])
+        });
+        // 128 connections: every other one is serving a request; the rest waited since
+        // 1, 2, 3... (the lower, the longer).
+        let activities: Vec<Arc<Activity>> = (0..128u64)
+            .map(|i| {
+                let a = Activity::new();
+                if i % 2 == 0 {
+                    a.idle_since.store(i + 1, Ordering::Relaxed);
+                } else {
+                    a.read(10);
+                }
+                a
+            })
+            .collect();
+        // The last waiting one came back from an answer half a second before "now".
+        let now = 10_000;
+        activities[126]
+            .idle_since
+            .store(now - 500, Ordering::Relaxed);
+        let registrations: Vec<Registration> = activities.iter().map(|a| c.register(a)).collect();
+        assert_eq!(c.shed_idlest_at(now), 2, "1/64 of the cap at once");
+        let shed: Vec<usize> = (0..128).filter(|&i| activities[i].was_shed()).collect();
+        assert_eq!(shed, vec![0, 2], "the two that waited longest");
+        assert!(activities[0].expired.load(Ordering::Acquire));
+        assert_eq!(
+            c.shed_idlest_at(now),
+            2,
+            "the next two: shed ones are not counted again"
+        );
+        assert!(activities[4].was_shed() && activities[6].was_shed());
+        while c.shed_idlest_at(now) > 0 {}
+        assert!(
+            (0..128)
+                .filter(|i| i % 2 == 1)
+                .all(|i| !activities[i].was_shed()),
+            "nothing being served is shed"
+        );
+        assert!(
+            !activities[126].was_shed(),
+            "nor what waited less than the grace a keep-alive client has"
+        );
+        assert_eq!(c.shed.load(Ordering::Relaxed), 63);
+        drop(registrations);
+        activities[126].idle_since.store(1, Ordering::Relaxed);
+        assert_eq!(
+            c.shed_idlest_at(now),
+            0,
+            "closed connections leave the registry"
+        );
     }
 
     #[tokio::test]

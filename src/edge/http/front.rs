@@ -89,7 +89,9 @@ where
                 }
                 // Idle, or too slow with a request's head: no request is lost by closing.
                 () = std::future::poll_fn(|cx| activity.poll_expired(cx)) => {
-                    connections.timed_out.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if !activity.was_shed() {
+                        connections.timed_out.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
                 }
             }
             watchdog.abort();
