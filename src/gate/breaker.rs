@@ -307,38 +307,14 @@ impl Layer for Breaker {
         .await
     }
 
-    async fn take_for_move(
-        &self,
-        sale_id: i64,
-        segments: i64,
-        segment: i64,
-        move_id: i64,
-        quantity: i64,
-    ) -> Result<super::MoveStep, GateError> {
-        self.call(
-            sale_id,
-            self.inner
-                .take_for_move(sale_id, segments, segment, move_id, quantity),
-            CALL_TIMEOUT,
-        )
-        .await
+    async fn take_for_move(&self, leg: super::MoveLeg) -> Result<super::MoveStep, GateError> {
+        let take = self.inner.take_for_move(leg);
+        self.call(leg.sale_id, take, CALL_TIMEOUT).await
     }
 
-    async fn give_for_move(
-        &self,
-        sale_id: i64,
-        segments: i64,
-        segment: i64,
-        move_id: i64,
-        quantity: i64,
-    ) -> Result<super::MoveStep, GateError> {
-        self.call(
-            sale_id,
-            self.inner
-                .give_for_move(sale_id, segments, segment, move_id, quantity),
-            CALL_TIMEOUT,
-        )
-        .await
+    async fn give_for_move(&self, leg: super::MoveLeg) -> Result<super::MoveStep, GateError> {
+        let give = self.inner.give_for_move(leg);
+        self.call(leg.sale_id, give, CALL_TIMEOUT).await
     }
 
     async fn abandon_load(&self, ticket: super::LoadTicket) {

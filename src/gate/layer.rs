@@ -8,8 +8,8 @@
 use async_trait::async_trait;
 
 use super::{
-    Gate, GateError, GateStock, LoadStart, LoadTicket, MoveStep, Purchase, Release, Released,
-    SaleLoad, Spend, Verdict,
+    Gate, GateError, GateStock, LoadStart, LoadTicket, MoveLeg, MoveStep, Purchase, Release,
+    Released, SaleLoad, Spend, Verdict,
 };
 use crate::model::NewOrder;
 
@@ -76,30 +76,12 @@ pub trait Layer: Send + Sync {
         self.inner().segment_stocks(sale_id, segments).await
     }
 
-    async fn take_for_move(
-        &self,
-        sale_id: i64,
-        segments: i64,
-        segment: i64,
-        move_id: i64,
-        quantity: i64,
-    ) -> Result<MoveStep, GateError> {
-        self.inner()
-            .take_for_move(sale_id, segments, segment, move_id, quantity)
-            .await
+    async fn take_for_move(&self, leg: MoveLeg) -> Result<MoveStep, GateError> {
+        self.inner().take_for_move(leg).await
     }
 
-    async fn give_for_move(
-        &self,
-        sale_id: i64,
-        segments: i64,
-        segment: i64,
-        move_id: i64,
-        quantity: i64,
-    ) -> Result<MoveStep, GateError> {
-        self.inner()
-            .give_for_move(sale_id, segments, segment, move_id, quantity)
-            .await
+    async fn give_for_move(&self, leg: MoveLeg) -> Result<MoveStep, GateError> {
+        self.inner().give_for_move(leg).await
     }
 
     async fn confirm_written(&self, orders: &[NewOrder]) -> Result<(), GateError> {
@@ -197,26 +179,12 @@ impl<T: Layer> Gate for T {
         Layer::segment_stocks(self, sale_id, segments).await
     }
 
-    async fn take_for_move(
-        &self,
-        sale_id: i64,
-        segments: i64,
-        segment: i64,
-        move_id: i64,
-        quantity: i64,
-    ) -> Result<MoveStep, GateError> {
-        Layer::take_for_move(self, sale_id, segments, segment, move_id, quantity).await
+    async fn take_for_move(&self, leg: MoveLeg) -> Result<MoveStep, GateError> {
+        Layer::take_for_move(self, leg).await
     }
 
-    async fn give_for_move(
-        &self,
-        sale_id: i64,
-        segments: i64,
-        segment: i64,
-        move_id: i64,
-        quantity: i64,
-    ) -> Result<MoveStep, GateError> {
-        Layer::give_for_move(self, sale_id, segments, segment, move_id, quantity).await
+    async fn give_for_move(&self, leg: MoveLeg) -> Result<MoveStep, GateError> {
+        Layer::give_for_move(self, leg).await
     }
 
     async fn confirm_written(&self, orders: &[NewOrder]) -> Result<(), GateError> {

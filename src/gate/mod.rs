@@ -169,6 +169,17 @@ pub struct SaleLoad {
 
 pub use crate::store::moves::MoveMark;
 
+/// One side of a move between a sale's segments: the units `quantity` of move `move_id`,
+/// taken from or given to `segment` of a sale kept in `segments` parts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MoveLeg {
+    pub sale_id: i64,
+    pub segments: i64,
+    pub segment: i64,
+    pub move_id: i64,
+    pub quantity: i64,
+}
+
 /// The outcome of one step of a move, the same however often the step is repeated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MoveStep {
@@ -411,28 +422,13 @@ pub trait Gate: Send + Sync {
         Ok(vec![self.stock(sale_id).await?.map(|s| s.remaining)])
     }
 
-    /// Takes `quantity` units out of `segment` for move `move_id`, once: a repeat answers
-    /// what the first did.
-    async fn take_for_move(
-        &self,
-        _sale_id: i64,
-        _segments: i64,
-        _segment: i64,
-        _move_id: i64,
-        _quantity: i64,
-    ) -> Result<MoveStep, GateError> {
+    /// Takes the leg's units out of its segment, once: a repeat answers what the first did.
+    async fn take_for_move(&self, _leg: MoveLeg) -> Result<MoveStep, GateError> {
         Err(GateError::Unavailable("this gate keeps no segments".into()))
     }
 
-    /// Gives the units of move `move_id` to `segment`, once.
-    async fn give_for_move(
-        &self,
-        _sale_id: i64,
-        _segments: i64,
-        _segment: i64,
-        _move_id: i64,
-        _quantity: i64,
-    ) -> Result<MoveStep, GateError> {
+    /// Gives the leg's units to its segment, once.
+    async fn give_for_move(&self, _leg: MoveLeg) -> Result<MoveStep, GateError> {
         Err(GateError::Unavailable("this gate keeps no segments".into()))
     }
 

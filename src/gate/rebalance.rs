@@ -16,7 +16,7 @@ use async_trait::async_trait;
 
 use super::layer::Layer;
 
-use crate::gate::{Gate, GateError, MoveStep, Purchase, Rejection, Verdict};
+use crate::gate::{Gate, GateError, MoveLeg, MoveStep, Purchase, Rejection, Verdict};
 use crate::store::moves::SegmentMove;
 use crate::store::{Store, StoreError};
 
@@ -153,6 +153,17 @@ pub async fn move_units(
     finish_move(store, gate, &m, segments).await
 }
 
+/// The side of move `m` that touches `segment`.
+fn leg(m: &SegmentMove, segments: i64, segment: i64) -> MoveLeg {
+    MoveLeg {
+        sale_id: m.sale_id,
+        segments,
+        segment,
+        move_id: m.id,
+        quantity: m.quantity,
+    }
+}
+
 /// Carries a move on from the state it is in; every step is safe to repeat.
 async fn finish_move(
     store: &Store,
@@ -161,9 +172,7 @@ async fn finish_move(
     segments: i64,
 ) -> Result<bool, GateError> {
     if m.state == "planned" {
-        let taken = gate
-            .take_for_move(m.sale_id, segments, m.from_segment, m.id, m.quantity)
-            .await?;
+        let taken = gate.take_for_move(leg(m, segments, m.from_segment)).await?;
         if taken != MoveStep::Done {
             // Refused, or the donor is not in the gate (its next load reads this refusal).
             store
@@ -188,9 +197,7 @@ async fn finish_move(
             return Ok(false);
         }
     }
-    let given = gate
-        .give_for_move(m.sale_id, segments, m.to_segment, m.id, m.quantity)
-        .await?;
+    let given = gate.give_for_move(leg(m, segments, m.to_segment)).await?;
     if given == MoveStep::Done {
         store
             .advance_move(m.id, "taken", "done")

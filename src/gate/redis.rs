@@ -10,8 +10,8 @@ use crate::redis_client::keys::{SaleKeys, WRITER_GROUP};
 use crate::redis_client::{RedisClient, RedisConn};
 
 use super::{
-    Gate, GateError, GateStock, LoadStart, LoadTicket, MoveStep, Purchase, RateLimit, Release,
-    Released, SaleLoad, Spend, Verdict,
+    Gate, GateError, GateStock, LoadStart, LoadTicket, MoveLeg, MoveStep, Purchase, RateLimit,
+    Release, Released, SaleLoad, Spend, Verdict,
 };
 
 /// How long a sale's gate keys outlive its end, for late order lookups and stats.
@@ -23,6 +23,10 @@ const LOAD_LEASE_MS: u64 = 10_000;
 pub struct RedisGate {
     conn: RedisConn,
     prefix: String,
+    /// Begins the owner token of every load lock this gate takes: a lock of its own found
+    /// again (its answer lost to a failover, or its load given up) is taken over at once
+    /// rather than waited out, since this process loads a sale one load at a time.
+    loader: String,
     purchase: Script,
     load: Script,
     pause: Script,
@@ -60,6 +64,7 @@ impl RedisGate {
         RedisGate {
             conn,
             prefix: prefix.to_string(),
+            loader: format!("{}:", crate::text::hex(&rand::random::<[u8; 8]>())),
             purchase: Script::new(include_str!("purchase.lua")),
             load: Script::new(include_str!("load_sale.lua")),
             pause: Script::new(include_str!("set_paused.lua")),
@@ -228,6 +233,21 @@ impl RedisGate {
     }
 
     /// The keys of one segment of a sale of `segments` parts.
+    /// The keys and arguments take_move.lua and give_move.lua share: the segment's hash
+    /// and its moves, the move and its units.
+    fn move_leg_args<'a, 's>(
+        &self,
+        invocation: &'a mut redis::ScriptInvocation<'s>,
+        leg: MoveLeg,
+    ) -> &'a mut redis::ScriptInvocation<'s> {
+        let k = self.segment_keys(leg.sale_id, leg.segments, leg.segment);
+        invocation
+            .key(&k.sale)
+            .key(&k.moves)
+            .arg(leg.move_id)
+            .arg(leg.quantity)
+    }
+
     fn segment_keys(&self, sale_id: i64, segments: i64, segment: i64) -> std::sync::Arc<SaleKeys> {
         let id = (sale_id, segments.max(1), segment);
         if let Some(k) = self.keys.read().unwrap_or_else(|p| p.into_inner()).get(&id) {
@@ -443,7 +463,11 @@ impl Gate for RedisGate {
         let n = self.segments_of(sale_id).await?;
         let k = self.segment_keys(sale_id, n, segment);
         let mut conn = self.conn.clone();
-        let owner = crate::text::hex(&rand::random::<[u8; 16]>());
+        let owner = format!(
+            "{}{}",
+            self.loader,
+            crate::text::hex(&rand::random::<[u8; 8]>())
+        );
         let fence: i64 = self
             .lock_load
             .key(&k.sale)
@@ -452,6 +476,7 @@ impl Gate for RedisGate {
             .key(&k.confirms)
             .arg(&owner)
             .arg(LOAD_LEASE_MS)
+            .arg(&self.loader)
             .invoke_async(&mut conn)
             .await?;
         Ok(match fence {
@@ -764,24 +789,10 @@ impl Gate for RedisGate {
             .collect()
     }
 
-    async fn take_for_move(
-        &self,
-        sale_id: i64,
-        segments: i64,
-        segment: i64,
-        move_id: i64,
-        quantity: i64,
-    ) -> Result<MoveStep, GateError> {
-        let k = self.segment_keys(sale_id, segments, segment);
-        let mut conn = self.conn.clone();
-        let taken: i64 = self
-            .take_move
-            .key(&k.sale)
-            .key(&k.moves)
-            .arg(move_id)
-            .arg(quantity)
-            .invoke_async(&mut conn)
-            .await?;
+    async fn take_for_move(&self, leg: MoveLeg) -> Result<MoveStep, GateError> {
+        let mut invocation = self.take_move.prepare_invoke();
+        self.move_leg_args(&mut invocation, leg);
+        let taken: i64 = invocation.invoke_async(&mut self.conn.clone()).await?;
         Ok(match taken {
             1 => MoveStep::Done,
             0 => MoveStep::Refused,
@@ -789,26 +800,12 @@ impl Gate for RedisGate {
         })
     }
 
-    async fn give_for_move(
-        &self,
-        sale_id: i64,
-        segments: i64,
-        segment: i64,
-        move_id: i64,
-        quantity: i64,
-    ) -> Result<MoveStep, GateError> {
-        let k = self.segment_keys(sale_id, segments, segment);
-        let mut conn = self.conn.clone();
-        let given: i64 = self
-            .give_move
-            .key(&k.sale)
-            .key(&k.moves)
-            .arg(move_id)
-            .arg(quantity)
+    async fn give_for_move(&self, leg: MoveLeg) -> Result<MoveStep, GateError> {
+        let mut invocation = self.give_move.prepare_invoke();
+        self.move_leg_args(&mut invocation, leg)
             .arg(crate::redis_client::keys::stock_channel(&self.prefix))
-            .arg(sale_id)
-            .invoke_async(&mut conn)
-            .await?;
+            .arg(leg.sale_id);
+        let given: i64 = invocation.invoke_async(&mut self.conn.clone()).await?;
         Ok(if given < 0 {
             MoveStep::NotLoaded
         } else {

@@ -132,19 +132,9 @@ impl Layer for SoldOutShortcut {
         Ok(loaded)
     }
 
-    async fn give_for_move(
-        &self,
-        sale_id: i64,
-        segments: i64,
-        segment: i64,
-        move_id: i64,
-        quantity: i64,
-    ) -> Result<super::MoveStep, GateError> {
-        let given = self
-            .inner
-            .give_for_move(sale_id, segments, segment, move_id, quantity)
-            .await?;
-        self.reopen(sale_id);
+    async fn give_for_move(&self, leg: super::MoveLeg) -> Result<super::MoveStep, GateError> {
+        let given = self.inner.give_for_move(leg).await?;
+        self.reopen(leg.sale_id);
         Ok(given)
     }
 

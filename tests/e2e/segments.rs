@@ -232,12 +232,19 @@ async fn a_move_whose_mover_died_after_taking_is_finished_by_the_scheduler() {
         updated_at: 0,
     };
     d.store.plan_move(&m).await.unwrap();
+    let leg = seckill::gate::MoveLeg {
+        sale_id: sale,
+        segments: 3,
+        segment: 1,
+        move_id: 77,
+        quantity: 10,
+    };
     assert_eq!(
-        gate.take_for_move(sale, 3, 1, 77, 10).await.unwrap(),
+        gate.take_for_move(leg).await.unwrap(),
         seckill::gate::MoveStep::Done
     );
     assert_eq!(
-        gate.take_for_move(sale, 3, 1, 77, 10).await.unwrap(),
+        gate.take_for_move(leg).await.unwrap(),
         seckill::gate::MoveStep::Done,
         "a repeated take takes nothing more"
     );
