@@ -62,7 +62,7 @@ impl AppError {
         let load = |e: &crate::loader::LoadError| match e {
             crate::loader::LoadError::Store(e) => e.is_transient(),
             crate::loader::LoadError::Gate(e) => gate(e),
-            crate::loader::LoadError::Stuck(..) => true,
+            crate::loader::LoadError::Stuck(..) | crate::loader::LoadError::TooLong(..) => true,
         };
         match self {
             AppError::Store(e) => e.is_transient(),

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
-use crate::gate::{Gate, GateError, LoadStart, SaleLoad};
+use crate::gate::{Gate, GateError, LoadStart, LoadTicket, SaleLoad};
 use crate::model::{BySale, Sale};
 use crate::store::journal::{Cause, Movement};
 use crate::store::{Store, StoreError};
@@ -25,6 +25,8 @@ pub enum LoadError {
         "sale {0} segment {1}: another process has been loading it into the gate for too long"
     )]
     Stuck(i64, i64),
+    #[error("sale {0} segment {1}: the load did not end in time and was given up")]
+    TooLong(i64, i64),
 }
 
 /// Sales ended longer ago than this drop out of caches and stream watching.
@@ -201,9 +203,14 @@ async fn load_segment(
     elsewhere: Elsewhere,
 ) -> Result<PartLoad, LoadError> {
     let started = std::time::Instant::now();
+    let mut interrupted = 0;
     loop {
         let part = load_part(store, gate, sale, segment).await?;
         match (part, elsewhere) {
+            // Again, on the new master; a master that keeps changing is left to the next
+            // attempt (the tick's, or a buyer's).
+            (PartLoad::Interrupted, _) if interrupted < MAX_INTERRUPTED => interrupted += 1,
+            (PartLoad::Interrupted, _) => return Err(LoadError::TooLong(sale.id, segment)),
             (PartLoad::LoadingElsewhere, Elsewhere::WaitForIt) => {
                 if started.elapsed() >= WAIT_FOR_OTHER_LOADER {
                     return Err(LoadError::Stuck(sale.id, segment));
@@ -221,6 +228,8 @@ enum PartLoad {
     AlreadyLoaded,
     /// Another process holds the segment's load lock.
     LoadingElsewhere,
+    /// The Redis master changed under the load: it was given up.
+    Interrupted,
 }
 
 async fn load_part(
@@ -229,6 +238,7 @@ async fn load_part(
     sale: &Sale,
     segment: i64,
 ) -> Result<PartLoad, LoadError> {
+    let mut failover = crate::redis_client::sentinel::master_changes();
     // The lock comes before the SQL read: a load's snapshot is never older than its lock,
     // so orders written after it reach the gate through `Gate::confirm_written`.
     let ticket = match gate.begin_segment_load(sale.id, segment).await? {
@@ -242,6 +252,82 @@ async fn load_part(
         fence = ticket.fence,
         "loading the sale into the gate"
     );
+    // To let the lock go if the load is given up (the ticket itself goes with the load).
+    let lock = LoadTicket::locked(sale.id, segment, ticket.fence, ticket.owner.clone());
+    let fence = ticket.fence;
+    // A load that does not end (a stalled server), or whose master is replaced under it,
+    // is given up and its lock let go (the ticket stops renewing it), so that the next
+    // load starts on the master there is now.
+    let install = tokio::time::timeout(
+        LOAD_DEADLINE,
+        snapshot_and_install(store, gate, sale, segment, ticket),
+    );
+    let (loaded, load, ms) = tokio::select! {
+        done = install => match done {
+            Ok(done) => done?,
+            Err(_) => {
+                tracing::warn!(
+                    sale = sale.id,
+                    segment,
+                    fence,
+                    deadline_secs = LOAD_DEADLINE.as_secs(),
+                    "a load of the sale did not end in time: given up, to be started again"
+                );
+                gate.abandon_load(lock).await;
+                return Err(LoadError::TooLong(sale.id, segment));
+            }
+        },
+        _ = failover.changed() => {
+            tracing::warn!(
+                sale = sale.id,
+                segment,
+                fence,
+                "the Redis master changed under a load of the sale: given up, started again on the new master"
+            );
+            gate.abandon_load(lock).await;
+            return Ok(PartLoad::Interrupted);
+        }
+    };
+    if loaded {
+        tracing::info!(
+            sale = sale.id,
+            segment,
+            remaining = load.remaining,
+            buyers = load.buyers.len(),
+            orders = load.counted.len(),
+            ms,
+            "sale loaded into the gate"
+        );
+        // The trail only (no stock moves): a failure to note it is logged, not fatal.
+        let detail = format!("remaining {}, buyers {}", load.remaining, load.buyers.len());
+        let note = Movement::new(sale.id, 0, Cause::Loaded)
+            .segment(segment)
+            .by("scheduler", &detail);
+        if let Err(e) = store.journal_note(&[note]).await {
+            tracing::warn!(sale = sale.id, error = %e, "could not journal the load");
+        }
+        // Returns that met this load under way were kept for it; the scheduler would hand
+        // them over within a second, their buyers may buy again now.
+        if let Err(e) = crate::lifecycle::pump_returns_of(store, gate, sale.id).await {
+            tracing::debug!(sale = sale.id, error = %e, "returns left to the scheduler");
+        }
+        Ok(PartLoad::Installed)
+    } else {
+        // Fenced out: a newer load (or a forget) came after this one took its lock.
+        Ok(PartLoad::LoadingElsewhere)
+    }
+}
+
+/// Reads the segment's snapshot from SQL and installs it in the gate under `ticket`;
+/// whether it was installed (not fenced out), what was loaded, and the install's time.
+/// Dropped at any await, it lets the lock go: the ticket stops renewing it.
+async fn snapshot_and_install(
+    store: &Store,
+    gate: &dyn Gate,
+    sale: &Sale,
+    segment: i64,
+    ticket: LoadTicket,
+) -> Result<(bool, SaleLoad, u64), LoadError> {
     let part = crate::store::Part {
         segments: sale.segments.max(1),
         segment,
@@ -267,35 +353,15 @@ async fn load_part(
     };
     let started = std::time::Instant::now();
     let loaded = gate.finish_load(ticket, &load).await?;
-    if loaded {
-        tracing::info!(
-            sale = sale.id,
-            segment,
-            remaining = load.remaining,
-            buyers = load.buyers.len(),
-            orders = load.counted.len(),
-            ms = started.elapsed().as_millis() as u64,
-            "sale loaded into the gate"
-        );
-        // The trail only (no stock moves): a failure to note it is logged, not fatal.
-        let detail = format!("remaining {}, buyers {}", load.remaining, load.buyers.len());
-        let note = Movement::new(sale.id, 0, Cause::Loaded)
-            .segment(segment)
-            .by("scheduler", &detail);
-        if let Err(e) = store.journal_note(&[note]).await {
-            tracing::warn!(sale = sale.id, error = %e, "could not journal the load");
-        }
-        // Returns that met this load under way were kept for it; the scheduler would hand
-        // them over within a second, their buyers may buy again now.
-        if let Err(e) = crate::lifecycle::pump_returns_of(store, gate, sale.id).await {
-            tracing::debug!(sale = sale.id, error = %e, "returns left to the scheduler");
-        }
-        Ok(PartLoad::Installed)
-    } else {
-        // Fenced out: a newer load (or a forget) came after this one took its lock.
-        Ok(PartLoad::LoadingElsewhere)
-    }
+    Ok((loaded, load, started.elapsed().as_millis() as u64))
 }
+
+/// Loads in a row given up for a change of master before the caller hears of it.
+const MAX_INTERRUPTED: u32 = 3;
+
+/// The most a load may take, from its lock to its install: the wait for order writers,
+/// and time to read and install a sale of millions of orders.
+const LOAD_DEADLINE: Duration = Duration::from_secs(60);
 
 /// How long a rebuild waits for order writers holding batches read from Redis.
 const WAIT_FOR_WRITERS: Duration = Duration::from_secs(15);

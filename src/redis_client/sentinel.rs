@@ -13,6 +13,16 @@ use tokio::sync::watch;
 
 pub use crate::config::redis_url::{is_sentinel_url, parse, SentinelUrl};
 
+/// Counts this process's master changes: work begun on the old master (a gate load) is
+/// given up when it moves, and started again on the new one.
+static MASTER_CHANGES: std::sync::LazyLock<watch::Sender<u64>> =
+    std::sync::LazyLock::new(|| watch::channel(0).0);
+
+/// Sees each change of master from here on (never, without Sentinel).
+pub fn master_changes() -> watch::Receiver<u64> {
+    MASTER_CHANGES.subscribe()
+}
+
 /// How often Sentinel is asked for the master.
 const ASK_EVERY: Duration = Duration::from_millis(500);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -120,6 +130,7 @@ async fn watch_master(url: SentinelUrl, prefix: String, current: watch::Sender<(
             Err(e) => tracing::warn!(error = %e, "could not check the sales on the new master; the scheduler will"),
         }
         current.send_replace(master);
+        MASTER_CHANGES.send_modify(|changes| *changes += 1);
     }
 }
 

@@ -221,7 +221,9 @@ impl Server {
         let mut all_env = env.clone();
         all_env.push(("SECKILL_LISTEN".into(), format!("127.0.0.1:{port}")));
         all_env.push(("SECKILL_ADMIN_TOKEN".into(), admin.clone()));
-        all_env.push(("SECKILL_LOG".into(), "warn".into()));
+        // SECKILL_TEST_SERVER_LOG (e.g. info) to see more of what the servers do.
+        let log = std::env::var("SECKILL_TEST_SERVER_LOG").unwrap_or_else(|_| "warn".into());
+        all_env.push(("SECKILL_LOG".into(), log));
         Server {
             child: spawn(&all_env, &args),
             base: format!("http://127.0.0.1:{port}"),

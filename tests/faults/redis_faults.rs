@@ -413,6 +413,12 @@ struct PrivateSentinel {
 
 impl PrivateSentinel {
     fn start(master_port: u16, dir: &std::path::Path) -> PrivateSentinel {
+        PrivateSentinel::start_with(master_port, dir, 2500)
+    }
+
+    /// A down-after of `down_after_ms`: at 1,000 Sentinel may judge a healthy new master
+    /// down and fail over again (flapping), which an instance must live through.
+    fn start_with(master_port: u16, dir: &std::path::Path, down_after_ms: u64) -> PrivateSentinel {
         let port = common::free_port();
         std::fs::create_dir_all(dir).unwrap();
         // Sentinel pings each server once a second: a down-after of 1 s left no slack, and
@@ -424,7 +430,7 @@ impl PrivateSentinel {
             format!(
                 "port {port}\nbind 127.0.0.1\ndir {}\n\
                  sentinel monitor mymaster 127.0.0.1 {master_port} 1\n\
-                 sentinel down-after-milliseconds mymaster 2500\n\
+                 sentinel down-after-milliseconds mymaster {down_after_ms}\n\
                  sentinel failover-timeout mymaster 4000\n\
                  sentinel parallel-syncs mymaster 1\n",
                 dir.display()
@@ -564,6 +570,175 @@ async fn a_sentinel_failover_to_a_lagging_replica_loses_no_ok() {
     );
     check_sql(&d.store, sale_id, BUYERS, &told).await;
     drop(replica);
+}
+
+/// How many failovers `sentinel_failovers_never_wedge_an_instance` drives, one after
+/// another (`SECKILL_TEST_FAILOVER_RUNS`; 20 for the long check).
+fn failover_runs() -> usize {
+    std::env::var("SECKILL_TEST_FAILOVER_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1)
+}
+
+/// The master Sentinel names now, if it answers.
+async fn sentinel_master(sentinel_port: u16) -> Option<u16> {
+    let url = format!("redis://127.0.0.1:{sentinel_port}/");
+    let (_, mut conn) = seckill::app::redis_manager(&url).await.ok()?;
+    let master: Option<(String, u16)> = redis::cmd("SENTINEL")
+        .arg("get-master-addr-by-name")
+        .arg("mymaster")
+        .query_async(&mut conn)
+        .await
+        .ok()?;
+    master.map(|(_, port)| port)
+}
+
+/// One instance (its writer inside) on `replica` durability behind a Sentinel with a 1 s
+/// down-after, as an operator runs it: 6,000 buyers on 6,000 units; the replica frozen
+/// 1 s, the master SIGKILLed mid-storm, the replica thawed and promoted, the old master
+/// back as its replica. Then the instance must sell again within 10 s, and every `ok` be
+/// in SQL. Repeated `SECKILL_TEST_FAILOVER_RUNS` times; a wedged instance (a rebuild that
+/// never ends) fails the run that wedged it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sentinel_failovers_never_wedge_an_instance() {
+    let _turn = common::one_at_a_time().await;
+    for run in 0..failover_runs() {
+        eprintln!("failover run {run}");
+        one_failover_run().await;
+    }
+}
+
+async fn one_failover_run() {
+    let (mport, rport) = (common::free_port(), common::free_port());
+    let dir = std::env::temp_dir().join(common::unique("failover"));
+    let quick_sync = ["--repl-diskless-sync-delay", "0"];
+    let aof = ["--appendfsync", "everysec"];
+    let mut master =
+        PrivateRedis::start_with(mport, &dir.join("m"), &[&aof[..], &quick_sync].concat());
+    let replica = PrivateRedis::start_with(
+        rport,
+        &dir.join("r"),
+        &[
+            &["--replicaof", "127.0.0.1", &mport.to_string()][..],
+            &aof,
+            &quick_sync,
+        ]
+        .concat(),
+    );
+    wait_in_sync(master.url()).await;
+    let sentinel = PrivateSentinel::start_with(mport, &dir.join("s"), 1000);
+    let db = common::fresh_database(Sql::Postgres).await;
+    let secret = common::unique("secret");
+    let env = vec![
+        ("SECKILL_DATABASE_URL".to_string(), db.clone()),
+        (
+            "SECKILL_REDIS_URL".to_string(),
+            format!("redis+sentinel://127.0.0.1:{}/mymaster", sentinel.port),
+        ),
+        ("SECKILL_TOKEN_SECRET".to_string(), secret.clone()),
+        ("SECKILL_DEV".to_string(), "1".to_string()),
+        (
+            "SECKILL_REDIS_DURABILITY".to_string(),
+            "replica".to_string(),
+        ),
+    ];
+    let server = Server::start(env, vec!["serve".into()]).await;
+    let store = Store::connect(&db, 4).await.unwrap();
+    // 6,000 buyers in the storm; the rest of the stock for the buyers who come after.
+    const BUYERS: i64 = 6000;
+    const STOCK: i64 = BUYERS + 400;
+    let sale = server.api().open_sale(STOCK, 1).await;
+    let sale_id: i64 = sale.parse().unwrap();
+
+    let started = Arc::new(AtomicUsize::new(0));
+    let storm_task = tokio::spawn(storm_on(
+        vec![server.base.clone()],
+        sale.clone(),
+        common::storm::tokens(&secret, 1..BUYERS + 1),
+        Arrival::Every(Duration::from_millis(3)),
+        started.clone(),
+    ));
+    while started.load(Ordering::Relaxed) < 1500 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    signal("-STOP", replica.pid());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    signal("-KILL", master.pid());
+    signal("-CONT", replica.pid());
+    let port = sentinel.port;
+    common::eventually(30, "Sentinel promotes the replica", move || async move {
+        sentinel_master(port).await == Some(rport)
+    })
+    .await;
+    master.restart_with(
+        &[
+            &["--replicaof", "127.0.0.1", &rport.to_string()][..],
+            &aof,
+            &quick_sync,
+        ]
+        .concat(),
+    );
+    let mut told: HashMap<i64, Told> = storm_task.await.unwrap();
+    let mut finals: HashMap<&str, usize> = HashMap::new();
+    for t in told.values() {
+        *finals.entry(t.last.as_str()).or_default() += 1;
+    }
+    eprintln!("the storm's final answers: {finals:?}");
+
+    // Sentinel settled when the master it names has stayed the same for 3 s (a 1 s
+    // down-after may have failed over again meanwhile).
+    let mut named = sentinel_master(port).await;
+    let mut since = Instant::now();
+    while since.elapsed() < Duration::from_secs(3) {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let now = sentinel_master(port).await;
+        if now != named {
+            (named, since) = (now, Instant::now());
+        }
+    }
+    let settled = Instant::now();
+    // Selling again: a new buyer's purchase is `ok` (not 503, not pending) within 10 s.
+    let late = common::storm::tokens(&secret, BUYERS + 1..STOCK + 1);
+    let quick = reqwest::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let api = common::Api::with_client(quick, &server.base);
+    let mut sold_again = None;
+    let mut answers: HashMap<String, usize> = HashMap::new();
+    for (user, token) in &late {
+        if settled.elapsed() > Duration::from_secs(10) {
+            break;
+        }
+        // Each late buyer is told once; what it was told joins the storm's for the checks.
+        let told_now = told.entry(*user).or_default();
+        let answer = match api.try_buy(token, &sale).await {
+            Ok(r) => {
+                let id = r.order_id().and_then(|id| id.parse().ok());
+                match (r.code(), id) {
+                    ("ok", Some(id)) => told_now.ok.push(id),
+                    ("pending", Some(id)) => told_now.pending.push(id),
+                    _ => {}
+                }
+                format!("{} {}", r.status, r.code())
+            }
+            Err(e) => format!("no answer: {e}"),
+        };
+        if answer == "200 ok" {
+            sold_again = Some(settled.elapsed());
+            break;
+        }
+        *answers.entry(answer).or_default() += 1;
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let Some(sold_again) = sold_again else {
+        panic!("the instance does not sell 10 s after Sentinel settled (wedged?): {answers:?}");
+    };
+    eprintln!("selling again {sold_again:?} after Sentinel settled");
+    check_sql(&store, sale_id, STOCK, &told).await;
+    drop(replica);
+    drop(master);
 }
 
 /// Workers hold orders they read before Redis lost its data (stuck on a slow database,
