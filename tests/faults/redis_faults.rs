@@ -413,12 +413,18 @@ struct PrivateSentinel {
 
 impl PrivateSentinel {
     fn start(master_port: u16, dir: &std::path::Path) -> PrivateSentinel {
-        PrivateSentinel::start_with(master_port, dir, 2500)
+        PrivateSentinel::start_with(master_port, dir, 2500, 1)
     }
 
     /// A down-after of `down_after_ms`: at 1,000 Sentinel may judge a healthy new master
     /// down and fail over again (flapping), which an instance must live through.
-    fn start_with(master_port: u16, dir: &std::path::Path, down_after_ms: u64) -> PrivateSentinel {
+    /// `quorum` of the Sentinels watching must agree that the master is down.
+    fn start_with(
+        master_port: u16,
+        dir: &std::path::Path,
+        down_after_ms: u64,
+        quorum: u32,
+    ) -> PrivateSentinel {
         let port = common::free_port();
         std::fs::create_dir_all(dir).unwrap();
         // Sentinel pings each server once a second: a down-after of 1 s left no slack, and
@@ -429,7 +435,7 @@ impl PrivateSentinel {
             &conf,
             format!(
                 "port {port}\nbind 127.0.0.1\ndir {}\n\
-                 sentinel monitor mymaster 127.0.0.1 {master_port} 1\n\
+                 sentinel monitor mymaster 127.0.0.1 {master_port} {quorum}\n\
                  sentinel down-after-milliseconds mymaster {down_after_ms}\n\
                  sentinel failover-timeout mymaster 4000\n\
                  sentinel parallel-syncs mymaster 1\n",
@@ -594,8 +600,8 @@ async fn sentinel_master(sentinel_port: u16) -> Option<u16> {
     master.map(|(_, port)| port)
 }
 
-/// One instance (its writer inside) on `replica` durability behind a Sentinel with a 1 s
-/// down-after, as an operator runs it: 6,000 buyers on 6,000 units; the replica frozen
+/// One instance (its writer inside) on `replica` durability behind three Sentinels with a
+/// 1 s down-after, as an operator runs it: 6,000 buyers on 6,000 units; the replica frozen
 /// 1 s, the master SIGKILLed mid-storm, the replica thawed and promoted, the old master
 /// back as its replica. Then the instance must sell again within 10 s, and every `ok` be
 /// in SQL. Repeated `SECKILL_TEST_FAILOVER_RUNS` times; a wedged instance (a rebuild that
@@ -627,14 +633,21 @@ async fn one_failover_run() {
         .concat(),
     );
     wait_in_sync(master.url()).await;
-    let sentinel = PrivateSentinel::start_with(mport, &dir.join("s"), 1000);
+    // Three Sentinels, two of which must agree, as production runs them.
+    let sentinels: Vec<PrivateSentinel> = (0..3)
+        .map(|i| PrivateSentinel::start_with(mport, &dir.join(format!("s{i}")), 1000, 2))
+        .collect();
+    let sentinel_list: Vec<String> = sentinels
+        .iter()
+        .map(|s| format!("127.0.0.1:{}", s.port))
+        .collect();
     let db = common::fresh_database(Sql::Postgres).await;
     let secret = common::unique("secret");
     let env = vec![
         ("SECKILL_DATABASE_URL".to_string(), db.clone()),
         (
             "SECKILL_REDIS_URL".to_string(),
-            format!("redis+sentinel://127.0.0.1:{}/mymaster", sentinel.port),
+            format!("redis+sentinel://{}/mymaster", sentinel_list.join(",")),
         ),
         ("SECKILL_TOKEN_SECRET".to_string(), secret.clone()),
         ("SECKILL_DEV".to_string(), "1".to_string()),
@@ -666,7 +679,7 @@ async fn one_failover_run() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     signal("-KILL", master.pid());
     signal("-CONT", replica.pid());
-    let port = sentinel.port;
+    let port = sentinels[0].port;
     common::eventually(30, "Sentinel promotes the replica", move || async move {
         sentinel_master(port).await == Some(rport)
     })
