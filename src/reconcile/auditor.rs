@@ -7,6 +7,12 @@
 //! `REPAIR_WINDOW_MS`), or whose gate cannot be rebuilt while it runs, is paused instead,
 //! with an alert: a fault that repairs do not cure needs a person. Journal drift is SQL's
 //! own and only reported. It never changes SQL's orders or stock.
+//!
+//! A round reads SQL's figures from the counters on each sale's row (a few rows per sale,
+//! whatever it holds). A sale whose account differs, or is being confirmed, is recounted
+//! from every row with its buyers compared one by one; and one sale every `RECOUNT_EVERY`
+//! rounds, in turn, is recounted anyway: the slow check of the counters themselves and of
+//! buyers a count alone cannot tell apart.
 
 use crate::metrics::render_counter;
 use std::collections::{BTreeMap, HashMap};
@@ -17,7 +23,7 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::sync::watch;
 
-use super::{account, Account, ReconcileError};
+use super::{account_to, Account, Depth, ReconcileError};
 use crate::gate::Gate;
 use crate::loader::SaleCache;
 use crate::redis_client::RedisConn;
@@ -25,6 +31,10 @@ use crate::store::Store;
 
 /// Audits in a row that must find the same difference before it is called drift.
 pub const CONFIRM_ROUNDS: u32 = 3;
+
+/// Rounds between two recounts of a sale that shows no difference (one sale per such round,
+/// in turn): at the default 2 s a round, every 5 minutes.
+const RECOUNT_EVERY: u64 = 150;
 
 /// Sales audited: open, or ended less than this long ago (late returns still settle).
 const AFTER_END_MS: i64 = 60_000;
@@ -180,6 +190,7 @@ struct Streak {
 impl Auditor {
     pub async fn run(self, mut stop: watch::Receiver<bool>) {
         let mut streaks: HashMap<i64, Streak> = HashMap::new();
+        let mut rounds: u64 = 0;
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(self.every) => {}
@@ -204,12 +215,13 @@ impl Auditor {
                 lock(&self.board.drift).clear();
                 continue;
             }
-            self.round(&mut streaks).await;
+            self.round(&mut streaks, rounds).await;
+            rounds += 1;
         }
     }
 
-    /// One audit of every live sale.
-    async fn round(&self, streaks: &mut HashMap<i64, Streak>) {
+    /// One audit of every live sale; `round` counts them, for the slow check's turn.
+    async fn round(&self, streaks: &mut HashMap<i64, Streak>, round: u64) {
         let now = crate::now_ms();
         let live: Vec<i64> = self
             .cache
@@ -220,8 +232,14 @@ impl Auditor {
             .collect();
         streaks.retain(|sale, _| live.contains(sale));
         lock(&self.board.drift).retain(|sale, _| live.contains(sale));
+        let recount_due = (round.is_multiple_of(RECOUNT_EVERY) && !live.is_empty())
+            .then(|| live[(round / RECOUNT_EVERY) as usize % live.len()]);
         for sale in live {
-            match account(&self.store, self.gate.as_ref(), self.backlog.as_ref(), sale).await {
+            let depth = match streaks.contains_key(&sale) || recount_due == Some(sale) {
+                true => Depth::Recount,
+                false => Depth::Counters,
+            };
+            match self.audit(sale, depth).await {
                 Ok(a) => self.judge(streaks, a, now),
                 // Nothing to conclude this round; a streak needs unbroken rounds.
                 Err(ReconcileError::TooMuchInFlight(_)) => {
@@ -234,6 +252,17 @@ impl Auditor {
             }
         }
         self.board.audits.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// One sale's account to `depth`; a difference seen in its counters is recounted
+    /// before anything is concluded from it.
+    async fn audit(&self, sale: i64, depth: Depth) -> Result<Account, ReconcileError> {
+        let (store, gate, backlog) = (&self.store, self.gate.as_ref(), self.backlog.as_ref());
+        let a = account_to(store, gate, backlog, sale, depth).await?;
+        if depth == Depth::Counters && !a.exact() {
+            return account_to(store, gate, backlog, sale, Depth::Recount).await;
+        }
+        Ok(a)
     }
 
     fn judge(&self, streaks: &mut HashMap<i64, Streak>, a: Account, now: i64) {

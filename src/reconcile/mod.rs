@@ -103,12 +103,35 @@ impl Account {
     }
 }
 
-/// Reads the gate, then the log, then SQL, and compares them.
+/// How far an account reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Depth {
+    /// SQL's figures from the counters on the sale's row, buyers compared by number: a few
+    /// rows whatever the sale holds (the audit's every round).
+    Counters,
+    /// SQL's figures counted again from every row (correcting the counters if they
+    /// disagree), buyers compared one by one: explicit reconciles, and the audit's
+    /// confirmation of a difference and its slow check.
+    Recount,
+}
+
+/// Reads the gate, then the log, then SQL (recounted), and compares them.
 pub async fn account(
     store: &Store,
     gate: &dyn Gate,
     in_flight: &dyn Backlog,
     sale_id: i64,
+) -> Result<Account, ReconcileError> {
+    account_to(store, gate, in_flight, sale_id, Depth::Recount).await
+}
+
+/// [`account`], reading SQL to `depth`.
+pub async fn account_to(
+    store: &Store,
+    gate: &dyn Gate,
+    in_flight: &dyn Backlog,
+    sale_id: i64,
+    depth: Depth,
 ) -> Result<Account, ReconcileError> {
     let segments = store
         .sale(sale_id)
@@ -120,18 +143,19 @@ pub async fn account(
         false => None,
         true => gate.stock(sale_id).await?,
     };
-    let holders = match gate_now {
-        Some(_) => gate.holders(sale_id, MAX_BUYERS_COMPARED).await?,
-        None => None,
+    let holders = match (gate_now, depth) {
+        (Some(_), Depth::Recount) => gate.holders(sale_id, MAX_BUYERS_COMPARED).await?,
+        _ => None,
     };
     let (in_flight_orders, dead_letters) = in_flight
         .unwritten(sale_id, segments, MAX_IN_FLIGHT)
         .await?
         .ok_or(ReconcileError::TooMuchInFlight(sale_id))?;
-    let sql = store
-        .sql_account(sale_id)
-        .await?
-        .ok_or(ReconcileError::NoSuchSale(sale_id))?;
+    let sql = match depth {
+        Depth::Counters => store.sql_account(sale_id).await?,
+        Depth::Recount => store.recount_counters(sale_id).await?.map(|(sql, _)| sql),
+    }
+    .ok_or(ReconcileError::NoSuchSale(sale_id))?;
     let unwritten_orders = in_flight_orders.len() as i64;
     let unwritten_units: i64 = in_flight_orders.iter().map(|(_, q)| q).sum();
     let expected_gate_stock =

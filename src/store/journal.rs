@@ -140,8 +140,34 @@ pub(super) fn table(d: Dialect, int: &str, tail: &str) -> String {
 }
 
 impl Store {
-    /// Adds rows inside the caller's transaction (the one that moves the stock).
+    /// Adds rows inside the caller's transaction (the one that moves the stock), and their
+    /// deltas to each sale's `journal_sum` counter.
     pub(crate) async fn journal_in(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        rows: &[Movement<'_>],
+        at: i64,
+    ) -> Result<(), StoreError> {
+        self.journal_rows_in(conn, rows, at).await?;
+        let mut sums: Vec<(i64, i64)> = Vec::new();
+        for m in rows.iter().filter(|m| m.delta != 0) {
+            match sums.iter_mut().find(|(sale, _)| *sale == m.sale_id) {
+                Some((_, sum)) => *sum += m.delta,
+                None => sums.push((m.sale_id, m.delta)),
+            }
+        }
+        for (sale_id, sum) in sums.into_iter().filter(|(_, sum)| *sum != 0) {
+            sqlx::query(&self.sql("UPDATE sales SET journal_sum = journal_sum + ? WHERE id = ?"))
+                .bind(sum)
+                .bind(sale_id)
+                .execute(&mut *conn)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Adds rows only: for a caller that moves `journal_sum` in its own update of the sale.
+    pub(crate) async fn journal_rows_in(
         &self,
         conn: &mut sqlx::AnyConnection,
         rows: &[Movement<'_>],
@@ -239,38 +265,11 @@ impl Store {
         .await
     }
 
+    /// SQL's account of the sale from the counters on its row (one row, whatever the sale
+    /// holds; see `store::counters`), or None for an unknown sale.
     pub async fn sql_account(&self, sale_id: i64) -> Result<Option<SqlAccount>, StoreError> {
-        let live = "sale_id = ? AND status IN ('pending_payment', 'paid')";
-        let owed = "sale_id = ? AND gate_done_at IS NULL";
-        let q = self.sql(&format!(
-            "SELECT s.stock, s.segments, \
-             (SELECT {units} FROM orders WHERE {live}), \
-             (SELECT COUNT(DISTINCT user_id) FROM orders WHERE {live}), \
-             (SELECT COUNT(*) FROM stock_returns WHERE {owed}), \
-             (SELECT {units} FROM stock_returns WHERE {owed}), \
-             (SELECT {units} FROM segment_moves WHERE sale_id = ? AND state = 'taken'), \
-             (SELECT {delta} FROM stock_journal WHERE sale_id = ?) \
-             FROM sales s WHERE s.id = ?",
-            units = self.sum_int("quantity"),
-            delta = self.sum_int("delta"),
-        ));
-        let mut query = sqlx::query(&q);
-        for _ in 0..7 {
-            query = query.bind(sale_id);
-        }
-        let Some(r) = query.fetch_optional(&self.pool).await? else {
-            return Ok(None);
-        };
-        Ok(Some(SqlAccount {
-            stock: r.try_get(0)?,
-            segments: r.try_get(1)?,
-            live_units: r.try_get(2)?,
-            live_buyers: r.try_get(3)?,
-            returns_owed_orders: r.try_get(4)?,
-            returns_owed_units: r.try_get(5)?,
-            units_in_transit: r.try_get(6)?,
-            journal_sum: r.try_get(7)?,
-        }))
+        let mut conn = self.pool.acquire().await?;
+        self.counted_in(&mut conn, sale_id).await
     }
 }
 

@@ -3,6 +3,7 @@
 //! the few statements that differ). Owns the schema and every SQL statement; never
 //! decides a purchase (that is the gate's job) and is never called on the purchase path.
 
+pub mod counters;
 pub mod journal;
 
 use journal::{Cause, Movement};
@@ -76,6 +77,7 @@ pub fn render_metrics(out: &mut String) {
         DB_ERRORS.load(std::sync::atomic::Ordering::Relaxed),
         out,
     );
+    counters::render(out);
 }
 
 /// Database errors seen by this process, for `/metrics`.
@@ -201,6 +203,10 @@ async fn switch_to_wal(options: &AnyConnectOptions) -> Result<(), StoreError> {
         }
     }
 }
+
+/// A page of a sale's live order ids (see `Store::live_order_ids`).
+pub const LIVE_ORDER_IDS: &str = "SELECT id FROM orders WHERE sale_id = ? AND id > ? \
+     AND status IN ('pending_payment', 'paid') ORDER BY id LIMIT ?";
 
 #[derive(Clone)]
 pub struct Store {
@@ -497,6 +503,8 @@ impl Store {
             .await?;
             applied.push(schema::PHONES_NORMALISED);
         }
+        // In version order (the phones' migration runs after every SQL one).
+        applied.sort_unstable();
         Ok(applied)
     }
 
@@ -1285,7 +1293,7 @@ impl Store {
             .iter()
             .filter(|o| !existing.contains(&o.id) && seen.insert(o.id))
             .collect();
-        self.check_user_limits(conn, &fresh, &terms).await?;
+        let new_buyers = self.check_user_limits(conn, &fresh, &terms).await?;
 
         let mut inserted = 0u64;
         for chunk in fresh.chunks(500) {
@@ -1324,22 +1332,32 @@ impl Store {
             .iter()
             .map(|o| Movement::new(o.sale_id, -o.quantity, Cause::Written).order(o.id))
             .collect();
-        self.journal_in(conn, &written, now).await?;
+        self.journal_rows_in(conn, &written, now).await?;
 
         let mut per_sale: HashMap<i64, i64> = HashMap::new();
         for o in &fresh {
             *per_sale.entry(o.sale_id).or_default() += o.quantity;
         }
         for (sale_id, qty) in per_sale {
-            let done = sqlx::query(&self.sql(
-                "UPDATE sales SET stock = stock - ?, updated_at = ? WHERE id = ? AND stock >= ?",
-            ))
-            .bind(qty)
-            .bind(now)
-            .bind(sale_id)
-            .bind(qty)
-            .execute(&mut *conn)
-            .await?;
+            // The stock and the counters in one statement: the batch's units are live now.
+            let bump = counters::Bump {
+                live_units: qty,
+                live_buyers: new_buyers.get(&sale_id).copied().unwrap_or(0),
+                ..Default::default()
+            };
+            let q = format!(
+                "UPDATE sales SET stock = stock - ?, journal_sum = journal_sum - ?, {}, \
+                 updated_at = ? WHERE id = ? AND stock >= ?",
+                counters::Bump::SET
+            );
+            let q = self.sql(&q);
+            let done = bump
+                .bind(sqlx::query(&q).bind(qty).bind(qty))
+                .bind(now)
+                .bind(sale_id)
+                .bind(qty)
+                .execute(&mut *conn)
+                .await?;
             if done.rows_affected() != 1 {
                 return Err(StoreError::StockGuard { sale_id });
             }
@@ -1352,13 +1370,15 @@ impl Store {
 
     /// The last line of defence against a gate fault (a rebuilt or stale gate that forgot a
     /// buyer): refuses the batch if any of its orders would take its buyer over the sale's
-    /// per-user limit, counting the live orders already in SQL and the batch's own.
+    /// per-user limit, counting the live orders already in SQL and the batch's own. Returns
+    /// the buyers per sale who held nothing live before this batch (new live buyers).
     async fn check_user_limits(
         &self,
         conn: &mut sqlx::AnyConnection,
         fresh: &[&NewOrder],
         terms: &HashMap<i64, (i64, i64)>,
-    ) -> Result<(), StoreError> {
+    ) -> Result<HashMap<i64, i64>, StoreError> {
+        let mut new_buyers: HashMap<i64, i64> = HashMap::new();
         let mut asked: HashMap<i64, HashMap<i64, i64>> = HashMap::new();
         for o in fresh {
             *asked
@@ -1388,6 +1408,9 @@ impl Store {
                 }
                 for user in chunk {
                     let held = held.get(user).copied().unwrap_or(0);
+                    if held == 0 {
+                        *new_buyers.entry(sale_id).or_default() += 1;
+                    }
                     if held + users[user] > limit {
                         return Err(StoreError::UserLimit {
                             sale_id,
@@ -1399,7 +1422,7 @@ impl Store {
                 }
             }
         }
-        Ok(())
+        Ok(new_buyers)
     }
 
     const ORDER_COLS: &'static str =
@@ -1468,14 +1491,16 @@ impl Store {
         Ok((orders, units, buyers, most))
     }
 
-    /// Ids of a sale's live orders above `after`, ascending, at most `limit` of them.
+    /// Ids of a sale's live orders above `after`, ascending, at most `limit` of them: a
+    /// walk of `orders_by_sale_id` from the cursor, whatever the sale holds.
     pub async fn live_order_ids(
         &self,
         sale_id: i64,
         after: i64,
         limit: i64,
     ) -> Result<Vec<i64>, StoreError> {
-        self.all_rows("SELECT id FROM orders WHERE sale_id = ? AND id > ? AND status IN ('pending_payment', 'paid') ORDER BY id LIMIT ?", &[sale_id, after, limit], first_int).await
+        self.all_rows(LIVE_ORDER_IDS, &[sale_id, after, limit], first_int)
+            .await
     }
 
     /// Every order of a sale (for checks and reconciliation).

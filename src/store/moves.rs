@@ -110,19 +110,28 @@ impl Store {
         if done.rows_affected() != 1 {
             return Ok(false);
         }
+        if to != "taken" && from != "taken" {
+            return Ok(true);
+        }
+        let row = sqlx::query(&self.sql(
+            "SELECT sale_id, from_segment, to_segment, quantity FROM segment_moves WHERE id = ?",
+        ))
+        .bind(id)
+        .fetch_one(&mut *conn)
+        .await?;
+        let (sale, out_of, into, q): (i64, i64, i64, i64) = (
+            row.try_get(0)?,
+            row.try_get(1)?,
+            row.try_get(2)?,
+            row.try_get(3)?,
+        );
+        // Units are in transit from `taken` until the move leaves that state.
+        let in_transit = super::counters::Bump {
+            units_in_transit: if to == "taken" { q } else { -q },
+            ..Default::default()
+        };
+        self.bump_in(conn, sale, in_transit).await?;
         if to == "taken" {
-            let row = sqlx::query(&self.sql(
-                "SELECT sale_id, from_segment, to_segment, quantity FROM segment_moves WHERE id = ?",
-            ))
-            .bind(id)
-            .fetch_one(&mut *conn)
-            .await?;
-            let (sale, out_of, into, q): (i64, i64, i64, i64) = (
-                row.try_get(0)?,
-                row.try_get(1)?,
-                row.try_get(2)?,
-                row.try_get(3)?,
-            );
             let detail = format!("move {id}");
             let rows = [
                 Movement::new(sale, -q, Cause::MovedOut)

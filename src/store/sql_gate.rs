@@ -226,7 +226,21 @@ impl Store {
         .execute(&mut *conn)
         .await?;
         let taken = Movement::new(p.sale_id, -p.quantity, Cause::Accepted).order(p.id);
-        self.journal_in(conn, &[taken], now).await?;
+        self.journal_rows_in(conn, &[taken], now).await?;
+        // The counters in one statement, under the row lock this purchase holds.
+        let bump = super::counters::Bump {
+            live_units: p.quantity,
+            live_buyers: if held == 0 { 1 } else { 0 },
+            ..Default::default()
+        };
+        let q = self.sql(&format!(
+            "UPDATE sales SET journal_sum = journal_sum - ?, {} WHERE id = ?",
+            super::counters::Bump::SET
+        ));
+        bump.bind(sqlx::query(&q).bind(p.quantity))
+            .bind(p.sale_id)
+            .execute(&mut *conn)
+            .await?;
         Ok(SqlVerdict::Accepted {
             remaining: remaining - p.quantity,
         })

@@ -161,6 +161,8 @@ impl Store {
         .execute(&mut *conn)
         .await?;
         if outcome.returns_stock() {
+            // The sale's row lock first: the buyer's other orders are then read as every
+            // transaction before this one left them (see `store::counters`).
             sqlx::query(
                 &self.sql("UPDATE sales SET stock = stock + ?, updated_at = ? WHERE id = ?"),
             )
@@ -169,6 +171,17 @@ impl Store {
             .bind(order.sale_id)
             .execute(&mut *conn)
             .await?;
+            let still_held = self
+                .live_units_of_buyer(conn, order.sale_id, order.user_id)
+                .await?;
+            let bump = super::counters::Bump {
+                live_units: -order.quantity,
+                live_buyers: if still_held == 0 { -1 } else { 0 },
+                returns_owed_orders: 1,
+                returns_owed_units: order.quantity,
+                units_in_transit: 0,
+            };
+            self.bump_in(conn, order.sale_id, bump).await?;
             sqlx::query(&self.sql(
                 "INSERT INTO stock_returns (order_id, sale_id, user_id, quantity, reason, created_at, gate_done_at) \
                  VALUES (?, ?, ?, ?, ?, ?, NULL)",
@@ -267,11 +280,19 @@ impl Store {
                 if marked.rows_affected() == 0 {
                     return Ok(());
                 }
-                let row = sqlx::query(&self.sql("SELECT sale_id FROM stock_returns WHERE order_id = ?"))
-                    .bind(order_id)
-                    .fetch_one(&mut *conn)
-                    .await?;
-                let sale_id: i64 = row.try_get(0)?;
+                let row = sqlx::query(
+                    &self.sql("SELECT sale_id, quantity FROM stock_returns WHERE order_id = ?"),
+                )
+                .bind(order_id)
+                .fetch_one(&mut *conn)
+                .await?;
+                let (sale_id, quantity): (i64, i64) = (row.try_get(0)?, row.try_get(1)?);
+                let paid_back = super::counters::Bump {
+                    returns_owed_orders: -1,
+                    returns_owed_units: -quantity,
+                    ..Default::default()
+                };
+                self.bump_in(&mut conn, sale_id, paid_back).await?;
                 let handed = Movement::new(sale_id, 0, Cause::ReturnedToGate).order(order_id);
                 self.journal_in(&mut conn, &[handed], now).await
             }
