@@ -210,6 +210,32 @@ async fn silent_sockets(base: &str, local: &str, n: usize) -> Vec<tokio::net::Tc
     held
 }
 
+/// While a flood is held: /healthz five times and a purchase by each of `tokens`, from an
+/// address of their own, each answered within `within`; then the server's metrics.
+async fn others_are_served(
+    server: &Server,
+    sale: &str,
+    tokens: &[String],
+    within: Duration,
+) -> String {
+    let quick = reqwest::Client::builder().timeout(within).build().unwrap();
+    let quick = Api::with_client(quick, &server.base).admin(&server.admin);
+    for _ in 0..5 {
+        let r = Api::try_send(quick.request(Method::GET, "/healthz"))
+            .await
+            .unwrap_or_else(|e| panic!("/healthz not answered within {within:?}: {e}"));
+        assert_eq!(r.status, 200);
+    }
+    for t in tokens {
+        let r = quick
+            .try_buy(t, sale)
+            .await
+            .unwrap_or_else(|e| panic!("a purchase not answered within {within:?}: {e}"));
+        assert_eq!(r.status, 200, "{r}");
+    }
+    quick.metrics().await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_silent_sockets_from_one_address_stop_nobody_else() {
     // Default caps: 10,000 connections in all, 1,000 per address. Floods take turns: two
@@ -225,25 +251,7 @@ async fn ten_thousand_silent_sockets_from_one_address_stop_nobody_else() {
     // Let the server accept (and close) the whole flood.
     tokio::time::sleep(Duration::from_millis(500)).await;
 
-    let quick = reqwest::Client::builder()
-        .timeout(Duration::from_secs(2))
-        .build()
-        .unwrap();
-    let quick = Api::with_client(quick, &server.base).admin(&server.admin);
-    for _ in 0..5 {
-        let r = Api::try_send(quick.request(Method::GET, "/healthz"))
-            .await
-            .expect("/healthz answers while one address holds 10,000 silent sockets");
-        assert_eq!(r.status, 200);
-    }
-    for t in &tokens {
-        let r = quick
-            .try_buy(t, &sale)
-            .await
-            .expect("a purchase is answered while the flood is held");
-        assert_eq!(r.status, 200, "{r}");
-    }
-    let metrics = quick.metrics().await;
+    let metrics = others_are_served(&server, &sale, &tokens, Duration::from_secs(2)).await;
     let open = common::metric(&metrics, "seckill_connections_open");
     assert!(
         open <= 1_010,
@@ -278,25 +286,7 @@ async fn ten_thousand_silent_sockets_from_fifty_addresses_stop_nobody_else() {
     assert!(silent.len() >= 9_900, "opened {}", silent.len());
     tokio::time::sleep(Duration::from_millis(500)).await;
 
-    let quick = reqwest::Client::builder()
-        .timeout(Duration::from_secs(1))
-        .build()
-        .unwrap();
-    let quick = Api::with_client(quick, &server.base).admin(&server.admin);
-    for _ in 0..5 {
-        let r = Api::try_send(quick.request(Method::GET, "/healthz"))
-            .await
-            .expect("/healthz answers within 1 s while 50 addresses hold 10,000 silent sockets");
-        assert_eq!(r.status, 200);
-    }
-    for t in &tokens {
-        let r = quick
-            .try_buy(t, &sale)
-            .await
-            .expect("a purchase is answered within 1 s while the flood is held");
-        assert_eq!(r.status, 200, "{r}");
-    }
-    let metrics = quick.metrics().await;
+    let metrics = others_are_served(&server, &sale, &tokens, Duration::from_secs(1)).await;
     assert!(
         common::metric(&metrics, "seckill_connections_shed_total") >= 1,
         "room was made by shedding silent connections: {metrics}"
