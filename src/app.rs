@@ -187,7 +187,8 @@ async fn embedded_parts(config: &Config, store: &Store, role: Role) -> Result<Pa
                 // A tool takes no orders, and must not touch the log of a server beside it.
                 local::channel()
             };
-            let gate = MemoryGate::new(log.clone()).with_rate_limit(config.rate_user);
+            let gate = MemoryGate::with_clock(log.clone(), store.clock().clone())
+                .with_rate_limit(config.rate_user);
             (Arc::new(gate) as Arc<dyn Gate>, Some((log, reader)))
         }
     };
@@ -200,7 +201,7 @@ async fn embedded_parts(config: &Config, store: &Store, role: Role) -> Result<Pa
         gate,
         log: Arc::new(reader),
         backlog,
-        ids: Arc::new(IdGenerator::fixed(worker)),
+        ids: Arc::new(IdGenerator::fixed(worker).with_clock(store.clock().clone())),
         redis: None,
         breaker: None,
         claim,
@@ -240,7 +241,12 @@ async fn open_order_log(
                 .into(),
         ));
     };
-    let (log, reader) = local::open(dir, &database_id)?;
+    let opened = local::open_with(
+        dir,
+        &database_id,
+        local::Options::new(store.clock().clone()),
+    )?;
+    let (log, reader) = (opened.log, opened.reader);
     Ok((log, reader, claim))
 }
 

@@ -12,6 +12,7 @@
 //!
 //! - [`model`]: the domain's types (sales, orders, states) and the segment arithmetic.
 //! - [`text`]: hex, URLs with their secrets masked, phone numbers in E.164.
+//! - [`clock`]: the one clock a process reads (wall, or simulated in tests).
 //! - [`config`]: the one typed configuration (flags, `SECKILL_*`, a TOML file), Redis URL forms.
 //! - [`metrics`]: Prometheus counters and histograms on atomics.
 //! - [`logline`]: log lines that would repeat per request, at most once per interval.
@@ -36,6 +37,7 @@ pub mod app;
 pub mod backoff;
 pub mod bench;
 pub mod cli;
+pub mod clock;
 pub mod config;
 pub mod edge;
 pub mod gate;
@@ -52,14 +54,6 @@ pub mod scheduler;
 pub mod store;
 pub mod text;
 pub mod writer;
-
-/// Milliseconds since the Unix epoch, the one clock unit used in storage and the gate.
-pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
 
 /// Whether a request body is a JSON object (its first non-space byte is `{`). Every body of
 /// the contract is an object; serde would also fill a struct from an array (`[1, "t"]`).

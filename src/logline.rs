@@ -21,7 +21,7 @@ impl Every {
 
     /// `Some(lines left out since the last one)` when a line may be written now.
     pub fn ready(&self) -> Option<u64> {
-        let now = crate::now_ms();
+        let now = crate::clock::wall_ms();
         let last = self.last.load(Ordering::Relaxed);
         if now.saturating_sub(last) >= self.every_ms
             && self

@@ -720,7 +720,7 @@ async fn storm_once(target: &Target, args: &BenchArgs, gate: &str) -> Result<Rep
     let tokens = Arc::new(buyer_tokens(target, args).await?);
 
     // A sale that opens shortly: the preloader has it in the gate before the first buyer.
-    let opens_at = crate::now_ms() + 2000;
+    let opens_at = crate::clock::wall_ms() + 2000;
     let sale = admin_call(
         target,
         Method::POST,
@@ -762,7 +762,7 @@ async fn storm_once(target: &Target, args: &BenchArgs, gate: &str) -> Result<Rep
         .sum();
     let expected_orders = possible.min(args.stock);
 
-    let wait = (opens_at + 50 - crate::now_ms()).max(0) as u64;
+    let wait = (opens_at + 50 - crate::clock::wall_ms()).max(0) as u64;
     tokio::time::sleep(Duration::from_millis(wait)).await;
 
     let model = model_of(args);

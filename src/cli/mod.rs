@@ -315,7 +315,7 @@ async fn reconcile(
         .refresh(&st.store)
         .await
         .map_err(|e| AppError::Other(e.to_string()))?;
-    let since = crate::now_ms() - 3_600_000;
+    let since = crate::clock::wall_ms() - 3_600_000;
     let sales: Vec<crate::model::Sale> = match only {
         Some(id) => vec![st
             .store
@@ -407,7 +407,7 @@ async fn mint(config: Config, count: usize, out: PathBuf) -> Result<(), AppError
         users.push((st.ids.next()?, format!("mint-{batch:08x}-{i}")));
     }
     st.store.insert_users(&users).await?;
-    let expires = crate::now_ms() / 1000 + ttl;
+    let expires = crate::clock::wall_ms() / 1000 + ttl;
     let mut text = String::with_capacity(count * 64);
     for (id, _) in &users {
         text.push_str(&st.tokens.sign(*id, expires));

@@ -271,13 +271,8 @@ pub fn check_secret(
         .get::<PeerAddr>()
         .map_or(IpAddr::from([0, 0, 0, 0]), |p| p.0);
     let client = st.address_limiter.client_of(peer, &parts.headers);
-    st.secret_guard.check(
-        client,
-        bearer(&parts.headers),
-        accepted,
-        what,
-        crate::now_ms(),
-    )
+    st.secret_guard
+        .check(client, bearer(&parts.headers), accepted, what, st.now_ms())
 }
 
 /// The authenticated caller of a user endpoint.
@@ -290,7 +285,7 @@ impl FromRequestParts<Arc<AppState>> for AuthUser {
         parts: &mut Parts,
         state: &Arc<AppState>,
     ) -> Result<Self, ApiError> {
-        user_of(&state.tokens, &parts.headers, crate::now_ms()).map(AuthUser)
+        user_of(&state.tokens, &parts.headers, state.now_ms()).map(AuthUser)
     }
 }
 

@@ -326,6 +326,11 @@ async fn json_rejections(response: Response) -> Response {
 }
 
 impl AppState {
+    /// Now, by the process's one clock (the store's; see `clock`).
+    pub fn now_ms(&self) -> i64 {
+        self.store.now_ms()
+    }
+
     /// An approved sale: from this instance's cache, else (approved moments ago on another
     /// instance, or ended long ago) from SQL once; 404 otherwise.
     pub async fn approved_sale(&self, id: i64) -> Result<Arc<Sale>, ApiError> {

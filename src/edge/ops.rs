@@ -61,7 +61,7 @@ pub async fn readyz(State(st): State<Arc<AppState>>) -> Result<&'static str, Api
     }
     // An open sale missing from the gate is being rebuilt (Redis lost it): purchases of it
     // answer `not_loaded` until then.
-    let now = crate::now_ms();
+    let now = st.now_ms();
     for sale in st.sales.all() {
         if sale.begins_at <= now && now < sale.ends_at && !st.gate.is_loaded(sale.id).await? {
             return Err(ApiError::Unavailable(format!(
@@ -75,7 +75,7 @@ pub async fn readyz(State(st): State<Arc<AppState>>) -> Result<&'static str, Api
 
 /// Sales whose order log is worth watching: those not ended more than an hour ago.
 fn recent_sales(st: &AppState) -> Vec<(i64, i64)> {
-    let since = crate::now_ms() - 3_600_000;
+    let since = st.now_ms() - 3_600_000;
     st.sales
         .all()
         .iter()
@@ -90,7 +90,7 @@ async fn order_log_lag(st: &AppState) -> Result<Vec<(i64, i64, i64)>, ApiError> 
     if !st.backlog.holds_orders() {
         return Ok(Vec::new());
     }
-    let now = crate::now_ms();
+    let now = st.now_ms();
     let mut out = Vec::new();
     for (sale, segments) in recent_sales(st) {
         let (len, oldest) = st.backlog.lag(sale, segments).await?;

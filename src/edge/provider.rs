@@ -51,7 +51,7 @@ pub async fn notify(
             header(TIMESTAMP_HEADER),
             header(SIGNATURE_HEADER),
             &body,
-            crate::now_ms() / 1000,
+            st.now_ms() / 1000,
         )
         .map_err(|e| match e {
             NotifyError::BadBody(m) => ApiError::invalid(format!("invalid notification: {m}")),
@@ -64,7 +64,7 @@ pub async fn notify(
         ));
     }
     let not_found = || ApiError::NotFound(format!("payment intent {intent_id} does not exist"));
-    let now = crate::now_ms();
+    let now = st.now_ms();
     let result = match n.status {
         NotifiedStatus::Failed => {
             st.store.payment(intent_id).await?.ok_or_else(not_found)?;

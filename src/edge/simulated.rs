@@ -179,7 +179,7 @@ async fn schedule_callback(
         .order(payment.order_id)
         .await?
         .ok_or_else(|| ApiError::NotFound("order".into()))?;
-    let now = crate::now_ms();
+    let now = st.now_ms();
     let deliver_at = match outcome {
         SimulatedOutcome::PayLate => order.pay_deadline.max(now) + 1000,
         _ => now,
@@ -198,8 +198,8 @@ async fn schedule_callback(
     if target.ip().is_unspecified() {
         target.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
     }
+    let wait = (deliver_at - now).max(0) as u64;
     tokio::spawn(async move {
-        let wait = (deliver_at - crate::now_ms()).max(0) as u64;
         tokio::time::sleep(Duration::from_millis(wait)).await;
         match provider.deliver(target, &notification).await {
             Ok(status) => tracing::info!(

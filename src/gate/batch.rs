@@ -200,7 +200,7 @@ impl Caller {
     async fn call(&self, k: Arc<SaleKeys>, sale_id: i64, group: Vec<Attempt>, mut conn: RedisConn) {
         CALLS.fetch_add(1, Ordering::Relaxed);
         ATTEMPTS.fetch_add(group.len() as u64, Ordering::Relaxed);
-        let now = crate::now_ms();
+        let now = crate::clock::wall_ms();
         let mut call = self.script.key(&k.sale);
         call.key(&k.buyers)
             .key(&k.stream)

@@ -43,7 +43,7 @@ struct Circuit {
 
 impl Circuit {
     fn is_open(&self) -> bool {
-        crate::now_ms() < self.open_until.load(Ordering::Acquire)
+        crate::clock::wall_ms() < self.open_until.load(Ordering::Acquire)
     }
 }
 
@@ -161,9 +161,10 @@ impl Breaker {
         let failures = circuit.failures.fetch_add(1, Ordering::AcqRel) + 1;
         if failures >= self.threshold {
             circuit.failures.store(0, Ordering::Release);
-            circuit
-                .open_until
-                .store(crate::now_ms() + self.cooldown_ms, Ordering::Release);
+            circuit.open_until.store(
+                crate::clock::wall_ms() + self.cooldown_ms,
+                Ordering::Release,
+            );
             self.opened.fetch_add(1, Ordering::Relaxed);
             if !circuit.logged_open.swap(true, Ordering::AcqRel) {
                 tracing::error!(

@@ -13,6 +13,7 @@ use super::{
     Gate, GateError, GateStock, Purchase, RateLimit, Rejection, Release, Released, SaleLoad, Spend,
     Verdict,
 };
+use crate::clock::SharedClock;
 use crate::model::NewOrder;
 use crate::orderlog::local::LocalLog;
 
@@ -36,16 +37,17 @@ pub struct MemoryGate {
     sales: RwLock<HashMap<i64, Arc<Mutex<SaleState>>>>,
     spent: Mutex<SpentNonces>,
     log: LocalLog,
-    clock: fn() -> i64,
+    clock: SharedClock,
     rate: RateLimit,
 }
 
 impl MemoryGate {
     pub fn new(log: LocalLog) -> Self {
-        Self::with_clock(log, crate::now_ms)
+        Self::with_clock(log, crate::clock::wall())
     }
 
-    pub fn with_clock(log: LocalLog, clock: fn() -> i64) -> Self {
+    /// A gate deciding sale windows by `clock` (the process's; a simulated one in tests).
+    pub fn with_clock(log: LocalLog, clock: SharedClock) -> Self {
         Self {
             sales: RwLock::new(HashMap::new()),
             spent: Mutex::new(SpentNonces::default()),
@@ -75,7 +77,7 @@ impl MemoryGate {
     /// The atomic decision; returns the order to append when accepted.
     fn decide(&self, state: &Mutex<SaleState>, p: &Purchase) -> Result<(i64, NewOrder), Rejection> {
         let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
-        let now = (self.clock)();
+        let now = self.clock.now_ms();
         if self.rate.interval_ms() > 0 {
             // A time already past limits nothing (GCRA starts from max(tat, now)), so those
             // entries can go: the map follows the users of the last moments, not every user
@@ -165,8 +167,14 @@ impl Gate for MemoryGate {
             Err(rejection) => return Ok(Verdict::Rejected(rejection)),
         };
         if let Err(e) = self.log.append(order).await {
+            // The log refuses every order from now on, so these units cannot be sold
+            // twice; a restart rebuilds the gate from SQL and what the log kept.
             Self::give_back(&state, &p);
-            return Err(e.into());
+            return Err(match e {
+                // It may come back at the next start: the buyer hears `pending`, not "no".
+                crate::orderlog::LogError::Unconfirmed(_) => GateError::NotDurable,
+                e => e.into(),
+            });
         }
         Ok(Verdict::Accepted { remaining })
     }
@@ -259,7 +267,7 @@ impl Gate for MemoryGate {
     }
 
     async fn spend(&self, sale_id: i64, spend: Spend) -> Result<bool, GateError> {
-        Ok(self.spend_now(sale_id, spend, (self.clock)()))
+        Ok(self.spend_now(sale_id, spend, self.clock.now_ms()))
     }
 
     async fn queued_order(
@@ -299,18 +307,13 @@ impl SpentNonces {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicI64, Ordering};
-
-    static NOW: AtomicI64 = AtomicI64::new(10_000);
-
-    fn test_clock() -> i64 {
-        NOW.load(Ordering::SeqCst)
-    }
+    use crate::clock::SimClock;
 
     #[test]
     fn rate_entries_in_the_past_are_swept_and_live_ones_kept() {
         let (log, _reader) = crate::orderlog::local::channel();
-        let gate = MemoryGate::with_clock(log, test_clock).with_rate_limit(RateLimit {
+        let clock = SimClock::new(10_000);
+        let gate = MemoryGate::with_clock(log, clock.clone()).with_rate_limit(RateLimit {
             per_sec: 1.0,
             burst: 1,
         });
@@ -344,7 +347,7 @@ mod tests {
             Err(Rejection::RateLimited { .. })
         ));
         // Ten seconds on, every stored time is past: the next growth sweeps them all.
-        NOW.fetch_add(10_000, Ordering::SeqCst);
+        clock.advance(10_000);
         for user in 10_000..14_000 {
             assert!(gate.decide(&state, &attempt(user)).is_ok());
         }

@@ -215,7 +215,7 @@ async fn finish_move(
 /// the scheduler. Returns how many it finished.
 pub async fn finish_stalled_moves(store: &Store, gate: &dyn Gate) -> Result<usize, GateError> {
     let stalled = store
-        .stalled_moves(crate::now_ms() - STALLED_AFTER_MS, 100)
+        .stalled_moves(store.now_ms() - STALLED_AFTER_MS, 100)
         .await
         .map_err(store_error)?;
     let mut finished = 0;

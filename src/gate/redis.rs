@@ -665,7 +665,7 @@ impl Gate for RedisGate {
             .arg("1")
             .arg("NX")
             .arg("PX")
-            .arg(spend.keep_ms(crate::now_ms()))
+            .arg(spend.keep_ms(crate::clock::wall_ms()))
             .query_async(&mut conn)
             .await?;
         Ok(set.is_some())

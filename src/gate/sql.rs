@@ -66,7 +66,7 @@ impl Gate for SqlGate {
             user_id: p.user_id,
             quantity: p.quantity,
             price_cents: 0,
-            accepted_at: crate::now_ms(),
+            accepted_at: self.store.now_ms(),
         };
         let verdict = self
             .store
@@ -136,7 +136,7 @@ impl Gate for SqlGate {
         if self.spends.fetch_add(1, Ordering::Relaxed) % SWEEP_EVERY == SWEEP_EVERY - 1 {
             self.store.forget_spent_nonces().await.map_err(sql)?;
         }
-        let now = crate::now_ms();
+        let now = self.store.now_ms();
         self.store
             .spend_nonce(sale_id, spend.nonce, now + spend.keep_ms(now))
             .await

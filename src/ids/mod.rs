@@ -8,6 +8,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::clock::SharedClock;
+
 /// 2024-01-01T00:00:00Z in Unix milliseconds.
 pub const EPOCH_MS: i64 = 1_704_067_200_000;
 pub const MAX_WORKER: u16 = 1023;
@@ -34,6 +36,8 @@ pub struct IdGenerator {
     /// it, packed as `valid_until << 10 | worker`: one load reads both, so no id is ever
     /// issued from a worker id with another lease's validity.
     lease: AtomicU64,
+    /// Ids carry the time they were minted, by the process's clock.
+    clock: SharedClock,
 }
 
 const WORKER_BITS: u32 = 10;
@@ -49,7 +53,14 @@ impl IdGenerator {
         Self {
             last: AtomicU64::new(0),
             lease: AtomicU64::new(pack(worker.min(MAX_WORKER), i64::MAX)),
+            clock: crate::clock::wall(),
         }
+    }
+
+    /// The same generator minting by `clock`'s time.
+    pub fn with_clock(mut self, clock: SharedClock) -> Self {
+        self.clock = clock;
+        self
     }
 
     pub fn worker(&self) -> u16 {
@@ -59,7 +70,7 @@ impl IdGenerator {
     /// Whether ids can be issued now (the lease is held and fresh).
     pub fn can_issue(&self) -> bool {
         let lease = self.lease.load(Ordering::Acquire);
-        crate::now_ms() - EPOCH_MS < (lease >> WORKER_BITS) as i64
+        self.clock.now_ms() - EPOCH_MS < (lease >> WORKER_BITS) as i64
     }
 
     fn set_lease(&self, worker: u16, valid_until: i64) {
@@ -68,7 +79,7 @@ impl IdGenerator {
     }
 
     pub fn next(&self) -> Result<i64, IdError> {
-        let now = crate::now_ms();
+        let now = self.clock.now_ms();
         let lease = self.lease.load(Ordering::Acquire);
         if now - EPOCH_MS >= (lease >> WORKER_BITS) as i64 {
             return Err(IdError::LeaseLapsed);
@@ -136,6 +147,7 @@ pub async fn lease_worker_id(
     let ids = Arc::new(IdGenerator {
         last: AtomicU64::new(0),
         lease: AtomicU64::new(0),
+        clock: lessor.store.clock().clone(),
     });
     let worker = lessor.acquire(None, &ids).await?;
     tracing::info!(worker, "leased worker id");
@@ -224,7 +236,7 @@ impl Lessor {
     /// Renews the lease of `worker`; on success `ids` may issue from it for `VALID_MS`.
     async fn renew_now(&self, worker: u16, ids: &IdGenerator) -> Result<bool, IdError> {
         let mut conn = self.conn.clone();
-        let asked_at = crate::now_ms();
+        let asked_at = ids.clock.now_ms();
         let renewed: i64 = self
             .renew
             .key(self.key(worker))
@@ -320,11 +332,11 @@ mod tests {
     #[test]
     fn id_carries_its_time() {
         let ids = IdGenerator::fixed(1);
-        let before = crate::now_ms();
+        let before = crate::clock::wall_ms();
         let id = ids.next().unwrap();
         let t = IdGenerator::time_of(id);
         assert!(
-            t >= before && t <= crate::now_ms() + 5_000,
+            t >= before && t <= crate::clock::wall_ms() + 5_000,
             "{t} vs {before}"
         );
     }

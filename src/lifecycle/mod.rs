@@ -36,7 +36,7 @@ pub async fn return_to_gate(
         })
         .await?;
     if released != Released::Deferred {
-        store.mark_returned(r.order_id, crate::now_ms()).await?;
+        store.mark_returned(r.order_id, store.now_ms()).await?;
     }
     Ok(released)
 }
@@ -102,7 +102,7 @@ pub async fn pump_returns_of(
 pub async fn expire_due(store: &Store) -> Result<usize, LifecycleError> {
     let mut expired = 0;
     loop {
-        let now = crate::now_ms();
+        let now = store.now_ms();
         let due = store.due_for_expiry(now, 500).await?;
         if due.is_empty() {
             return Ok(expired);
@@ -142,7 +142,7 @@ pub async fn cancel(
             order_id,
             Some(user_id),
             Outcome::Cancelled,
-            crate::now_ms(),
+            store.now_ms(),
             "cancelled by the buyer",
         )
         .await?;

@@ -244,7 +244,7 @@ impl SimulatedProvider {
     /// Delivers a signed notification to a seckill server, as the provider would.
     pub async fn deliver(&self, target: SocketAddr, n: &Notification) -> std::io::Result<u16> {
         let body = serde_json::to_vec(n).map_err(std::io::Error::other)?;
-        let ts = crate::now_ms() / 1000;
+        let ts = crate::clock::wall_ms() / 1000;
         let request = format!(
             "POST /api/payments/notify HTTP/1.1\r\nHost: {target}\r\nContent-Type: application/json\r\n\
              Content-Length: {}\r\n{TIMESTAMP_HEADER}: {ts}\r\n{SIGNATURE_HEADER}: {}\r\nConnection: close\r\n\r\n",

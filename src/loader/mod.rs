@@ -98,7 +98,7 @@ impl SaleCache {
         if let Some(s) = self.get(id) {
             return Ok(Some(s));
         }
-        let now = crate::now_ms();
+        let now = store.now_ms();
         if now - self.miss_refreshed_at.load(Ordering::Acquire) >= MISS_REFRESH_EVERY_MS {
             self.miss_refreshed_at.store(now, Ordering::Release);
             self.refresh(store).await?;
@@ -107,9 +107,7 @@ impl SaleCache {
     }
 
     pub async fn refresh(&self, store: &Store) -> Result<(), StoreError> {
-        let sales = store
-            .approved_sales(crate::now_ms() - KEEP_ENDED_MS)
-            .await?;
+        let sales = store.approved_sales(store.now_ms() - KEEP_ENDED_MS).await?;
         self.replace(sales);
         Ok(())
     }
@@ -373,7 +371,7 @@ pub async fn preload(
     cache: &SaleCache,
     ahead_ms: i64,
 ) -> Result<usize, LoadError> {
-    let now = crate::now_ms();
+    let now = store.now_ms();
     let mut loaded = 0;
     let mut first_error = None;
     for sale in cache.all() {
@@ -429,7 +427,7 @@ mod tests {
             .await
             .unwrap();
         store.migrate().await.unwrap();
-        let now = crate::now_ms();
+        let now = store.now_ms();
         let sale = Sale {
             id: 42,
             title: "t".into(),

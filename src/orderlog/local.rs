@@ -8,22 +8,30 @@
 //!
 //! The file is a sequence of segments; a segment whose every order is settled (in SQL, or
 //! a dead letter) is deleted. Each record is an order's six integers and a CRC-32C, so a
-//! record torn by a crash is recognised and dropped: it was never answered `ok`. After a
-//! failed write or sync the log refuses every further order until restart, since the fate
-//! of the failed records on disk is unknown. Without a folder (tools, tests of the parts
-//! around it, the SQL gates) orders are kept in memory only; a server that takes orders never runs without a folder.
+//! record torn by a crash is recognised and dropped: it was never answered `ok`.
+//!
+//! A failed write or sync may have left some of the group's records on disk, and a later
+//! start would replay them: so the segment is cut back to its last synced length before the
+//! buyers hear "no" (`LogError::WriteFailed`: nothing of theirs will ever be an order). If
+//! even that fails, their orders' fate is unknown and they hear so (`LogError::Unconfirmed`,
+//! answered `pending`). Either way the log refuses every further order until restart,
+//! since the disk is not to be trusted. Without a folder (tools, tests of the parts around
+//! it, the SQL gates) orders are kept in memory only; a server that takes orders never
+//! runs without a folder. The folder is reached through [`Disk`] (the real file system, or
+//! the simulation's).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::fs::{File, OpenOptions};
-use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::sync::{mpsc, oneshot};
 
+use super::disk::{Disk, DiskFile, RealDisk};
 use super::{Batch, Delivery, LogError, OrderLog, Receipt};
+use crate::clock::SharedClock;
 use crate::model::NewOrder;
 
 /// A segment takes no more records once it is this large (about 80,000 orders). Settled
@@ -34,16 +42,27 @@ const SEGMENT_BYTES: u64 = 4 << 20;
 /// (backpressure), so that a storm of winners faster than SQLite cannot grow memory
 /// without bound (about 200 bytes each, measured). 50,000 left a 200,000-winner storm at
 /// its speed and kept the 1,000,000-buyer sale at 148 MB (200,000: 185 MB).
-const MAX_BACKLOG: usize = 50_000;
+pub const MAX_BACKLOG: usize = 50_000;
 /// How long the writer lets a batch fill before it writes it to SQL.
-const LINGER: std::time::Duration = std::time::Duration::from_millis(50);
+const LINGER: Duration = Duration::from_millis(50);
+/// How long the writer waits for a first order before it reads again.
+const IDLE_WAIT: Duration = Duration::from_millis(500);
 /// Most orders written and synced together.
 const MAX_GROUP: usize = 4096;
 const PAYLOAD: usize = 48;
 const RECORD: usize = PAYLOAD + 4;
 const CRC: crc::Crc<u32> = crc::Crc::<u32>::new(&crc::CRC_32_ISCSI);
 
-type Append = (NewOrder, oneshot::Sender<Result<(), String>>);
+/// Why a group was not made durable.
+#[derive(Debug, Clone)]
+enum Failure {
+    /// None of the group's records is on disk, nor ever will be.
+    NotWritten(String),
+    /// Some of them may be: they may come back at the next start.
+    Unknown(String),
+}
+
+type Append = (NewOrder, oneshot::Sender<Result<(), Failure>>);
 
 /// The producer half, held by the memory gate.
 #[derive(Clone)]
@@ -64,6 +83,8 @@ pub struct LocalLogReader {
 /// What both halves keep track of.
 struct Shared {
     dir: Option<PathBuf>,
+    disk: Arc<dyn Disk>,
+    clock: SharedClock,
     /// Orders in the log and not yet settled: id -> (sale, user, quantity).
     queued: Mutex<HashMap<i64, (i64, i64, i64)>>,
     /// Most orders `queued` may hold before new ones wait (`MAX_BACKLOG`).
@@ -75,13 +96,52 @@ struct Shared {
     /// The segment being appended to; never deleted.
     active: AtomicU64,
     /// The folder's lock, held as long as the log is open.
-    _lock: Option<File>,
+    _lock: Option<Box<dyn Send + Sync>>,
+}
+
+/// How a log is opened.
+pub struct Options {
+    /// Where the folder is read and written.
+    pub disk: Arc<dyn Disk>,
+    /// What the reader's waits are measured in.
+    pub clock: SharedClock,
+    pub max_backlog: usize,
+    /// Groups are committed only when [`Pump::commit`] is called, on the caller's thread,
+    /// instead of by a thread of the log's own: the simulation decides when, so that a
+    /// seed replays the same groups.
+    pub stepped: bool,
+}
+
+impl Options {
+    /// A server's log: the real file system, its own appender thread.
+    pub fn new(clock: SharedClock) -> Options {
+        Options {
+            disk: Arc::new(RealDisk),
+            clock,
+            max_backlog: MAX_BACKLOG,
+            stepped: false,
+        }
+    }
+}
+
+/// An opened log: its two halves, and the pump of a stepped one.
+pub struct Opened {
+    pub log: LocalLog,
+    pub reader: LocalLogReader,
+    pub pump: Option<Pump>,
 }
 
 /// An in-memory log: nothing survives the process.
 pub fn channel() -> (LocalLog, LocalLogReader) {
-    start(None, None, Vec::new(), 0, MAX_BACKLOG)
-        .unwrap_or_else(|_| unreachable!("no file is opened"))
+    let opened = start(
+        None,
+        None,
+        Vec::new(),
+        0,
+        Options::new(crate::clock::wall()),
+    )
+    .unwrap_or_else(|_| unreachable!("no file is opened"));
+    (opened.log, opened.reader)
 }
 
 /// Opens (creating it if needed) the log in `dir` for the database whose id is `owner`, and
@@ -89,33 +149,30 @@ pub fn channel() -> (LocalLog, LocalLogReader) {
 /// before anything new. A folder holding orders of another database is refused: replaying
 /// them here would sell units this database never had.
 pub fn open(dir: &Path, owner: &str) -> Result<(LocalLog, LocalLogReader), LogError> {
-    open_with_limit(dir, owner, MAX_BACKLOG)
+    let opened = open_with(dir, owner, Options::new(crate::clock::wall()))?;
+    Ok((opened.log, opened.reader))
 }
 
-fn open_with_limit(
-    dir: &Path,
-    owner: &str,
-    max_backlog: usize,
-) -> Result<(LocalLog, LocalLogReader), LogError> {
+/// [`open`] with the disk, clock, backlog and commit mode given.
+pub fn open_with(dir: &Path, owner: &str, options: Options) -> Result<Opened, LogError> {
+    let disk = options.disk.clone();
     let io =
         |what: &str, e: std::io::Error| LogError::File(format!("{what} {}: {e}", dir.display()));
-    std::fs::create_dir_all(dir).map_err(|e| io("cannot create", e))?;
-    let lock = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(dir.join("lock"))
-        .map_err(|e| io("cannot open the lock of", e))?;
-    lock.try_lock().map_err(|_| {
-        LogError::File(format!(
-            "{} is in use by another seckill server on the same database",
-            dir.display()
-        ))
-    })?;
+    disk.create_dir_all(dir)
+        .map_err(|e| io("cannot create", e))?;
+    let lock = disk
+        .lock(dir)
+        .map_err(|e| io("cannot open the lock of", e))?
+        .ok_or_else(|| {
+            LogError::File(format!(
+                "{} is in use by another seckill server on the same database",
+                dir.display()
+            ))
+        })?;
     let mut recovered = Vec::new();
     let mut last = 0;
-    for (number, path) in segment_files(dir).map_err(|e| io("cannot list", e))? {
-        let orders = read_segment(&path).map_err(|e| io("cannot read", e))?;
+    for (number, path) in segment_files(disk.as_ref(), dir).map_err(|e| io("cannot list", e))? {
+        let orders = read_segment(disk.as_ref(), &path).map_err(|e| io("cannot read", e))?;
         if !orders.is_empty() {
             tracing::info!(
                 segment = %path.display(),
@@ -126,29 +183,29 @@ fn open_with_limit(
         recovered.extend(orders.into_iter().map(|o| (o, number)));
         last = number;
     }
-    claim(dir, owner, !recovered.is_empty())?;
+    claim(disk.as_ref(), dir, owner, !recovered.is_empty())?;
     start(
         Some(dir.to_path_buf()),
         Some(lock),
         recovered,
         last + 1,
-        max_backlog,
+        options,
     )
 }
 
 /// Binds the folder to the database `owner`, or refuses it when it holds orders of
 /// another database. A folder of an older version (no owner file) is adopted as it is.
-fn claim(dir: &Path, owner: &str, holds_orders: bool) -> Result<(), LogError> {
+fn claim(disk: &dyn Disk, dir: &Path, owner: &str, holds_orders: bool) -> Result<(), LogError> {
     let path = dir.join("database");
-    match std::fs::read_to_string(&path) {
-        Ok(found) if found.trim() == owner => return Ok(()),
+    match disk.read(&path) {
+        Ok(found) if String::from_utf8_lossy(&found).trim() == owner => return Ok(()),
         Ok(found) if holds_orders => {
             return Err(LogError::File(format!(
                 "{} holds accepted orders of another database (id {}; this one is {owner}): \
                  start the server on that database to write them, or give this database its \
                  own --order-log-dir",
                 dir.display(),
-                found.trim()
+                String::from_utf8_lossy(&found).trim()
             )))
         }
         Ok(_) => {}
@@ -160,22 +217,17 @@ fn claim(dir: &Path, owner: &str, holds_orders: bool) -> Result<(), LogError> {
             )))
         }
     }
-    let write = || -> std::io::Result<()> {
-        let mut f = File::create(&path)?;
-        f.write_all(owner.as_bytes())?;
-        f.sync_all()?;
-        File::open(dir)?.sync_all()
-    };
-    write().map_err(|e| LogError::File(format!("cannot write {}: {e}", path.display())))
+    disk.write_synced(&path, owner.as_bytes())
+        .map_err(|e| LogError::File(format!("cannot write {}: {e}", path.display())))
 }
 
 fn start(
     dir: Option<PathBuf>,
-    lock: Option<File>,
+    lock: Option<Box<dyn Send + Sync>>,
     recovered: Vec<(NewOrder, u64)>,
     first_segment: u64,
-    max_backlog: usize,
-) -> Result<(LocalLog, LocalLogReader), LogError> {
+    options: Options,
+) -> Result<Opened, LogError> {
     let mut segments = BTreeMap::new();
     let mut queued = HashMap::new();
     for (order, segment) in &recovered {
@@ -184,17 +236,21 @@ fn start(
     }
     let shared = Arc::new(Shared {
         dir,
+        disk: options.disk,
+        clock: options.clock,
         queued: Mutex::new(queued),
-        max_backlog,
+        max_backlog: options.max_backlog,
         room: Condvar::new(),
         segments: Mutex::new(segments),
         active: AtomicU64::new(first_segment),
         _lock: lock,
     });
     let segment = match &shared.dir {
-        Some(dir) => Some(Segment::create(dir, first_segment).map_err(|e| {
-            LogError::File(format!("cannot create a segment in {}: {e}", dir.display()))
-        })?),
+        Some(dir) => Some(
+            Segment::create(shared.disk.as_ref(), dir, first_segment).map_err(|e| {
+                LogError::File(format!("cannot create a segment in {}: {e}", dir.display()))
+            })?,
+        ),
         None => None,
     };
     let (tx, appends) = mpsc::unbounded_channel();
@@ -204,31 +260,39 @@ fn start(
         let _ = to_reader.send(entry);
     }
     let appender = Appender {
+        appends,
         segment,
         shared: shared.clone(),
         to_reader,
         broken: false,
     };
-    std::thread::Builder::new()
-        .name("seckill-order-log".into())
-        .spawn(move || appender.run(appends))
-        .map_err(|e| LogError::File(format!("cannot start the order log's thread: {e}")))?;
-    Ok((
-        LocalLog {
+    let pump = if options.stepped {
+        Some(Pump(appender))
+    } else {
+        std::thread::Builder::new()
+            .name("seckill-order-log".into())
+            .spawn(move || appender.run())
+            .map_err(|e| LogError::File(format!("cannot start the order log's thread: {e}")))?;
+        None
+    };
+    Ok(Opened {
+        log: LocalLog {
             tx,
             shared: shared.clone(),
         },
-        LocalLogReader {
+        reader: LocalLogReader {
             rx: tokio::sync::Mutex::new(rx),
             again: Mutex::new(VecDeque::new()),
             recovered: AtomicBool::new(has_recovered),
             shared,
         },
-    ))
+        pump,
+    })
 }
 
 impl LocalLog {
-    /// Appends an order and waits until it is durable.
+    /// Appends an order and waits until it is durable. `WriteFailed`: it never will be;
+    /// `Unconfirmed`: it may be (a failed write could not be undone).
     pub async fn append(&self, order: NewOrder) -> Result<(), LogError> {
         let (done_tx, done_rx) = oneshot::channel();
         self.tx
@@ -236,11 +300,11 @@ impl LocalLog {
             .map_err(|_| LogError::Closed)?;
         match done_rx.await {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(reason)) => Err(LogError::WriteFailed(reason)),
+            Ok(Err(Failure::NotWritten(reason))) => Err(LogError::WriteFailed(reason)),
+            Ok(Err(Failure::Unknown(reason))) => Err(LogError::Unconfirmed(reason)),
             Err(_) => Err(LogError::Closed),
         }
     }
-
     /// (user, quantity) of an order of `sale_id` in the log and not yet in SQL.
     pub fn queued(&self, sale_id: i64, order_id: i64) -> Option<(i64, i64)> {
         lock(&self.shared.queued)
@@ -348,7 +412,7 @@ impl LocalLogReader {
         self.shared.room.notify_all();
         if let Some(dir) = &self.shared.dir {
             for number in done {
-                if let Err(e) = std::fs::remove_file(segment_path(dir, number)) {
+                if let Err(e) = self.shared.disk.remove(&segment_path(dir, number)) {
                     tracing::warn!(error = %e, segment = number, "cannot delete a settled order log segment");
                 }
             }
@@ -371,11 +435,16 @@ impl OrderLog for LocalLogReader {
         }
         let mut rx = self.rx.lock().await;
         if entries.is_empty() {
-            let first =
-                tokio::time::timeout(std::time::Duration::from_millis(500), rx.recv()).await;
-            match first {
-                Ok(Some(entry)) => entries.push(entry),
-                Ok(None) | Err(_) => return Ok(Batch::default()),
+            let clock = &self.shared.clock;
+            // An order that is there wins over the wait (biased): a simulated clock's wait
+            // is over at once, and the same seed must read the same batches.
+            tokio::select! {
+                biased;
+                first = rx.recv() => match first {
+                    Some(entry) => entries.push(entry),
+                    None => return Ok(Batch::default()),
+                },
+                _ = clock.sleep(IDLE_WAIT) => return Ok(Batch::default()),
             }
         }
         take_ready(&mut rx, &mut entries, max);
@@ -383,7 +452,7 @@ impl OrderLog for LocalLogReader {
             // Nobody waits for SQL any more, and SQLite pays per index page a commit
             // touches, not per order: let a storm's orders gather into fewer commits.
             drop(rx);
-            tokio::time::sleep(LINGER).await;
+            self.shared.clock.sleep(LINGER).await;
             take_ready(&mut *self.rx.lock().await, &mut entries, max);
         }
         Ok(Batch {
@@ -429,11 +498,10 @@ impl OrderLog for LocalLogReader {
                 "accepted_at": order.accepted_at,
                 "reason": reason,
             });
-            let written = OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(dir.join("dead-letters.jsonl"))
-                .and_then(|mut f| writeln!(f, "{line}").and_then(|()| f.sync_data()));
+            let written = self.shared.disk.append_synced(
+                &dir.join("dead-letters.jsonl"),
+                format!("{line}\n").as_bytes(),
+            );
             if let Err(e) = written {
                 // Kept in the log, to be tried again, rather than lost.
                 tracing::error!(error = %e, order = order.id, "cannot record a dead letter");
@@ -466,8 +534,10 @@ fn take_ready(
     }
 }
 
-/// The appender thread: blocking writes and syncs, never on the runtime's threads.
+/// The appender: blocking writes and syncs, on a thread of its own (never on the runtime's
+/// threads), or stepped by a [`Pump`].
 struct Appender {
+    appends: mpsc::UnboundedReceiver<Append>,
     segment: Option<Segment>,
     shared: Arc<Shared>,
     to_reader: mpsc::UnboundedSender<(NewOrder, u64)>,
@@ -475,25 +545,22 @@ struct Appender {
 }
 
 impl Appender {
-    fn run(mut self, mut appends: mpsc::UnboundedReceiver<Append>) {
+    fn run(mut self) {
         let mut group = Vec::with_capacity(MAX_GROUP);
-        let mut buf = Vec::with_capacity(MAX_GROUP * RECORD);
-        while let Some(first) = appends.blocking_recv() {
+        while let Some(first) = self.appends.blocking_recv() {
             group.push(first);
-            while group.len() < MAX_GROUP {
-                match appends.try_recv() {
-                    Ok(next) => group.push(next),
-                    Err(_) => break,
-                }
-            }
+            self.take_waiting(&mut group, MAX_GROUP);
             self.wait_for_room(group.len());
-            match self.write(&group, &mut buf) {
-                Ok(segment) => self.accept(group.drain(..), segment),
-                Err(reason) => {
-                    for (_, done) in group.drain(..) {
-                        let _ = done.send(Err(reason.clone()));
-                    }
-                }
+            self.commit(&mut group);
+        }
+    }
+
+    /// Adds the appends waiting now to `group`, up to `limit` in all.
+    fn take_waiting(&mut self, group: &mut Vec<Append>, limit: usize) {
+        while group.len() < limit {
+            match self.appends.try_recv() {
+                Ok(next) => group.push(next),
+                Err(_) => break,
             }
         }
     }
@@ -510,28 +577,55 @@ impl Appender {
         }
     }
 
+    /// How many more orders the backlog takes now (at least one when it is empty).
+    fn room(&self) -> usize {
+        let queued = lock(&self.shared.queued).len();
+        if queued == 0 {
+            self.shared.max_backlog.max(1)
+        } else {
+            self.shared.max_backlog.saturating_sub(queued)
+        }
+    }
+
+    /// Writes and syncs the group, then answers each of its buyers.
+    fn commit(&mut self, group: &mut Vec<Append>) {
+        let mut buf = Vec::with_capacity(group.len() * RECORD);
+        match self.write(group, &mut buf) {
+            Ok(segment) => self.accept(group.drain(..), segment),
+            Err(failure) => {
+                for (_, done) in group.drain(..) {
+                    let _ = done.send(Err(failure.clone()));
+                }
+            }
+        }
+    }
+
     /// Writes and syncs the group; the segment its records are in.
-    fn write(&mut self, group: &[Append], buf: &mut Vec<u8>) -> Result<u64, String> {
+    fn write(&mut self, group: &[Append], buf: &mut Vec<u8>) -> Result<u64, Failure> {
         if self.broken {
-            return Err("the order log failed earlier; restart to recover it".into());
+            return Err(Failure::NotWritten(
+                "the order log failed earlier; restart to recover it".into(),
+            ));
         }
         let Some(segment) = &mut self.segment else {
             return Ok(0);
         };
-        buf.clear();
         for (order, _) in group {
             encode(order, buf);
         }
-        let written = segment.append(buf, self.shared.dir.as_deref());
+        let written = segment.append(buf, self.shared.disk.as_ref(), self.shared.dir.as_deref());
         match written {
             Ok(number) => {
                 self.shared.active.store(segment.number, Ordering::Release);
                 Ok(number)
             }
-            Err(e) => {
-                tracing::error!(error = %e, "the order log cannot be written; refusing orders");
+            Err(failure) => {
+                tracing::error!(
+                    ?failure,
+                    "the order log cannot be written; refusing orders until restart"
+                );
                 self.broken = true;
-                Err(format!("the order log cannot be written: {e}"))
+                Err(failure)
             }
         }
     }
@@ -556,39 +650,74 @@ impl Appender {
     }
 }
 
+/// The appender of a stepped log (`Options::stepped`): nothing is written until
+/// [`Pump::commit`] is called.
+pub struct Pump(Appender);
+
+impl Pump {
+    /// Writes and syncs the appends waiting now as one group (as many as the backlog has
+    /// room for) and answers their buyers, on this thread; how many were in it.
+    pub fn commit(&mut self) -> usize {
+        let room = self.0.room().min(MAX_GROUP);
+        let mut group = Vec::new();
+        self.0.take_waiting(&mut group, room);
+        let taken = group.len();
+        if taken > 0 {
+            self.0.commit(&mut group);
+        }
+        taken
+    }
+
+    /// Appends waiting for a commit.
+    pub fn waiting(&self) -> usize {
+        self.0.appends.len()
+    }
+}
+
 /// The segment being appended to.
 struct Segment {
     number: u64,
-    file: File,
+    file: Box<dyn DiskFile>,
     len: u64,
 }
 
 impl Segment {
-    fn create(dir: &Path, number: u64) -> std::io::Result<Segment> {
-        let file = OpenOptions::new()
-            .create_new(true)
-            .append(true)
-            .open(segment_path(dir, number))?;
-        // The new name must survive a crash too.
-        File::open(dir)?.sync_all()?;
+    fn create(disk: &dyn Disk, dir: &Path, number: u64) -> std::io::Result<Segment> {
         Ok(Segment {
             number,
-            file,
+            file: disk.create_new(&segment_path(dir, number))?,
             len: 0,
         })
     }
 
-    /// Appends `records` durably, in a new segment if this one is full; its number.
-    fn append(&mut self, records: &[u8], dir: Option<&Path>) -> std::io::Result<u64> {
+    /// Appends `records` durably, in a new segment if this one is full; its number. On a
+    /// failure, cuts the segment back to its last durable length, so that none of the
+    /// records can come back at the next start; `Unknown` when even that failed.
+    fn append(
+        &mut self,
+        records: &[u8],
+        disk: &dyn Disk,
+        dir: Option<&Path>,
+    ) -> Result<u64, Failure> {
         if self.len >= SEGMENT_BYTES {
             if let Some(dir) = dir {
-                *self = Segment::create(dir, self.number + 1)?;
+                *self = Segment::create(disk, dir, self.number + 1)
+                    .map_err(|e| Failure::NotWritten(format!("cannot start a segment: {e}")))?;
             }
         }
-        self.file.write_all(records)?;
-        self.file.sync_data()?;
-        self.len += records.len() as u64;
-        Ok(self.number)
+        let written = self.file.append(records).and_then(|()| self.file.sync());
+        match written {
+            Ok(()) => {
+                self.len += records.len() as u64;
+                Ok(self.number)
+            }
+            Err(e) => match self.file.truncate_synced(self.len) {
+                Ok(()) => Err(Failure::NotWritten(format!("the order log cannot be written: {e}"))),
+                Err(cut) => Err(Failure::Unknown(format!(
+                    "the order log cannot be written ({e}) nor cut back ({cut}): these orders may come back at the next start"
+                ))),
+            },
+        }
     }
 }
 
@@ -597,10 +726,9 @@ fn segment_path(dir: &Path, number: u64) -> PathBuf {
 }
 
 /// The segments in `dir`, oldest first.
-fn segment_files(dir: &Path) -> std::io::Result<Vec<(u64, PathBuf)>> {
+fn segment_files(disk: &dyn Disk, dir: &Path) -> std::io::Result<Vec<(u64, PathBuf)>> {
     let mut found = Vec::new();
-    for entry in std::fs::read_dir(dir)? {
-        let path = entry?.path();
+    for path in disk.list(dir)? {
         let number = path
             .file_name()
             .and_then(|n| n.to_str())
@@ -615,9 +743,8 @@ fn segment_files(dir: &Path) -> std::io::Result<Vec<(u64, PathBuf)>> {
 }
 
 /// The whole records of a segment, up to the first torn or damaged one.
-fn read_segment(path: &Path) -> std::io::Result<Vec<NewOrder>> {
-    let mut bytes = Vec::new();
-    File::open(path)?.read_to_end(&mut bytes)?;
+fn read_segment(disk: &dyn Disk, path: &Path) -> std::io::Result<Vec<NewOrder>> {
+    let bytes = disk.read(path)?;
     let mut orders = Vec::with_capacity(bytes.len() / RECORD);
     for record in bytes.chunks(RECORD) {
         match decode(record) {
@@ -771,7 +898,7 @@ mod tests {
         reader.ack(receipts).await.unwrap();
         assert!(!reader.recovering());
         assert_eq!(log.backlog(7), 0);
-        let left: Vec<_> = segment_files(&dir).unwrap();
+        let left: Vec<_> = segment_files(&RealDisk, &dir).unwrap();
         assert_eq!(
             left.len(),
             1,
@@ -829,7 +956,7 @@ mod tests {
                 log.append(order(id)).await.unwrap();
             }
         }
-        let (_, path) = segment_files(&dir).unwrap().pop().unwrap();
+        let (_, path) = segment_files(&RealDisk, &dir).unwrap().pop().unwrap();
         let mut bytes = std::fs::read(&path).unwrap();
         // A crash in the middle of writing a fourth record, and a bit flipped in the third.
         let mut torn = Vec::new();
@@ -837,7 +964,7 @@ mod tests {
         bytes.extend_from_slice(&torn[..20]);
         std::fs::write(&path, &bytes).unwrap();
         assert_eq!(
-            read_segment(&path)
+            read_segment(&RealDisk, &path)
                 .unwrap()
                 .iter()
                 .map(|o| o.id)
@@ -847,7 +974,7 @@ mod tests {
         bytes[2 * RECORD + 5] ^= 1;
         std::fs::write(&path, &bytes).unwrap();
         assert_eq!(
-            read_segment(&path).unwrap(),
+            read_segment(&RealDisk, &path).unwrap(),
             [order(1), order(2)],
             "a damaged record ends what is read"
         );
@@ -857,7 +984,11 @@ mod tests {
     #[tokio::test]
     async fn past_the_backlog_limit_new_orders_wait_for_the_writer() {
         let dir = temp_dir();
-        let (log, reader) = open_with_limit(&dir, "test-db", 2).unwrap();
+        let options = Options {
+            max_backlog: 2,
+            ..Options::new(crate::clock::wall())
+        };
+        let Opened { log, reader, .. } = open_with(&dir, "test-db", options).unwrap();
         log.append(order(1)).await.unwrap();
         log.append(order(2)).await.unwrap();
         let third = tokio::spawn({
@@ -880,6 +1011,109 @@ mod tests {
         assert_eq!(log.backlog(7), 1);
         drop((log, reader));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The real file system, whose appends are written but whose syncs fail, and whose
+    /// cut-backs fail too when `cut_fails`: a disk going bad under the log.
+    struct FailingSync {
+        cut_fails: bool,
+    }
+
+    struct FailingFile {
+        inner: Box<dyn DiskFile>,
+        cut_fails: bool,
+    }
+
+    impl DiskFile for FailingFile {
+        fn append(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+            self.inner.append(bytes)
+        }
+        fn sync(&mut self) -> std::io::Result<()> {
+            Err(std::io::Error::other("EIO"))
+        }
+        fn truncate_synced(&mut self, len: u64) -> std::io::Result<()> {
+            if self.cut_fails {
+                return Err(std::io::Error::other("EIO again"));
+            }
+            self.inner.truncate_synced(len)
+        }
+    }
+
+    impl Disk for FailingSync {
+        fn create_dir_all(&self, dir: &Path) -> std::io::Result<()> {
+            RealDisk.create_dir_all(dir)
+        }
+        fn lock(&self, dir: &Path) -> std::io::Result<Option<Box<dyn Send + Sync>>> {
+            RealDisk.lock(dir)
+        }
+        fn list(&self, dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+            RealDisk.list(dir)
+        }
+        fn read(&self, path: &Path) -> std::io::Result<Vec<u8>> {
+            RealDisk.read(path)
+        }
+        fn create_new(&self, path: &Path) -> std::io::Result<Box<dyn DiskFile>> {
+            Ok(Box::new(FailingFile {
+                inner: RealDisk.create_new(path)?,
+                cut_fails: self.cut_fails,
+            }))
+        }
+        fn write_synced(&self, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+            RealDisk.write_synced(path, bytes)
+        }
+        fn append_synced(&self, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+            RealDisk.append_synced(path, bytes)
+        }
+        fn remove(&self, path: &Path) -> std::io::Result<()> {
+            RealDisk.remove(path)
+        }
+    }
+
+    /// A buyer told "no" after a failed sync must never get the order at the next start
+    /// (the records had reached the file): the segment is cut back first. When it cannot
+    /// be, the buyer hears that the order may exist, and it does come back.
+    #[tokio::test]
+    async fn a_failed_write_is_undone_before_no_is_said_or_else_says_maybe() {
+        for cut_fails in [false, true] {
+            let dir = temp_dir();
+            let options = Options {
+                disk: Arc::new(FailingSync { cut_fails }),
+                stepped: true,
+                ..Options::new(crate::clock::wall())
+            };
+            let Opened { log, reader, pump } = open_with(&dir, "test-db", options).unwrap();
+            let mut pump = pump.unwrap();
+            let first = tokio::spawn({
+                let log = log.clone();
+                async move { log.append(order(1)).await }
+            });
+            while pump.waiting() == 0 {
+                tokio::task::yield_now().await;
+            }
+            assert_eq!(pump.commit(), 1);
+            match (first.await.unwrap(), cut_fails) {
+                (Err(LogError::WriteFailed(_)), false) | (Err(LogError::Unconfirmed(_)), true) => {}
+                (other, _) => panic!("cut_fails {cut_fails}: {other:?}"),
+            }
+            let second = tokio::spawn({
+                let log = log.clone();
+                async move { log.append(order(2)).await }
+            });
+            while pump.waiting() == 0 {
+                tokio::task::yield_now().await;
+            }
+            pump.commit();
+            assert!(
+                matches!(second.await.unwrap(), Err(LogError::WriteFailed(_))),
+                "refused until restart"
+            );
+            drop((log, reader, pump));
+            let (_log, reader) = open(&dir, "test-db").unwrap();
+            let came_back = ids(&drain(&reader).await);
+            let expected: &[i64] = if cut_fails { &[1] } else { &[] };
+            assert_eq!(came_back, expected, "cut_fails {cut_fails}");
+            std::fs::remove_dir_all(&dir).unwrap();
+        }
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! read by a consumer group ([`redis_stream::StreamLog`]).
 //! The log never drops an entry on its own: an entry leaves only by ack or dead letter.
 
+pub mod disk;
 pub mod local;
 pub mod redis_stream;
 
@@ -16,8 +17,12 @@ pub enum LogError {
     Redis(#[from] redis::RedisError),
     #[error("the order log is closed (shutting down)")]
     Closed,
+    /// The order is not in the log and never will be.
     #[error("the order could not be written: {0}")]
     WriteFailed(String),
+    /// The order may or may not be in the log: a failed write could not be undone.
+    #[error("the order may not have been written: {0}")]
+    Unconfirmed(String),
     #[error("order log file: {0}")]
     File(String),
 }

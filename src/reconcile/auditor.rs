@@ -222,7 +222,7 @@ impl Auditor {
 
     /// One audit of every live sale; `round` counts them, for the slow check's turn.
     async fn round(&self, streaks: &mut HashMap<i64, Streak>, round: u64) {
-        let now = crate::now_ms();
+        let now = self.store.now_ms();
         let live: Vec<i64> = self
             .cache
             .all()

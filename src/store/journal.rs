@@ -201,7 +201,7 @@ impl Store {
     pub async fn journal_note(&self, rows: &[Movement<'_>]) -> Result<(), StoreError> {
         debug_assert!(rows.iter().all(|m| m.delta == 0));
         self.in_write_tx(|mut conn| async move {
-            let done = self.journal_in(&mut conn, rows, crate::now_ms()).await;
+            let done = self.journal_in(&mut conn, rows, self.now_ms()).await;
             (conn, done)
         })
         .await

@@ -26,6 +26,7 @@ use std::str::FromStr;
 use sqlx::any::{AnyConnectOptions, AnyPoolOptions, AnyRow};
 use sqlx::{AnyPool, Row};
 
+use crate::clock::SharedClock;
 use crate::model::{NewOrder, Order, OrderStatus, Sale};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -212,6 +213,9 @@ pub const LIVE_ORDER_IDS: &str = "SELECT id FROM orders WHERE sale_id = ? AND id
 pub struct Store {
     pool: AnyPool,
     dialect: Dialect,
+    /// The process's clock: rows are stamped by it, and the parts that hold the store (the
+    /// writer, lifecycle, loader, scheduler) read time from it (see `clock`).
+    clock: SharedClock,
     /// Where a stored phone without a country code is taken to be, when the migration
     /// normalises stored phones (`--phone-region`).
     phone_region: phonenumber::country::Id,
@@ -334,6 +338,7 @@ impl Store {
         Ok(Store {
             pool,
             dialect,
+            clock: crate::clock::wall(),
             phone_region: phonenumber::country::Id::CN,
         })
     }
@@ -373,6 +378,22 @@ impl Store {
     pub fn with_phone_region(mut self, region: phonenumber::country::Id) -> Self {
         self.phone_region = region;
         self
+    }
+
+    /// The same store reading time from `clock` (a simulated one, in tests).
+    pub fn with_clock(mut self, clock: SharedClock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// The process's clock.
+    pub fn clock(&self) -> &SharedClock {
+        &self.clock
+    }
+
+    /// Now, by the process's clock (Unix ms).
+    pub fn now_ms(&self) -> i64 {
+        self.clock.now_ms()
     }
 
     pub fn dialect(&self) -> Dialect {
@@ -482,7 +503,7 @@ impl Store {
                 &self.sql("INSERT INTO schema_migrations (version, applied_at) VALUES (?, ?)"),
             )
             .bind(version)
-            .bind(crate::now_ms())
+            .bind(self.now_ms())
             .execute(&mut *conn)
             .await?;
             applied.push(version);
@@ -498,7 +519,7 @@ impl Store {
                 &self.sql("INSERT INTO schema_migrations (version, applied_at) VALUES (?, ?)"),
             )
             .bind(schema::PHONES_NORMALISED)
-            .bind(crate::now_ms())
+            .bind(self.now_ms())
             .execute(&mut *conn)
             .await?;
             applied.push(schema::PHONES_NORMALISED);
@@ -606,7 +627,7 @@ impl Store {
             .bind(normal)
             .bind(other)
             .bind(why)
-            .bind(crate::now_ms())
+            .bind(self.now_ms())
             .execute(&mut *conn)
             .await?;
         Ok(())
@@ -646,7 +667,7 @@ impl Store {
         sqlx::query(&self.sql(&q))
             .bind(new_id)
             .bind(phone)
-            .bind(crate::now_ms())
+            .bind(self.now_ms())
             .execute(&self.pool)
             .await?;
         let row = sqlx::query(&self.sql("SELECT id FROM users WHERE phone = ?"))
@@ -658,7 +679,7 @@ impl Store {
 
     /// Inserts users in bulk (for load tests); `users` are (id, phone).
     pub async fn insert_users(&self, users: &[(i64, String)]) -> Result<(), StoreError> {
-        let now = crate::now_ms();
+        let now = self.now_ms();
         for chunk in users.chunks(500) {
             let values = vec!["(?, ?, ?)"; chunk.len()].join(",");
             let q = format!("INSERT INTO users (id, phone, created_at) VALUES {values}");
@@ -868,7 +889,7 @@ impl Store {
     }
 
     pub async fn create_sale(&self, s: &Sale) -> Result<(), StoreError> {
-        let now = crate::now_ms();
+        let now = self.now_ms();
         self.in_write_tx(|mut conn| async move {
             let done = self.create_sale_in_tx(&mut conn, s, now).await;
             (conn, done)
@@ -913,7 +934,7 @@ impl Store {
         let done = sqlx::query(&self.sql(
             "UPDATE sales SET status = 'approved', updated_at = ? WHERE id = ? AND status = 'draft'",
         ))
-        .bind(crate::now_ms())
+        .bind(self.now_ms())
         .bind(id)
         .execute(&self.pool)
         .await?;
@@ -966,7 +987,7 @@ impl Store {
         let Some(old_stock) = self.draft_stock_in(conn, s.id).await? else {
             return Ok(false);
         };
-        let now = crate::now_ms();
+        let now = self.now_ms();
         let done = sqlx::query(&self.sql(
             "UPDATE sales SET title = ?, price_cents = ?, initial_stock = ?, stock = ?, \
              per_user_limit = ?, begins_at = ?, ends_at = ?, payment_window_secs = ?, \
@@ -1009,7 +1030,7 @@ impl Store {
                     .execute(&mut *conn)
                     .await?;
                 let deleted = Movement::new(id, -stock, Cause::Deleted);
-                self.journal_in(&mut conn, &[deleted], crate::now_ms())
+                self.journal_in(&mut conn, &[deleted], self.now_ms())
                     .await?;
                 Ok(true)
             }
@@ -1027,7 +1048,7 @@ impl Store {
              WHERE id = ? AND status = 'approved' AND ends_at > ?",
         ))
         .bind(at)
-        .bind(crate::now_ms())
+        .bind(self.now_ms())
         .bind(id)
         .bind(at)
         .execute(&self.pool)
@@ -1039,7 +1060,7 @@ impl Store {
         let done =
             sqlx::query(&self.sql("UPDATE sales SET paused = ?, updated_at = ? WHERE id = ?"))
                 .bind(paused as i64)
-                .bind(crate::now_ms())
+                .bind(self.now_ms())
                 .bind(id)
                 .execute(&self.pool)
                 .await?;
@@ -1236,7 +1257,7 @@ impl Store {
         conn: &mut sqlx::AnyConnection,
         batch: &[NewOrder],
     ) -> Result<WriteOutcome, StoreError> {
-        let now = crate::now_ms();
+        let now = self.now_ms();
         let sale_ids: Vec<i64> = batch
             .iter()
             .map(|o| o.sale_id)

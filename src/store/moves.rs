@@ -59,7 +59,7 @@ fn move_from_row(r: &sqlx::any::AnyRow) -> Result<SegmentMove, sqlx::Error> {
 impl Store {
     /// Records a move before its donor gives anything.
     pub async fn plan_move(&self, m: &SegmentMove) -> Result<(), StoreError> {
-        let now = crate::now_ms();
+        let now = self.now_ms();
         sqlx::query(&self.sql(
             "INSERT INTO segment_moves (id, sale_id, from_segment, to_segment, quantity, state, created_at, updated_at) \
              VALUES (?, ?, ?, ?, ?, 'planned', ?, ?)",
@@ -96,7 +96,7 @@ impl Store {
         from: &str,
         to: &str,
     ) -> Result<bool, StoreError> {
-        let now = crate::now_ms();
+        let now = self.now_ms();
         let done =
             sqlx::query(&self.sql(
                 "UPDATE segment_moves SET state = ?, updated_at = ? WHERE id = ? AND state = ?",

@@ -118,7 +118,10 @@ impl Store {
         provider_ref: &str,
         now: i64,
     ) -> Result<PaymentSettlement, TransitionError> {
-        retry_transient(|| self.settle_payment_once(intent_id, provider_ref, now)).await
+        retry_transient(self.clock().as_ref(), || {
+            self.settle_payment_once(intent_id, provider_ref, now)
+        })
+        .await
     }
 
     async fn settle_payment_once(

@@ -242,7 +242,7 @@ impl Store {
             "UPDATE segment_moves SET state = 'refused', updated_at = ? \
              WHERE sale_id = ? AND from_segment = ? AND state = 'planned'",
         ))
-        .bind(crate::now_ms())
+        .bind(self.now_ms())
         .bind(sale_id)
         .bind(part.segment)
         .execute(&mut *conn)

@@ -24,6 +24,7 @@ pub(super) async fn retry_transient<
     E: Transient,
     Fut: std::future::Future<Output = Result<T, E>>,
 >(
+    clock: &dyn crate::clock::Clock,
     mut attempt: impl FnMut() -> Fut,
 ) -> Result<T, E> {
     let mut tries = 0;
@@ -32,6 +33,8 @@ pub(super) async fn retry_transient<
             Err(e) if e.is_transient() && tries < RETRIES => tries += 1,
             other => return other,
         }
-        tokio::time::sleep(std::time::Duration::from_millis(5 << tries)).await;
+        clock
+            .sleep(std::time::Duration::from_millis(5 << tries))
+            .await;
     }
 }

@@ -39,7 +39,7 @@ impl Store {
         nonce: u64,
         keep_until: i64,
     ) -> Result<bool, StoreError> {
-        let now = crate::now_ms();
+        let now = self.now_ms();
         // Bit-for-bit: the column is signed, the nonce is not.
         let nonce = nonce as i64;
         let q = format!(
@@ -74,7 +74,7 @@ impl Store {
     /// Forgets spent nonces that could no longer be honoured anyway.
     pub async fn forget_spent_nonces(&self) -> Result<u64, StoreError> {
         let done = sqlx::query(&self.sql("DELETE FROM spent_nonces WHERE keep_until <= ?"))
-            .bind(crate::now_ms())
+            .bind(self.now_ms())
             .execute(&self.pool)
             .await?;
         Ok(done.rows_affected())
@@ -87,7 +87,7 @@ impl Store {
         p: &crate::model::NewOrder,
         how: SqlDecision,
     ) -> Result<SqlVerdict, StoreError> {
-        retry_transient(|| self.sql_purchase_once(p, how)).await
+        retry_transient(self.clock().as_ref(), || self.sql_purchase_once(p, how)).await
     }
 
     async fn sql_purchase_once(
@@ -107,7 +107,7 @@ impl Store {
         p: &crate::model::NewOrder,
         how: SqlDecision,
     ) -> Result<SqlVerdict, StoreError> {
-        let now = crate::now_ms();
+        let now = self.now_ms();
         let lock = if how == SqlDecision::Lock && self.dialect != Dialect::Sqlite {
             " FOR UPDATE"
         } else {

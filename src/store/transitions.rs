@@ -92,7 +92,7 @@ impl Store {
         now: i64,
         detail: &str,
     ) -> Result<Order, TransitionError> {
-        retry_transient(|| {
+        retry_transient(self.clock().as_ref(), || {
             self.in_write_tx(|mut conn| async move {
                 let result = self
                     .transition_in_tx(&mut conn, order_id, owner, outcome, now, detail)

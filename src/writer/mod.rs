@@ -7,7 +7,7 @@
 use crate::metrics::render_counter;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::sync::watch;
 
@@ -77,7 +77,7 @@ pub struct Writer {
 impl Writer {
     /// Runs until `stop` turns true (after the log has nothing in hand) or the log closes.
     pub async fn run(self, mut stop: watch::Receiver<bool>) {
-        let mut last_reclaim = Instant::now();
+        let mut last_reclaim = self.now();
         loop {
             if *stop.borrow_and_update() || self.log.finished() {
                 break;
@@ -89,7 +89,7 @@ impl Writer {
                     Err(e) => {
                         tracing::warn!(error = %e, "the database is unavailable; the order writer waits");
                         tokio::select! {
-                            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                            _ = self.sleep(Duration::from_secs(1)) => {}
                             _ = stop.changed() => {}
                         }
                         continue;
@@ -106,11 +106,21 @@ impl Writer {
         tracing::info!("order writer stopped");
     }
 
+    /// Now, by the process's clock (the store's).
+    fn now(&self) -> i64 {
+        self.store.now_ms()
+    }
+
+    /// A wait on the process's clock: a simulated one moves on at once.
+    fn sleep(&self, d: Duration) -> crate::clock::Sleep {
+        self.store.clock().sleep(d)
+    }
+
     /// One read of the log (and a reclaim every few seconds), written and settled.
-    async fn step(&self, last_reclaim: &mut Instant, stop: &mut watch::Receiver<bool>) {
+    async fn step(&self, last_reclaim: &mut i64, stop: &mut watch::Receiver<bool>) {
         {
-            if last_reclaim.elapsed() >= RECLAIM_EVERY {
-                *last_reclaim = Instant::now();
+            if self.now() - *last_reclaim >= RECLAIM_EVERY.as_millis() as i64 {
+                *last_reclaim = self.now();
                 match self.log.reclaim(self.batch_max).await {
                     Ok(batch) if !batch.is_empty() => {
                         tracing::info!(
@@ -129,7 +139,7 @@ impl Writer {
                 Err(e) => {
                     tracing::warn!(error = %e, "reading the order log failed; retrying");
                     tokio::select! {
-                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                        _ = self.sleep(Duration::from_secs(1)) => {}
                         _ = stop.changed() => {}
                     }
                 }
@@ -140,9 +150,9 @@ impl Writer {
     /// Writes the orders the log kept from an earlier run, before anything else reads SQL
     /// as the truth (the gate is rebuilt from it). Gives up after `limit`.
     pub async fn drain_recovered(&self, limit: Duration) -> Result<(), LogError> {
-        let started = Instant::now();
+        let deadline = self.now() + limit.as_millis() as i64;
         while self.log.recovering() {
-            if started.elapsed() > limit {
+            if self.now() > deadline {
                 return Err(LogError::WriteFailed(format!(
                     "the orders recovered from the order log were not all written to SQL in {limit:?}"
                 )));
@@ -170,7 +180,7 @@ impl Writer {
             Ok(outcome) => {
                 self.stats.batches.fetch_add(1, Ordering::Relaxed);
                 self.stats.batch_orders.observe(orders.len() as f64);
-                let now = crate::now_ms();
+                let now = self.store.now_ms();
                 for o in &orders {
                     self.stats
                         .lag_seconds
@@ -186,7 +196,7 @@ impl Writer {
                 if let Err(e) = self.log.retry_later(receipts, &e.to_string()).await {
                     tracing::warn!(error = %e, "could not mark the batch for retry");
                 }
-                tokio::time::sleep(Duration::from_millis(200)).await;
+                self.sleep(Duration::from_millis(200)).await;
             }
             Err(e) => {
                 tracing::warn!(error = %e, orders = orders.len(), "order batch failed; writing one by one");
@@ -225,11 +235,11 @@ impl Writer {
     async fn confirm(&self, orders: &[NewOrder]) {
         let mut backoff =
             crate::backoff::Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
-        let started = Instant::now();
+        let give_up_at = self.now() + CONFIRM_FOR.as_millis() as i64;
         loop {
             match self.gate.confirm_written(orders).await {
                 Ok(()) => return,
-                Err(e) if started.elapsed() < CONFIRM_FOR => {
+                Err(e) if self.now() < give_up_at => {
                     tracing::debug!(error = %e, "could not confirm written orders to the gate; retrying");
                 }
                 Err(e) => {
@@ -237,7 +247,7 @@ impl Writer {
                     return;
                 }
             }
-            tokio::time::sleep(backoff.next_wait()).await;
+            self.sleep(backoff.next_wait()).await;
         }
     }
 

@@ -143,7 +143,7 @@ pub async fn fresh_store(kind: Sql) -> (Store, String) {
 }
 
 pub fn sale(id: i64, stock: i64, limit: i64) -> Sale {
-    let now = seckill::now_ms();
+    let now = seckill::clock::wall_ms();
     Sale {
         id,
         title: format!("test sale {id}"),

@@ -301,7 +301,7 @@ async fn quantities_respect_the_per_user_limit_and_the_stock() {
 async fn window_pause_and_unknown_sales_are_refused_without_taking_stock() {
     for h in Harness::all().await {
         let _turn = h.turn().await;
-        let now = seckill::now_ms();
+        let now = seckill::clock::wall_ms();
         let mut upcoming = common::sale(common::next_id(), 5, 1);
         // An hour ahead: on a loaded box a minute ran out before the attempt (CI).
         upcoming.begins_at = now + 3_600_000;
@@ -459,7 +459,7 @@ async fn a_user_firing_requests_is_throttled_before_touching_the_stock() {
     ];
     for (name, gate) in gates {
         let mut sale = common::sale(common::next_id(), 10, 1);
-        sale.begins_at = seckill::now_ms() + 60_000; // not open yet: pre-open spam is throttled too
+        sale.begins_at = seckill::clock::wall_ms() + 60_000; // not open yet: pre-open spam is throttled too
         store.create_sale(&sale).await.unwrap();
         let load = SaleLoad {
             sale: sale.clone(),
@@ -538,7 +538,7 @@ async fn a_purchase_token_is_spent_once_whatever_the_outcome() {
         h.open(&sale, vec![]).await;
         let token = Spend {
             nonce: rand::random(),
-            expires_at: seckill::now_ms() + 60_000,
+            expires_at: seckill::clock::wall_ms() + 60_000,
         };
         // The same token fired by 40 tasks at once (a replaying script): one attempt spends
         // it, every other is refused before the stock is looked at.
@@ -587,7 +587,7 @@ async fn a_purchase_token_is_spent_once_whatever_the_outcome() {
         // two attempts, and the SQL gates rightly honoured it again.)
         let once = Spend {
             nonce: rand::random(),
-            expires_at: seckill::now_ms() + 600_000,
+            expires_at: seckill::clock::wall_ms() + 600_000,
         };
         let buy = |user| Purchase {
             sale_id: sale.id,
@@ -613,7 +613,7 @@ async fn a_purchase_token_is_spent_once_whatever_the_outcome() {
         // Nonces spent on their own (captchas) are per sale and single-use too.
         let captcha = Spend {
             nonce: rand::random(),
-            expires_at: seckill::now_ms() + 60_000,
+            expires_at: seckill::clock::wall_ms() + 60_000,
         };
         let spends =
             futures_util::future::join_all((0..20).map(|_| h.gate.spend(sale.id, captcha))).await;

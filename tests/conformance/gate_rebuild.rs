@@ -38,7 +38,7 @@ fn order(sale_id: i64, user_id: i64) -> NewOrder {
         user_id,
         quantity: 1,
         price_cents: 100,
-        accepted_at: seckill::now_ms(),
+        accepted_at: seckill::clock::wall_ms(),
     }
 }
 
@@ -220,7 +220,7 @@ async fn the_rebuilt_gate_is_sql_plus_the_stream_plus_late_writes() {
         user_id: 12,
         quantity: 1,
         price_cents: 100,
-        accepted_at: seckill::now_ms(),
+        accepted_at: seckill::clock::wall_ms(),
     };
     store
         .write_orders(std::slice::from_ref(&late))
@@ -382,7 +382,7 @@ async fn cancel_in_sql(store: &Store, sale_id: i64, user: i64) -> StockReturn {
             order.id,
             Some(user),
             Outcome::Cancelled,
-            seckill::now_ms(),
+            seckill::clock::wall_ms(),
             "test",
         )
         .await

@@ -20,7 +20,7 @@ async fn written_orders(store: &Store, sale_id: i64, n: i64) -> Vec<NewOrder> {
             user_id: 100 + u,
             quantity: 1,
             price_cents: 999,
-            accepted_at: seckill::now_ms(),
+            accepted_at: seckill::clock::wall_ms(),
         })
         .collect();
     store.write_orders(&orders).await.unwrap();
@@ -109,7 +109,7 @@ async fn cancel_twice_at_once_returns_stock_once() {
                             o.id,
                             Some(o.user_id),
                             Outcome::Cancelled,
-                            seckill::now_ms(),
+                            seckill::clock::wall_ms(),
                             "c",
                         )
                         .await
@@ -146,7 +146,7 @@ async fn cancel_twice_at_once_returns_stock_once() {
                 o.id,
                 Some(o.user_id + 1),
                 Outcome::Cancelled,
-                seckill::now_ms(),
+                seckill::clock::wall_ms(),
                 "c",
             )
             .await;
@@ -175,7 +175,7 @@ async fn concurrent_requests_to_pay_one_order_open_one_intent() {
                     user_id: order.user_id,
                     amount_cents: 999,
                     status: "created".into(),
-                    created_at: seckill::now_ms(),
+                    created_at: seckill::clock::wall_ms(),
                 };
                 tokio::spawn(async move { store.open_payment(&p).await.unwrap().intent_id })
             })
@@ -200,7 +200,7 @@ async fn concurrent_requests_to_pay_one_order_open_one_intent() {
         // Once it failed, the buyer may open another (one again).
         let first = *answered.iter().next().unwrap();
         assert!(store
-            .fail_payment(first, "declined", seckill::now_ms())
+            .fail_payment(first, "declined", seckill::clock::wall_ms())
             .await
             .unwrap());
         let again = Payment {
@@ -209,7 +209,7 @@ async fn concurrent_requests_to_pay_one_order_open_one_intent() {
             user_id: order.user_id,
             amount_cents: 999,
             status: "created".into(),
-            created_at: seckill::now_ms(),
+            created_at: seckill::clock::wall_ms(),
         };
         assert_eq!(
             store.open_payment(&again).await.unwrap().intent_id,
@@ -233,7 +233,7 @@ async fn a_notification_delivered_many_times_pays_once_and_a_late_one_is_refunde
                 user_id: o.user_id,
                 amount_cents: 999,
                 status: "created".into(),
-                created_at: seckill::now_ms(),
+                created_at: seckill::clock::wall_ms(),
             };
             assert_eq!(store.open_payment(&p).await.unwrap().intent_id, p.intent_id);
             intents.push(p.intent_id);
@@ -243,7 +243,7 @@ async fn a_notification_delivered_many_times_pays_once_and_a_late_one_is_refunde
                 let (store, intent) = (store.clone(), intents[0]);
                 tokio::spawn(async move {
                     store
-                        .settle_payment(intent, "ref", seckill::now_ms())
+                        .settle_payment(intent, "ref", seckill::clock::wall_ms())
                         .await
                         .unwrap()
                 })

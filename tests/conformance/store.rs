@@ -17,7 +17,7 @@ fn order(sale_id: i64, user_id: i64, quantity: i64) -> NewOrder {
         user_id,
         quantity,
         price_cents: 999,
-        accepted_at: seckill::now_ms(),
+        accepted_at: seckill::clock::wall_ms(),
     }
 }
 
@@ -67,7 +67,7 @@ async fn a_batch_is_written_once_however_often_it_is_delivered() {
                 .all(|o| o.status == OrderStatus::PendingPayment),
             "{kind:?}"
         );
-        let deadline = orders[0].pay_deadline - seckill::now_ms();
+        let deadline = orders[0].pay_deadline - seckill::clock::wall_ms();
         assert!(
             deadline > 890_000 && deadline <= 900_000,
             "{kind:?}: deadline from the sale's window"
@@ -398,7 +398,7 @@ async fn users_codes_and_meta() {
         assert_eq!(a, b, "{kind:?}: one user per phone");
         assert!(store.user_exists(a).await.unwrap());
 
-        let now = seckill::now_ms();
+        let now = seckill::clock::wall_ms();
         store
             .put_login_code("+1", "123456", now, now + 60_000)
             .await
@@ -623,7 +623,7 @@ async fn the_journal_sums_to_the_stock_after_every_movement() {
             .await
             .unwrap();
         balanced(&store, sale.id, kind, "a SQL gate's purchase").await;
-        let now = seckill::now_ms();
+        let now = seckill::clock::wall_ms();
         store
             .transition(
                 batch[0].id,
@@ -806,7 +806,7 @@ async fn kept_figures_equal_their_recount_and_a_wrong_one_is_corrected() {
                         id,
                         Some(user),
                         Outcome::Cancelled,
-                        seckill::now_ms(),
+                        seckill::clock::wall_ms(),
                         "test",
                     )
                     .await
@@ -817,7 +817,7 @@ async fn kept_figures_equal_their_recount_and_a_wrong_one_is_corrected() {
             c.await.unwrap();
         }
         for o in &first[20..30] {
-            let later = seckill::now_ms() + 86_400_000;
+            let later = seckill::clock::wall_ms() + 86_400_000;
             store
                 .transition(o.id, None, Outcome::Expired, later, "test")
                 .await
@@ -825,7 +825,10 @@ async fn kept_figures_equal_their_recount_and_a_wrong_one_is_corrected() {
         }
         // Half the returns reach the gate.
         for o in first[..15].iter() {
-            store.mark_returned(o.id, seckill::now_ms()).await.unwrap();
+            store
+                .mark_returned(o.id, seckill::clock::wall_ms())
+                .await
+                .unwrap();
         }
         // Purchases decided in SQL, by both SQL gates; one buyer at the limit is refused.
         for (u, how) in (100..110)

@@ -34,7 +34,7 @@ async fn callbacks_are_verified_and_settle_once() {
 
     let provider = SimulatedProvider::new(SECRET);
     let forger = SimulatedProvider::new("not-the-secret");
-    let now = seckill::now_ms() / 1000;
+    let now = seckill::clock::wall_ms() / 1000;
     let body = format!(r#"{{"intent_id":"{intent_id}","status":"paid","provider_ref":"p1"}}"#);
     let unknown = r#"{"intent_id":"12345","status":"paid"}"#;
     let malformed = r#"{"intent_id":"1","status":"maybe"}"#;

@@ -33,8 +33,8 @@ async fn an_instance_without_writers_is_not_ready_once_orders_wait() {
         "ready before any order waits"
     );
 
-    let token =
-        seckill::edge::auth::TokenSigner::new(&secret).sign(42, seckill::now_ms() / 1000 + 600);
+    let token = seckill::edge::auth::TokenSigner::new(&secret)
+        .sign(42, seckill::clock::wall_ms() / 1000 + 600);
     let r = api.buy(&token, &sale).await.json();
     assert_eq!(r["code"], "ok", "{r}");
     let order_id = r["order_id"].as_str().unwrap().to_string();

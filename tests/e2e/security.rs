@@ -124,7 +124,7 @@ async fn with_a_real_provider_only_its_signed_callback_pays_and_one_intent_is_op
     let notify = |secret: &str| {
         let body =
             json!({"intent_id": intent, "status": "paid", "provider_ref": "p-1"}).to_string();
-        let ts = seckill::now_ms() / 1000;
+        let ts = seckill::clock::wall_ms() / 1000;
         let sig =
             seckill::lifecycle::payment::CallbackSigner::new(secret).sign(ts, body.as_bytes());
         let api = api.clone();

@@ -237,7 +237,7 @@ async fn a_master_killed_mid_storm_loses_no_acknowledged_order() {
         .collect();
     tokio::time::sleep(Duration::from_secs(2)).await;
     d.cluster.kill(victim);
-    let killed_at_ms = seckill::now_ms();
+    let killed_at_ms = seckill::clock::wall_ms();
     // A supervisor restarts it; by then its replica has taken over, and it rejoins as the
     // new master's replica (which `replica` durability needs to answer `ok` again).
     tokio::time::sleep(Duration::from_secs(5)).await;

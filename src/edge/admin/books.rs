@@ -397,7 +397,7 @@ pub struct Live {
 pub async fn live(_: Admin, State(st): State<Arc<AppState>>) -> Response {
     let (latency_buckets, latency_count) = st.metrics.request_seconds.cumulative();
     no_store(Live {
-        now_ms: crate::now_ms(),
+        now_ms: st.now_ms(),
         purchases: PURCHASE_CODES
             .iter()
             .zip(&st.metrics.purchases)

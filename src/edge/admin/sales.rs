@@ -123,7 +123,7 @@ pub const MAX_STOCK: i64 = 100_000_000;
 
 pub const MAX_PER_USER_LIMIT: i64 = 1000;
 
-fn validate_new_sale(n: &NewSale) -> Result<(i64, i64), ApiError> {
+fn validate_new_sale(n: &NewSale, now: i64) -> Result<(i64, i64), ApiError> {
     if n.title.trim().is_empty() || n.title.chars().count() > 200 {
         return Err(ApiError::invalid(
             "title must be 1 to 200 characters, not only spaces",
@@ -158,7 +158,7 @@ fn validate_new_sale(n: &NewSale) -> Result<(i64, i64), ApiError> {
     if ends <= begins {
         return Err(ApiError::invalid("ends_at must be after begins_at"));
     }
-    if ends <= crate::now_ms() {
+    if ends <= now {
         return Err(ApiError::invalid(
             "ends_at is in the past: the sale would never open",
         ));
@@ -188,7 +188,7 @@ pub async fn create_sale(
     body: axum::body::Bytes,
 ) -> Result<(StatusCode, Json<Created>), ApiError> {
     let n: NewSale = parse_json(&body)?;
-    let (begins_at, ends_at) = validate_new_sale(&n)?;
+    let (begins_at, ends_at) = validate_new_sale(&n, st.now_ms())?;
     let segments = segments_for(&st, n.segments, n.stock).await?;
     let sale = Sale {
         id: st.ids.next()?,
@@ -246,7 +246,7 @@ pub async fn approve_sale(
     let first_time = st.store.approve_sale(id).await?;
     st.sales.refresh(&st.store).await?;
     let sale = st.approved_sale(id).await?;
-    let now = crate::now_ms();
+    let now = st.now_ms();
     let opens_soon = sale.begins_at <= now + st.config.preload_ahead_secs as i64 * 1000;
     let loaded = if sale.ends_at > now && opens_soon {
         crate::loader::load_sale_and_wait(&st.store, st.gate.as_ref(), &st.sales, &sale).await?;
@@ -350,7 +350,7 @@ pub async fn edit_sale(
         anti_bot: Some(c.anti_bot.unwrap_or(sale.anti_bot)),
         segments: Some(c.segments.unwrap_or(SegmentsAsked::Count(sale.segments))),
     };
-    let (begins_at, ends_at) = validate_new_sale(&merged)?;
+    let (begins_at, ends_at) = validate_new_sale(&merged, st.now_ms())?;
     let segments = segments_for(&st, merged.segments, merged.stock).await?;
     let edited = Sale {
         title: merged.title.trim().to_string(),
@@ -434,7 +434,7 @@ pub async fn end_sale(
             "sale {id} is a draft: it never opened (delete it instead)"
         )));
     }
-    let now = crate::now_ms();
+    let now = st.now_ms();
     let sale = st
         .store
         .end_early(id, now)

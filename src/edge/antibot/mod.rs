@@ -58,10 +58,10 @@ fn message(kind: Kind, sale_id: i64, user_id: i64, expires_at: i64, nonce: u64) 
 }
 
 /// A fresh single-use nonce; `encode` turns it into the signed text handed out.
-fn issue(ttl_ms: i64) -> Spend {
+fn issue(now: i64, ttl_ms: i64) -> Spend {
     Spend {
         nonce: rand::random(),
-        expires_at: crate::now_ms() + ttl_ms,
+        expires_at: now + ttl_ms,
     }
 }
 
@@ -165,14 +165,12 @@ fn checked(
         Kind::Purchase => "purchase token",
         Kind::Captcha => "captcha",
     };
-    decode(&st.tokens, kind, sale_id, user_id, text, crate::now_ms()).map_err(|e| {
-        ApiError::Forbidden {
-            code,
-            message: match e {
-                Invalid::Expired => format!("the {what} has expired; get a new one").into(),
-                Invalid::Forged => format!("the {what} is not valid for this user and sale").into(),
-            },
-        }
+    decode(&st.tokens, kind, sale_id, user_id, text, st.now_ms()).map_err(|e| ApiError::Forbidden {
+        code,
+        message: match e {
+            Invalid::Expired => format!("the {what} has expired; get a new one").into(),
+            Invalid::Forged => format!("the {what} is not valid for this user and sale").into(),
+        },
     })
 }
 
@@ -205,20 +203,20 @@ pub async fn captcha(
             "this sale does not ask for a captcha".into(),
         ));
     }
-    if crate::now_ms() >= sale.ends_at {
+    if st.now_ms() >= sale.ends_at {
         return Err(ApiError::from_rejection(
             crate::gate::Rejection::Ended,
             sale.per_user_limit,
         ));
     }
-    if let Err(wait_ms) = st.captcha_limiter.take((sale.id, user_id), crate::now_ms()) {
+    if let Err(wait_ms) = st.captcha_limiter.take((sale.id, user_id), st.now_ms()) {
         st.metrics.captchas_limited.fetch_add(1, Ordering::Relaxed);
         return Err(ApiError::RateLimited {
             retry_after_secs: (wait_ms as u64).div_ceil(1000),
             message: "too many captchas for this sale; wait before asking for another".into(),
         });
     }
-    let spend = issue(CAPTCHA_TTL_MS);
+    let spend = issue(st.now_ms(), CAPTCHA_TTL_MS);
     let digits = answer(&st.tokens, sale.id, user_id, spend.nonce);
     let png = captcha::render(
         &digits,
@@ -267,7 +265,7 @@ pub async fn token(
 ) -> Result<Response, ApiError> {
     let Query(query) = query.map_err(|e| ApiError::invalid(e.body_text()))?;
     let sale = st.approved_sale(id).await?;
-    let now = crate::now_ms();
+    let now = st.now_ms();
     let limit = sale.per_user_limit;
     if now < sale.begins_at {
         return Err(ApiError::from_rejection(
@@ -286,7 +284,7 @@ pub async fn token(
             st.metrics.captchas_failed.fetch_add(1, Ordering::Relaxed);
         })?;
     }
-    let spend = issue(PURCHASE_TOKEN_TTL_MS);
+    let spend = issue(st.now_ms(), PURCHASE_TOKEN_TTL_MS);
     st.metrics.tokens_issued.fetch_add(1, Ordering::Relaxed);
     Ok(no_store(TokenView {
         token: encode(&st.tokens, Kind::Purchase, sale.id, user_id, spend),
@@ -327,9 +325,9 @@ mod tests {
     #[test]
     fn tokens_are_bound_to_kind_user_and_sale_and_expire() {
         let signer = TokenSigner::new("secret");
-        let spend = issue(60_000);
+        let now = crate::clock::wall_ms();
+        let spend = issue(now, 60_000);
         let text = encode(&signer, Kind::Purchase, 7, 42, spend);
-        let now = crate::now_ms();
         assert_eq!(
             decode(&signer, Kind::Purchase, 7, 42, &text, now),
             Ok(spend)
@@ -365,7 +363,7 @@ mod tests {
     #[test]
     fn answers_are_five_digits_and_only_the_secret_knows_them() {
         let signer = TokenSigner::new("secret");
-        let spend = issue(60_000);
+        let spend = issue(crate::clock::wall_ms(), 60_000);
         let id = encode(&signer, Kind::Captcha, 7, 42, spend);
         let a = answer_for("secret", 7, 42, &id).unwrap();
         assert_eq!(a.len(), 5);

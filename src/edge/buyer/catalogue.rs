@@ -54,7 +54,7 @@ impl From<&Sale> for SaleView {
     responses((status = 200, description = "The catalogue", body = Vec<SaleView>), (status = 304, description = "The client holds it (If-None-Match)"))
 )]
 pub async fn list_sales(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Response {
-    let now = crate::now_ms();
+    let now = st.now_ms();
     let views: Vec<SaleView> = st
         .sales
         .all()
@@ -108,7 +108,7 @@ pub async fn get_stock(
     let mut paused_sale = (*sale).clone();
     paused_sale.paused = paused;
     let view = StockView {
-        state: paused_sale.state_at(crate::now_ms(), remaining),
+        state: paused_sale.state_at(st.now_ms(), remaining),
         remaining,
     };
     Ok(no_store(view))
@@ -129,8 +129,8 @@ pub struct ServerTime {
     summary = "The server's clock (pages count down to an opening by it)",
     responses((status = 200, description = "Never cached", body = ServerTime), (status = 429, response = ErrorResponse))
 )]
-pub async fn server_time() -> Response {
-    let now = crate::now_ms();
+pub async fn server_time(State(st): State<Arc<AppState>>) -> Response {
+    let now = st.now_ms();
     no_store(ServerTime {
         now: rfc3339(now),
         now_ms: now,

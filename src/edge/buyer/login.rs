@@ -109,7 +109,7 @@ pub async fn request_code(
 ) -> Result<Json<CodeSent>, ApiError> {
     let req: CodeRequest = parse_json(&body)?;
     let phone = &canonical_phone(&st, &req.phone)?;
-    let now = crate::now_ms();
+    let now = st.now_ms();
     refuse_if_locked(&st, phone, now).await?;
     if let Some(issued) = st.store.login_code_issued_at(phone, now).await? {
         let wait = issued + CODE_RESEND_MS - now;
@@ -183,7 +183,7 @@ pub async fn login(
     if req.code.len() > 16 {
         return Err(ApiError::InvalidCode);
     }
-    let now = crate::now_ms();
+    let now = st.now_ms();
     if let Some(until) = st
         .store
         .take_login_guess(phone, now, LOGIN_FAILURES_PER_DAY, LOGIN_FAILURE_WINDOW_MS)

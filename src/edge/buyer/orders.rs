@@ -103,7 +103,7 @@ where
     B::Error: std::error::Error + Send + Sync + 'static,
 {
     let started = Instant::now();
-    let now = crate::now_ms();
+    let now = st.now_ms();
     let caller = user_of(&st.tokens, headers, now)
         .and_then(|user_id| Ok((user_id, parse_id(sale, "sale id")?)));
     let (user_id, sale_id) = match caller {
@@ -390,7 +390,7 @@ pub async fn get_order(
     let not_found = || {
         if current.is_empty() {
             ApiError::NotFound(format!("order {order_id} does not exist"))
-        } else if crate::now_ms() <= crate::gate::attempt_deadline(order_id) + CLOCK_SLACK_MS {
+        } else if st.now_ms() <= crate::gate::attempt_deadline(order_id) + CLOCK_SLACK_MS {
             // An id answered `pending`, not settled until no gate can take it any more.
             ApiError::Pending
         } else {
@@ -478,7 +478,7 @@ pub async fn list_orders(
         }
     }
     // Orders wait for writers for moments, not hours.
-    let since = crate::now_ms() - 3_600_000;
+    let since = st.now_ms() - 3_600_000;
     let sales: Vec<(i64, i64, i64)> = st
         .sales
         .all()

@@ -60,7 +60,7 @@ pub async fn pay(
         Some(o) if o.user_id == user_id => o,
         _ => return Err(not_in_sql(&st, order_id, user_id).await),
     };
-    let now = crate::now_ms();
+    let now = st.now_ms();
     if order.status != OrderStatus::PendingPayment || order.pay_deadline <= now {
         let from = if order.status == OrderStatus::PendingPayment {
             "past its payment deadline"

@@ -163,13 +163,14 @@ impl AddressLimiter {
     /// `rate_limited` (with Retry-After) when its address is over the rate.
     pub fn admit(&self, peer: IpAddr, headers: &HeaderMap) -> Result<(), ApiError> {
         let client = self.client_of(peer, headers);
-        self.take(client, crate::now_ms()).map_err(|wait_ms| {
-            self.limited.fetch_add(1, Ordering::Relaxed);
-            ApiError::RateLimited {
-                retry_after_secs: (wait_ms as u64).div_ceil(1000),
-                message: "too many requests from this address".into(),
-            }
-        })
+        self.take(client, crate::clock::wall_ms())
+            .map_err(|wait_ms| {
+                self.limited.fetch_add(1, Ordering::Relaxed);
+                ApiError::RateLimited {
+                    retry_after_secs: (wait_ms as u64).div_ceil(1000),
+                    message: "too many requests from this address".into(),
+                }
+            })
     }
 }
 
