@@ -19,6 +19,8 @@ use crate::orderlog::local::LocalLog;
 
 struct SaleState {
     remaining: i64,
+    /// The sale's whole stock: `remaining` never exceeds it (units come back once each).
+    initial_stock: i64,
     limit: i64,
     begins_at: i64,
     ends_at: i64,
@@ -31,6 +33,30 @@ struct SaleState {
     rate_tat: HashMap<i64, i64>,
     /// Size of `rate_tat` at which times already past are swept out.
     rate_sweep_at: usize,
+}
+
+impl SaleState {
+    /// DESIGN's invariants as this sale's state shows them, checked where they change
+    /// (debug builds): the stock is never negative nor more than the sale's (1, 5: stock
+    /// comes back once), and no buyer holds more than the limit (2).
+    fn assert_invariants(&self, sale_id: i64, user_id: i64) {
+        debug_assert!(
+            self.remaining >= 0,
+            "invariant 1: sale {sale_id}'s stock in the gate is {}",
+            self.remaining
+        );
+        debug_assert!(
+            self.remaining <= self.initial_stock,
+            "invariant 5: sale {sale_id} has {} units in the gate, more than its {} (stock back twice)",
+            self.remaining,
+            self.initial_stock
+        );
+        debug_assert!(
+            self.held.get(&user_id).copied().unwrap_or(0) <= self.limit,
+            "invariant 2: user {user_id} holds more than {} of sale {sale_id}",
+            self.limit
+        );
+    }
 }
 
 pub struct MemoryGate {
@@ -125,6 +151,7 @@ impl MemoryGate {
         s.remaining -= p.quantity;
         s.accepted += 1;
         s.held.insert(p.user_id, held + p.quantity);
+        s.assert_invariants(p.sale_id, p.user_id);
         let order = NewOrder {
             id: p.order_id,
             sale_id: p.sale_id,
@@ -148,11 +175,17 @@ impl MemoryGate {
         s.remaining += p.quantity;
         s.accepted -= 1;
         let held = s.held.get(&p.user_id).copied().unwrap_or(0) - p.quantity;
+        debug_assert!(
+            held >= 0,
+            "a purchase given back twice (user {})",
+            p.user_id
+        );
         if held > 0 {
             s.held.insert(p.user_id, held);
         } else {
             s.held.remove(&p.user_id);
         }
+        s.assert_invariants(p.sale_id, p.user_id);
     }
 }
 
@@ -184,8 +217,23 @@ impl Gate for MemoryGate {
         if sales.contains_key(&load.sale.id) {
             return Ok(false);
         }
+        debug_assert!(
+            load.remaining >= 0 && load.remaining <= load.sale.initial_stock,
+            "a load of sale {} with {} units of {}",
+            load.sale.id,
+            load.remaining,
+            load.sale.initial_stock
+        );
+        debug_assert!(
+            load.buyers
+                .iter()
+                .all(|(_, units)| *units <= load.sale.per_user_limit),
+            "a load of sale {} with a buyer over its limit",
+            load.sale.id
+        );
         let state = SaleState {
             remaining: load.remaining,
+            initial_stock: load.sale.initial_stock,
             limit: load.sale.per_user_limit,
             begins_at: load.sale.begins_at,
             ends_at: load.sale.ends_at,
@@ -216,11 +264,18 @@ impl Gate for MemoryGate {
         }
         s.remaining += r.quantity;
         let held = s.held.get(&r.user_id).copied().unwrap_or(0) - r.quantity;
+        debug_assert!(
+            held >= 0,
+            "invariant 5: order {} of sale {} gave back more than its buyer held",
+            r.order_id,
+            r.sale_id
+        );
         if held > 0 {
             s.held.insert(r.user_id, held);
         } else {
             s.held.remove(&r.user_id);
         }
+        s.assert_invariants(r.sale_id, r.user_id);
         Ok(Released::Now)
     }
 
@@ -319,6 +374,7 @@ mod tests {
         });
         let state = Mutex::new(SaleState {
             remaining: 1_000_000,
+            initial_stock: 1_000_000,
             limit: 1,
             begins_at: 0,
             ends_at: i64::MAX,

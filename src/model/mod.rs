@@ -132,6 +132,16 @@ impl OrderStatus {
         })
     }
 
+    /// Whether an order may move from this state to `next`: only forward (queued, then
+    /// pending payment, then exactly one of paid, cancelled, expired).
+    pub fn may_become(self, next: OrderStatus) -> bool {
+        use OrderStatus::*;
+        matches!(
+            (self, next),
+            (Queued, PendingPayment) | (PendingPayment, Paid | Cancelled | Expired)
+        )
+    }
+
     /// Live orders hold stock; cancelled and expired ones gave it back.
     pub const LIVE: [&'static str; 2] = ["pending_payment", "paid"];
 }

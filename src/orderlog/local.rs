@@ -394,6 +394,10 @@ impl LocalLogReader {
                     queued.remove(&order.id);
                     if let Some(counts) = segments.get_mut(segment) {
                         counts.1 += 1;
+                        debug_assert!(
+                            counts.1 <= counts.0,
+                            "segment {segment}: more orders settled than were appended"
+                        );
                     }
                 }
             }

@@ -22,6 +22,7 @@ pub use transitions::{Outcome, StockReturn, TransitionError};
 
 use std::collections::{HashMap, HashSet};
 use std::str::FromStr;
+use std::sync::Arc;
 
 use sqlx::any::{AnyConnectOptions, AnyPoolOptions, AnyRow};
 use sqlx::{AnyPool, Row};
@@ -216,9 +217,20 @@ pub struct Store {
     /// The process's clock: rows are stamped by it, and the parts that hold the store (the
     /// writer, lifecycle, loader, scheduler) read time from it (see `clock`).
     clock: SharedClock,
+    /// Faults a simulation strikes write transactions with; none in a server.
+    faults: Option<Arc<dyn TxFaults>>,
     /// Where a stored phone without a country code is taken to be, when the migration
     /// normalises stored phones (`--phone-region`).
     phone_region: phonenumber::country::Id,
+}
+
+/// Where a simulation strikes a write transaction (`Store::with_faults`): the process
+/// "dies" just before its COMMIT (it rolls back) or just after (it stands, and its caller
+/// never hears). A fault answers an error, which the caller gets instead of its result; the
+/// simulation then stops the store ([`Store::halt`]), as a crash would.
+pub trait TxFaults: Send + Sync {
+    fn before_commit(&self) -> Result<(), StoreError>;
+    fn after_commit(&self) -> Result<(), StoreError>;
 }
 
 /// A transaction opened by hand on a pooled connection. A plain pooled connection dropped
@@ -258,6 +270,17 @@ impl Store {
         Store::connect_waiting(url, max_connections, None).await
     }
 
+    /// A SQLite store whose statements wait `busy` (not 30 s) for another connection's
+    /// write lock before they fail busy: the simulation holds the lock from outside and
+    /// wants the failure at once.
+    pub async fn connect_sqlite_busy(
+        url: &str,
+        max_connections: u32,
+        busy: std::time::Duration,
+    ) -> Result<Store, StoreError> {
+        Store::connect_tuned(url, max_connections, None, Some(busy)).await
+    }
+
     /// As `connect`, waiting up to `wait` for a connection instead of the product's bound
     /// (5 s for a server database, 30 s for SQLite). For test suites that run many heavy
     /// tests at once against one shared server: there a slow moment is not an outage.
@@ -265,6 +288,15 @@ impl Store {
         url: &str,
         max_connections: u32,
         wait: Option<std::time::Duration>,
+    ) -> Result<Store, StoreError> {
+        Store::connect_tuned(url, max_connections, wait, None).await
+    }
+
+    async fn connect_tuned(
+        url: &str,
+        max_connections: u32,
+        wait: Option<std::time::Duration>,
+        sqlite_busy: Option<std::time::Duration>,
     ) -> Result<Store, StoreError> {
         sqlx::any::install_default_drivers();
         let shown = crate::text::mask_url(url);
@@ -318,16 +350,17 @@ impl Store {
             .min_connections(1)
             .acquire_timeout(wait);
         if dialect == Dialect::Sqlite {
+            let busy_ms = sqlite_busy.unwrap_or(wait).as_millis() as u64;
             // A commit of a writer's batch dirties thousands of index pages (buyers' ids are
             // random), past SQLite's default checkpoint of 1,000 WAL pages: each commit was
             // followed by a checkpoint writing every page a second time. Checkpointing every
             // 16,000 pages (64 MB of WAL) writes a page dirtied by many commits back once.
-            pool = pool.after_connect(|conn, _| {
+            pool = pool.after_connect(move |conn, _| {
                 Box::pin(async move {
                     sqlx::query("PRAGMA wal_autocheckpoint = 16000")
                         .execute(&mut *conn)
                         .await?;
-                    sqlx::query("PRAGMA busy_timeout = 30000")
+                    sqlx::query(&format!("PRAGMA busy_timeout = {busy_ms}"))
                         .execute(conn)
                         .await
                         .map(|_| ())
@@ -339,6 +372,7 @@ impl Store {
             pool,
             dialect,
             clock: crate::clock::wall(),
+            faults: None,
             phone_region: phonenumber::country::Id::CN,
         })
     }
@@ -384,6 +418,19 @@ impl Store {
     pub fn with_clock(mut self, clock: SharedClock) -> Self {
         self.clock = clock;
         self
+    }
+
+    /// The same store with `faults` struck at every write transaction's commit.
+    pub fn with_faults(mut self, faults: Arc<dyn TxFaults>) -> Self {
+        self.faults = Some(faults);
+        self
+    }
+
+    /// Stops this store at once, as the death of its process would: every call from now on
+    /// fails (`PoolClosed`), and transactions still open roll back when dropped.
+    pub fn halt(&self) {
+        // Marks the pool closed when called; the closing of idle connections is left.
+        drop(self.pool.close());
     }
 
     /// The process's clock.
@@ -1219,7 +1266,15 @@ impl Store {
     {
         let tx = self.begin_write().await?;
         let (tx, result) = work(tx).await;
+        let faults = self.faults.as_deref().filter(|_| result.is_ok());
+        if let Some(faults) = faults {
+            // Dropped unfinished, the transaction rolls back.
+            faults.before_commit()?;
+        }
         Self::finish(tx, result.is_ok()).await?;
+        if let Some(faults) = faults {
+            faults.after_commit()?;
+        }
         result
     }
 

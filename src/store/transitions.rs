@@ -139,6 +139,17 @@ impl Store {
             Some(o) if owner.is_none_or(|u| u == o.user_id) => o,
             _ => return Err(TransitionError::NoSuchOrder(order_id)),
         };
+        debug_assert!(changed <= 1, "one order, one row: {order_id}");
+        debug_assert!(
+            changed == 0 || order.status == outcome.status(),
+            "order {order_id} moved to {} but reads {}",
+            outcome.status().as_str(),
+            order.status.as_str()
+        );
+        debug_assert!(
+            changed == 0 || OrderStatus::PendingPayment.may_become(outcome.status()),
+            "invariant 5: an order's state moves only forward"
+        );
         if changed != 1 {
             let from = if order.status == OrderStatus::PendingPayment {
                 "past its payment deadline"

@@ -178,6 +178,11 @@ impl Writer {
             .unzip();
         match self.store.write_orders(&orders).await {
             Ok(outcome) => {
+                debug_assert_eq!(
+                    outcome.written + outcome.duplicates,
+                    orders.len(),
+                    "invariant 4: every order of a batch is written once or found written"
+                );
                 self.stats.batches.fetch_add(1, Ordering::Relaxed);
                 self.stats.batch_orders.observe(orders.len() as f64);
                 let now = self.store.now_ms();

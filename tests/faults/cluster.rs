@@ -293,6 +293,123 @@ async fn a_master_killed_mid_storm_loses_no_acknowledged_order() {
     common::eventually(30, "both instances are ready again", || d.ready()).await;
 }
 
+/// How many runs `a_master_failover_during_a_rebuild_never_wedges_an_instance` makes, one
+/// after another (`SECKILL_TEST_CLUSTER_FAILOVER_RUNS`; 20 for the long check).
+fn cluster_failover_runs() -> usize {
+    std::env::var("SECKILL_TEST_CLUSTER_FAILOVER_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1)
+}
+
+/// One instance (its writer inside) on `replica` durability, on a cluster of 3 masters:
+/// 4,000 buyers arrive over 12 s; mid-storm an operator's repair rebuilds the sale (forget,
+/// then load from SQL and the stream) and the sale's master is SIGKILLed while it runs (0
+/// to 100 ms after it began); its replica takes over, and the killed node comes back as a
+/// replica. Once the cluster is healthy again the instance must sell within 10 s, every
+/// `ok` must be in SQL, and the gate must equal SQL. Repeated
+/// `SECKILL_TEST_CLUSTER_FAILOVER_RUNS` times, each on a new cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_master_failover_during_a_rebuild_never_wedges_an_instance() {
+    let _turn = common::one_at_a_time().await;
+    for run in 0..cluster_failover_runs() {
+        eprintln!("cluster failover run {run}");
+        one_cluster_failover_run().await;
+    }
+}
+
+async fn one_cluster_failover_run() {
+    let mut cluster = PrivateCluster::start(3).await;
+    let db = common::fresh_database(Sql::Postgres).await;
+    let secret = common::unique("secret");
+    let env = common::settings(&[
+        ("SECKILL_DATABASE_URL", &db),
+        ("SECKILL_REDIS_URL", &cluster.url()),
+        ("SECKILL_TOKEN_SECRET", &secret),
+        ("SECKILL_DEV", "1"),
+        ("SECKILL_REDIS_DURABILITY", "replica"),
+    ]);
+    let server = Server::start(env, vec!["serve".into()]).await;
+    let store = Store::connect(&db, 4).await.unwrap();
+    const BUYERS: i64 = 4000;
+    const STOCK: i64 = BUYERS + 400;
+    let api = server.api();
+    let sale = api.open_sale(STOCK, 1).await;
+    let sale_id: i64 = sale.parse().unwrap();
+    let victim = cluster
+        .master_of(&PrivateCluster::sale_key("seckill", sale_id))
+        .await;
+    let started = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let storm_task = tokio::spawn(storm_on(
+        vec![server.base.clone()],
+        sale.clone(),
+        common::storm::tokens(&secret, 1..BUYERS + 1),
+        Arrival::Every(Duration::from_millis(3)),
+        started.clone(),
+    ));
+    while started.load(std::sync::atomic::Ordering::Relaxed) < 1000 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let repair = tokio::spawn({
+        let (api, sale) = (api.clone(), sale.clone());
+        async move { api.repair(&sale).await.status }
+    });
+    tokio::time::sleep(Duration::from_millis(rand::random::<u64>() % 100)).await;
+    cluster.kill(victim);
+    // Its replica takes over after the node timeout (2 s); a supervisor restarts the node,
+    // which rejoins as the new master's replica.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    cluster.restart(victim);
+    let mut told: HashMap<i64, Told> = storm_task.await.unwrap();
+    let mut finals: HashMap<&str, usize> = HashMap::new();
+    for t in told.values() {
+        *finals.entry(t.last.as_str()).or_default() += 1;
+    }
+    let repaired = repair.await.unwrap();
+    eprintln!("the storm's final answers: {finals:?}; the repair answered {repaired}");
+    cluster.wait_healthy().await;
+    let settled = std::time::Instant::now();
+    // Selling again: a new buyer's purchase is `ok` (not 503, not pending) within 10 s.
+    let late = common::storm::tokens(&secret, BUYERS + 1..STOCK + 1);
+    let quick = reqwest::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let fast = Api::with_client(quick, &server.base);
+    let mut answers: HashMap<String, usize> = HashMap::new();
+    let mut sold_again = None;
+    for (user, token) in &late {
+        if settled.elapsed() > Duration::from_secs(10) {
+            break;
+        }
+        let told_now = told.entry(*user).or_default();
+        let answer = match fast.try_buy(token, &sale).await {
+            Ok(r) => {
+                let id = r.order_id().and_then(|id| id.parse().ok());
+                match (r.code(), id) {
+                    ("ok", Some(id)) => told_now.ok.push(id),
+                    ("pending", Some(id)) => told_now.pending.push(id),
+                    _ => {}
+                }
+                format!("{} {}", r.status, r.code())
+            }
+            Err(e) => format!("no answer: {e}"),
+        };
+        if answer == "200 ok" {
+            sold_again = Some(settled.elapsed());
+            break;
+        }
+        *answers.entry(answer).or_default() += 1;
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let Some(sold_again) = sold_again else {
+        panic!("the instance does not sell 10 s after the cluster settled (wedged?): {answers:?}");
+    };
+    eprintln!("selling again {sold_again:?} after the cluster settled");
+    check_sql(&store, sale_id, STOCK, &told).await;
+    api.check_reconciled(sale_id).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_hot_sale_over_three_segments_on_three_masters_sells_exactly_its_stock() {
     let _turn = common::one_at_a_time().await;
