@@ -19,6 +19,9 @@ use seckill::store::Store;
 pub struct Crash {
     down: AtomicBool,
     store: Mutex<Option<Store>>,
+    /// The store of the process that died, until its connections are closed for good
+    /// ([`Crash::bury`]).
+    halted: Mutex<Option<Store>>,
 }
 
 impl Crash {
@@ -33,6 +36,17 @@ impl Crash {
         self.down.store(true, Ordering::SeqCst);
         if let Some(store) = self.store.lock().unwrap().take() {
             store.halt();
+            *self.halted.lock().unwrap() = Some(store);
+        }
+    }
+
+    /// Waits until every connection of the dead process is closed, as the kernel closes a
+    /// dead process's files: none may hold a lock when the next process starts. (The store
+    /// holds this crash through its faults: kept here, it would never be freed.)
+    pub async fn bury(&self) {
+        let halted = self.halted.lock().unwrap().take();
+        if let Some(store) = halted {
+            store.pool().close().await;
         }
     }
 

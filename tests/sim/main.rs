@@ -128,7 +128,10 @@ fn seeds_keep_every_invariant() {
                         t.cancelled += r.tally.cancelled;
                         t.busy_periods += r.tally.busy_periods;
                         t.expired += r.tally.expired;
-                        done.fetch_add(1, Ordering::SeqCst);
+                        let finished = done.fetch_add(1, Ordering::SeqCst) + 1;
+                        if finished % 1000 == 0 {
+                            println!("{finished} seeds passed");
+                        }
                     }
                     Err(f) => failures.lock().unwrap().push(report(seed, &f)),
                 }

@@ -196,7 +196,7 @@ impl Sim {
 
     /// Runs `steps` steps and the final drain; the report, or the first broken invariant.
     pub async fn run(mut self, steps: usize) -> Result<Report, Failure> {
-        self.boot().await;
+        let _ = self.boot().await;
         for _ in 0..steps {
             self.step += 1;
             self.act().await;
@@ -218,6 +218,10 @@ impl Sim {
             return Err(self.fail(what));
         }
         self.tally.steps = steps;
+        self.machine.crash.strike();
+        self.world = None;
+        self.machine.crash.bury().await;
+        self.observer.pool().close().await;
         let _ = std::fs::remove_dir_all(&self.dir);
         Ok(Report {
             tally: self.tally.clone(),
@@ -237,7 +241,7 @@ impl Sim {
             if self.blocker.is_some() && self.rng.random_bool(0.3) {
                 self.toggle_busy().await;
             } else {
-                self.boot().await;
+                let _ = self.boot().await;
             }
             return;
         }
@@ -269,7 +273,7 @@ impl Sim {
 
     /// A new process: after a crash, the disk keeps what it keeps; time moves on (a start
     /// takes time, and ids must not repeat).
-    async fn boot(&mut self) {
+    async fn boot(&mut self) -> Result<(), String> {
         self.machine.disk.lose_unsynced();
         self.machine
             .clock
@@ -279,11 +283,14 @@ impl Sim {
                 self.note(format!("boot (log bytes {})", self.machine.disk.bytes()));
                 self.ids = IdGenerator::fixed(0).with_clock(self.machine.clock.clone());
                 self.world = Some(world);
+                Ok(())
             }
             Err(why) => {
                 self.tally.failed_boots += 1;
                 self.note(format!("boot failed: {}", coarse(&why)));
                 self.machine.crash.strike();
+                self.machine.crash.bury().await;
+                Err(why)
             }
         }
     }
@@ -300,6 +307,7 @@ impl Sim {
             self.tally.pending_or_unanswered += 1;
         }
         self.world = None;
+        self.machine.crash.bury().await;
         self.note("down".into());
     }
 
@@ -615,9 +623,10 @@ impl Sim {
         if self.world.is_some() {
             self.tear_down().await;
         }
-        self.boot().await;
-        if self.world.is_none() {
-            return Err("the process does not start once the faults stop".into());
+        if let Err(why) = self.boot().await {
+            return Err(format!(
+                "the process does not start once the faults stop: {why}"
+            ));
         }
         self.write_all().await;
         self.tick().await;
@@ -698,6 +707,7 @@ async fn migrated_template(base: &std::path::Path) -> std::path::PathBuf {
     static TEMPLATE: tokio::sync::OnceCell<std::path::PathBuf> = tokio::sync::OnceCell::const_new();
     TEMPLATE
         .get_or_init(|| async {
+            sweep_dead_runs(base);
             let dir = base.join(format!("seckill-sim-{}-template", std::process::id()));
             let _ = std::fs::remove_dir_all(&dir);
             std::fs::create_dir_all(&dir).expect("a folder for the template");
@@ -714,6 +724,26 @@ async fn migrated_template(base: &std::path::Path) -> std::path::PathBuf {
         })
         .await
         .clone()
+}
+
+/// Removes the folders left by simulations whose process has ended (a failed seed keeps
+/// its folder for a look; the template outlives every seed).
+fn sweep_dead_runs(base: &std::path::Path) {
+    let Ok(entries) = std::fs::read_dir(base) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().to_string();
+        let pid = name
+            .strip_prefix("seckill-sim-")
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<u32>().ok());
+        if let Some(pid) = pid {
+            if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+    }
 }
 
 /// The first words of an error, without paths or numbers that differ between runs.
