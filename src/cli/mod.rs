@@ -333,10 +333,17 @@ async fn reconcile(
     let backlog = st.backlog.clone();
     let mut all_exact = true;
     for sale in &sales {
-        let account =
-            crate::reconcile::account(&st.store, st.gate.as_ref(), backlog.as_ref(), sale.id)
-                .await
-                .map_err(|e| AppError::Other(e.to_string()))?;
+        // Every row counted again: an operator asked, and waits for it.
+        let full = crate::reconcile::Depth::Recount(crate::store::Pace::FULL);
+        let account = crate::reconcile::account_to(
+            &st.store,
+            st.gate.as_ref(),
+            backlog.as_ref(),
+            sale.id,
+            full,
+        )
+        .await
+        .map_err(|e| AppError::Other(e.to_string()))?;
         print_account(&account);
         if account.exact() {
             continue;

@@ -258,6 +258,10 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/api/admin/sales/{id}/reconcile",
             get(admin::books::reconcile).post(admin::books::repair),
         )
+        .route(
+            "/api/admin/sales/{id}/recount",
+            get(admin::books::recount).post(admin::books::start_recount),
+        )
         .route("/api/admin/sales/{id}/journal", get(admin::books::journal))
         .route(
             "/api/admin/sales/{id}/order-ids",

@@ -51,6 +51,8 @@ use super::{admin, antibot, buyer, ops, provider, simulated};
         admin::books::sale_order_ids,
         admin::books::reconcile,
         admin::books::repair,
+        admin::books::start_recount,
+        admin::books::recount,
         admin::books::journal,
         admin::books::live,
         ops::healthz,

@@ -27,7 +27,7 @@ use super::{account_to, Account, Depth, ReconcileError};
 use crate::gate::Gate;
 use crate::loader::SaleCache;
 use crate::redis_client::RedisConn;
-use crate::store::Store;
+use crate::store::{Pace, Store};
 
 /// Audits in a row that must find the same difference before it is called drift.
 pub const CONFIRM_ROUNDS: u32 = 3;
@@ -236,7 +236,7 @@ impl Auditor {
             .then(|| live[(round / RECOUNT_EVERY) as usize % live.len()]);
         for sale in live {
             let depth = match streaks.contains_key(&sale) || recount_due == Some(sale) {
-                true => Depth::Recount,
+                true => Depth::Recount(Pace::BACKGROUND),
                 false => Depth::Counters,
             };
             match self.audit(sale, depth).await {
@@ -259,8 +259,9 @@ impl Auditor {
     async fn audit(&self, sale: i64, depth: Depth) -> Result<Account, ReconcileError> {
         let (store, gate, backlog) = (&self.store, self.gate.as_ref(), self.backlog.as_ref());
         let a = account_to(store, gate, backlog, sale, depth).await?;
-        if depth == Depth::Counters && !a.exact() {
-            return account_to(store, gate, backlog, sale, Depth::Recount).await;
+        if matches!(depth, Depth::Counters) && !a.exact() {
+            let recount = Depth::Recount(Pace::BACKGROUND);
+            return account_to(store, gate, backlog, sale, recount).await;
         }
         Ok(a)
     }

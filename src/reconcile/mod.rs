@@ -14,6 +14,7 @@
 //! differences; only one that stays the same over `CONFIRM_ROUNDS` audits is drift.
 
 pub mod auditor;
+pub mod job;
 
 use std::collections::HashMap;
 
@@ -104,25 +105,31 @@ impl Account {
 }
 
 /// How far an account reads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy)]
 pub enum Depth {
     /// SQL's figures from the counters on the sale's row, buyers compared by number: a few
     /// rows whatever the sale holds (the audit's every round).
     Counters,
-    /// SQL's figures counted again from every row (correcting the counters if they
-    /// disagree), buyers compared one by one: explicit reconciles, and the audit's
-    /// confirmation of a difference and its slow check.
-    Recount,
+    /// The counters, and buyers compared one by one when the sale has at most
+    /// `SMALL_SALE_BUYERS` of them (a cheap read then): the admin's reconcile.
+    Read,
+    /// SQL's figures counted again from every row at this pace (correcting the counters if
+    /// they disagree), buyers compared one by one up to `MAX_BUYERS_COMPARED`: the recount
+    /// job, the CLI, and the audit's confirmation of a difference and its slow check.
+    Recount(crate::store::Pace),
 }
 
-/// Reads the gate, then the log, then SQL (recounted), and compares them.
+/// Live buyers up to which a plain read compares them one by one.
+pub const SMALL_SALE_BUYERS: i64 = 10_000;
+
+/// The account the admin reads: counters, and buyers one by one for a small sale.
 pub async fn account(
     store: &Store,
     gate: &dyn Gate,
     in_flight: &dyn Backlog,
     sale_id: i64,
 ) -> Result<Account, ReconcileError> {
-    account_to(store, gate, in_flight, sale_id, Depth::Recount).await
+    account_to(store, gate, in_flight, sale_id, Depth::Read).await
 }
 
 /// [`account`], reading SQL to `depth`.
@@ -133,6 +140,20 @@ pub async fn account_to(
     sale_id: i64,
     depth: Depth,
 ) -> Result<Account, ReconcileError> {
+    let (account, _) = account_with(store, gate, in_flight, sale_id, depth, &|_| {}).await?;
+    Ok(account)
+}
+
+/// [`account_to`], with the recount's own findings when it recounted, and `progress` told
+/// the orders it has read so far.
+pub async fn account_with(
+    store: &Store,
+    gate: &dyn Gate,
+    in_flight: &dyn Backlog,
+    sale_id: i64,
+    depth: Depth,
+    progress: &(dyn Fn(i64) + Send + Sync),
+) -> Result<(Account, Option<crate::store::Recount>), ReconcileError> {
     let segments = store
         .sale(sale_id)
         .await?
@@ -143,29 +164,48 @@ pub async fn account_to(
         false => None,
         true => gate.stock(sale_id).await?,
     };
-    let holders = match (gate_now, depth) {
-        (Some(_), Depth::Recount) => gate.holders(sale_id, MAX_BUYERS_COMPARED).await?,
-        _ => None,
-    };
     let (in_flight_orders, dead_letters) = in_flight
         .unwritten(sale_id, segments, MAX_IN_FLIGHT)
         .await?
         .ok_or(ReconcileError::TooMuchInFlight(sale_id))?;
-    let sql = match depth {
-        Depth::Counters => store.sql_account(sale_id).await?,
-        Depth::Recount => store.recount_counters(sale_id).await?.map(|(sql, _)| sql),
-    }
-    .ok_or(ReconcileError::NoSuchSale(sale_id))?;
+    let mut recounted = None;
+    let (sql, sql_buyers) = match depth {
+        Depth::Counters | Depth::Read => {
+            let sql = store
+                .sql_account(sale_id)
+                .await?
+                .ok_or(ReconcileError::NoSuchSale(sale_id))?;
+            let small = matches!(depth, Depth::Read) && sql.live_buyers <= SMALL_SALE_BUYERS;
+            let buyers = match small && gate_now.is_some() {
+                true => Some(store.live_buyers(sale_id).await?),
+                false => None,
+            };
+            (sql, buyers)
+        }
+        Depth::Recount(pace) => {
+            let mut recount = store
+                .recount_paced(sale_id, pace, MAX_BUYERS_COMPARED, progress)
+                .await?
+                .ok_or(ReconcileError::NoSuchSale(sale_id))?;
+            let figures = (recount.counted, recount.buyers.take());
+            recounted = Some(recount);
+            figures
+        }
+    };
+    let holders = match (&gate_now, &sql_buyers) {
+        (Some(_), Some(_)) => gate.holders(sale_id, MAX_BUYERS_COMPARED).await?,
+        _ => None,
+    };
     let unwritten_orders = in_flight_orders.len() as i64;
     let unwritten_units: i64 = in_flight_orders.iter().map(|(_, q)| q).sum();
     let expected_gate_stock =
         sql.stock - unwritten_units - sql.returns_owed_units - sql.units_in_transit;
-    let (buyers_missing, buyers_unknown) = match (&gate_now, &holders) {
-        (Some(_), Some(holders)) => {
+    let (buyers_missing, buyers_unknown) = match (&gate_now, &holders, sql_buyers) {
+        (Some(_), Some(holders), Some(sql_buyers)) => {
             // What each buyer should hold in the gate: live units in SQL, units on their
             // way to SQL, units SQL took back that the gate has not yet.
             let mut owed: HashMap<i64, i64> = HashMap::new();
-            for (user, units) in store.live_buyers(sale_id).await? {
+            for (user, units) in sql_buyers {
                 *owed.entry(user).or_default() += units;
             }
             for (user, units) in &in_flight_orders {
@@ -176,14 +216,14 @@ pub async fn account_to(
             }
             compare_buyers(&owed, holders)
         }
-        (Some(g), None) => (
+        (Some(g), _, _) => (
             (sql.live_buyers - g.buyers).max(0),
             (g.buyers - (sql.live_buyers + unwritten_orders + sql.returns_owed_orders)).max(0),
         ),
-        (None, _) => (0, 0),
+        (None, _, _) => (0, 0),
     };
     let stock_drift = gate_now.map_or(0, |g| g.remaining - expected_gate_stock);
-    Ok(Account {
+    let account = Account {
         sale_id: sale_id.to_string(),
         gate_loaded: gate_now.is_some(),
         gate_stock: gate_now.map(|g| g.remaining),
@@ -204,7 +244,8 @@ pub async fn account_to(
         buyers_unknown,
         buyers_compared_each: holders.is_some(),
         journal_drift: sql.journal_sum - sql.stock,
-    })
+    };
+    Ok((account, recounted))
 }
 
 /// (buyers the gate holds fewer units for than owed, buyers it holds more for).

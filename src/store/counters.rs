@@ -15,6 +15,11 @@ use super::{Dialect, Store, StoreError};
 /// Counters found to disagree with their recount, and corrected.
 static CORRECTED: AtomicU64 = AtomicU64::new(0);
 
+/// One more sale whose kept figures a recount corrected.
+pub(super) fn count_correction() {
+    CORRECTED.fetch_add(1, Ordering::Relaxed);
+}
+
 pub fn render(out: &mut String) {
     crate::metrics::render_counter(
         "seckill_reconcile_counters_corrected_total",
@@ -103,49 +108,10 @@ impl Store {
             .try_get(0)?)
     }
 
-    /// Counts the sale's figures again from its rows and corrects the counters if they
-    /// disagree: (the recount, whether they were corrected), or None for an unknown sale.
-    /// The counters and the recount are read in one snapshot, without a lock (the
-    /// transactions that change one change the other); only a correction locks the sale's
-    /// row, to count again under it. Reads every order of the sale: for explicit
-    /// reconciles and the audit's slow check, never every round.
-    pub async fn recount_counters(
-        &self,
-        sale_id: i64,
-    ) -> Result<Option<(SqlAccount, bool)>, StoreError> {
-        let snapshot = match self.dialect {
-            Dialect::Postgres => "BEGIN ISOLATION LEVEL REPEATABLE READ",
-            Dialect::MySql => "START TRANSACTION WITH CONSISTENT SNAPSHOT",
-            Dialect::Sqlite => "BEGIN",
-        };
-        let mut conn = self.begin_with(snapshot).await?;
-        let read = async {
-            match self.counted_in(&mut conn, sale_id).await? {
-                Some(kept) => Ok(Some((kept, self.recount_in(&mut conn, sale_id).await?))),
-                None => Ok::<_, StoreError>(None),
-            }
-        }
-        .await;
-        let _ = Self::finish(conn, false).await;
-        let Some((kept, counted)) = read? else {
-            return Ok(None);
-        };
-        if kept == counted {
-            return Ok(Some((counted, false)));
-        }
-        let corrected = self.correct_counters(sale_id).await?;
-        CORRECTED.fetch_add(1, Ordering::Relaxed);
-        tracing::error!(
-            sale = sale_id,
-            kept = ?kept,
-            counted = ?corrected,
-            "a sale's kept figures disagreed with a recount: corrected (a bug, or SQL edited by hand)"
-        );
-        Ok(Some((corrected, true)))
-    }
-
-    /// Sets the sale's counters to their recount, under its row lock; the recount.
-    async fn correct_counters(&self, sale_id: i64) -> Result<SqlAccount, StoreError> {
+    /// Sets the sale's counters and tallies to their recount, under its row lock; the
+    /// recount. Reads every row of the sale under the lock: only after a recount found
+    /// them wrong.
+    pub(super) async fn correct_counters(&self, sale_id: i64) -> Result<SqlAccount, StoreError> {
         self.in_write_tx(|mut conn| async move {
             let done = async {
                 let lock = if self.dialect == Dialect::Sqlite {
@@ -166,6 +132,7 @@ impl Store {
                     query = query.bind(sale_id);
                 }
                 query.execute(&mut *conn).await?;
+                self.recount_tallies_in(&mut conn, sale_id).await?;
                 Ok(counted)
             }
             .await;
@@ -191,6 +158,26 @@ impl Store {
             Some(row) => Some(account_from_row(&row)?),
             None => None,
         })
+    }
+
+    /// Replaces the sale's tallies with their count from its rows, in the caller's
+    /// transaction (which holds the sale's row lock).
+    async fn recount_tallies_in(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        sale_id: i64,
+    ) -> Result<(), StoreError> {
+        sqlx::query(&self.sql("DELETE FROM sale_tallies WHERE sale_id = ?"))
+            .bind(sale_id)
+            .execute(&mut *conn)
+            .await?;
+        for fill in super::schema::tally_backfill(self.dialect, "?") {
+            sqlx::query(&self.sql(&fill))
+                .bind(sale_id)
+                .execute(&mut *conn)
+                .await?;
+        }
+        Ok(())
     }
 
     /// The sale's account counted from its orders, returns, moves and journal.

@@ -10,14 +10,18 @@ use journal::{Cause, Movement};
 pub mod moves;
 pub mod payments;
 pub mod rebuild;
+pub mod recount;
 mod retry;
 mod schema;
 pub mod sql_gate;
+pub mod tallies;
 pub mod transitions;
 
 pub use payments::{Payment, PaymentSettlement};
 pub use rebuild::{LoadSnapshot, Part};
+pub use recount::{Pace, Recount};
 pub use sql_gate::{SqlDecision, SqlVerdict};
+pub use tallies::{PaymentStatus, SaleTallies, Tally};
 pub use transitions::{Outcome, StockReturn, TransitionError};
 
 use std::collections::{HashMap, HashSet};
@@ -1195,27 +1199,16 @@ impl Store {
         self.all_rows(&q, &[sale_id], int_pair).await
     }
 
+    /// The sale's orders by status and the units of its live ones, from its tallies and
+    /// counters: a few rows, however many orders it holds.
     pub async fn sale_counts(&self, sale_id: i64) -> Result<SaleCounts, StoreError> {
-        let q = format!(
-            "SELECT status, COUNT(*), {} FROM orders WHERE sale_id = ? GROUP BY status",
-            self.sum_int("quantity")
-        );
-        let rows = sqlx::query(&self.sql(&q))
-            .bind(sale_id)
-            .fetch_all(&self.pool)
-            .await?;
-        let mut counts = SaleCounts::default();
-        for r in rows {
-            let status: String = r.try_get(0)?;
-            let n: i64 = r.try_get(1)?;
-            let units: i64 = r.try_get(2)?;
-            if OrderStatus::LIVE.contains(&status.as_str()) {
-                counts.units += units;
-            }
-            counts.orders += n;
-            counts.by_status.insert(status, n);
-        }
-        Ok(counts)
+        let tallies = self.tallies(sale_id).await?;
+        let units = self.sql_account(sale_id).await?.map_or(0, |a| a.live_units);
+        Ok(SaleCounts {
+            orders: tallies.orders_written(),
+            units,
+            by_status: tallies.orders().into_iter().collect(),
+        })
     }
 
     // ---- orders -------------------------------------------------------------------------
@@ -1369,7 +1362,13 @@ impl Store {
             .iter()
             .filter(|o| !existing.contains(&o.id) && seen.insert(o.id))
             .collect();
-        let new_buyers = self.check_user_limits(conn, &fresh, &terms).await?;
+        let mut tallies = tallies::Tallies::default();
+        let new_buyers = self
+            .check_user_limits(conn, &fresh, &terms, &mut tallies)
+            .await?;
+        for o in &fresh {
+            tallies.order_moved(o.sale_id, None, OrderStatus::PendingPayment);
+        }
 
         let mut inserted = 0u64;
         for chunk in fresh.chunks(500) {
@@ -1438,6 +1437,7 @@ impl Store {
                 return Err(StoreError::StockGuard { sale_id });
             }
         }
+        self.tally_in(conn, &tallies).await?;
         Ok(WriteOutcome {
             written: fresh.len(),
             duplicates: batch.len() - fresh.len(),
@@ -1447,12 +1447,14 @@ impl Store {
     /// The last line of defence against a gate fault (a rebuilt or stale gate that forgot a
     /// buyer): refuses the batch if any of its orders would take its buyer over the sale's
     /// per-user limit, counting the live orders already in SQL and the batch's own. Returns
-    /// the buyers per sale who held nothing live before this batch (new live buyers).
+    /// the buyers per sale who held nothing live before this batch (new live buyers), and
+    /// adds each buyer's change of holding to `tallies`.
     async fn check_user_limits(
         &self,
         conn: &mut sqlx::AnyConnection,
         fresh: &[&NewOrder],
         terms: &HashMap<i64, (i64, i64)>,
+        tallies: &mut tallies::Tallies,
     ) -> Result<HashMap<i64, i64>, StoreError> {
         let mut new_buyers: HashMap<i64, i64> = HashMap::new();
         let mut asked: HashMap<i64, HashMap<i64, i64>> = HashMap::new();
@@ -1495,6 +1497,7 @@ impl Store {
                             limit,
                         });
                     }
+                    tallies.holding_moved(sale_id, held, held + users[user]);
                 }
             }
         }
@@ -1533,38 +1536,6 @@ impl Store {
         );
         self.all_rows(&q, &[user_id, limit], Self::order_from_row)
             .await
-    }
-
-    /// What a sale's live orders add up to, computed in SQL in constant memory:
-    /// (orders, units, distinct buyers, most units held by one buyer).
-    pub async fn live_totals(&self, sale_id: i64) -> Result<(i64, i64, i64, i64), StoreError> {
-        let q = format!(
-            "SELECT COUNT(*), {}, COUNT(DISTINCT user_id) FROM orders \
-             WHERE sale_id = ? AND status IN ('pending_payment', 'paid')",
-            self.sum_int("quantity")
-        );
-        let row = sqlx::query(&self.sql(&q))
-            .bind(sale_id)
-            .fetch_one(&self.pool)
-            .await?;
-        let (orders, units, buyers): (i64, i64, i64) =
-            (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
-        let q = format!(
-            "SELECT {} FROM (SELECT {} AS held FROM orders \
-             WHERE sale_id = ? AND status IN ('pending_payment', 'paid') GROUP BY user_id) per_buyer",
-            match self.dialect {
-                Dialect::MySql => "CAST(COALESCE(MAX(held),0) AS SIGNED)",
-                Dialect::Postgres => "CAST(COALESCE(MAX(held),0) AS BIGINT)",
-                Dialect::Sqlite => "COALESCE(MAX(held),0)",
-            },
-            self.sum_int("quantity")
-        );
-        let most: i64 = sqlx::query(&self.sql(&q))
-            .bind(sale_id)
-            .fetch_one(&self.pool)
-            .await?
-            .try_get(0)?;
-        Ok((orders, units, buyers, most))
     }
 
     /// Ids of a sale's live orders above `after`, ascending, at most `limit` of them: a

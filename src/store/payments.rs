@@ -5,6 +5,7 @@
 use sqlx::Row;
 
 use super::retry::retry_transient;
+use super::tallies::{PaymentStatus, Tallies};
 use super::transitions::{Outcome, TransitionError};
 use super::{Store, StoreError};
 
@@ -44,20 +45,81 @@ impl Store {
         // Another call's intent may be settled between our insert and our read: then the
         // next round opens one again.
         for _ in 0..3 {
-            sqlx::query(&self.sql(&q))
-                .bind(p.intent_id)
-                .bind(p.order_id)
-                .bind(p.user_id)
-                .bind(p.amount_cents)
-                .bind(p.created_at)
-                .bind(p.created_at)
-                .execute(&self.pool)
-                .await?;
+            let q = &q;
+            self.in_write_tx(|mut conn| async move {
+                let opened = async {
+                    let inserted = sqlx::query(&self.sql(q))
+                        .bind(p.intent_id)
+                        .bind(p.order_id)
+                        .bind(p.user_id)
+                        .bind(p.amount_cents)
+                        .bind(p.created_at)
+                        .bind(p.created_at)
+                        .execute(&mut *conn)
+                        .await?
+                        .rows_affected();
+                    if inserted == 1 {
+                        self.tally_payment_in(&mut conn, p.order_id, None, PaymentStatus::Created)
+                            .await?;
+                    }
+                    Ok::<_, StoreError>(())
+                }
+                .await;
+                (conn, opened)
+            })
+            .await?;
             if let Some(open) = self.open_payment_of(p.order_id).await? {
                 return Ok(open);
             }
         }
         Err(StoreError::ConcurrentWrite)
+    }
+
+    /// Counts a payment intent of `order_id` moved from `from` to `to` in its sale's tallies.
+    async fn tally_payment_in(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        order_id: i64,
+        from: Option<PaymentStatus>,
+        to: PaymentStatus,
+    ) -> Result<(), StoreError> {
+        let sale: Option<i64> = sqlx::query(&self.sql("SELECT sale_id FROM orders WHERE id = ?"))
+            .bind(order_id)
+            .fetch_optional(&mut *conn)
+            .await?
+            .map(|r| r.try_get(0))
+            .transpose()?;
+        let Some(sale) = sale else {
+            return Ok(());
+        };
+        let mut tallies = Tallies::default();
+        tallies.payment_moved(sale, from, to);
+        self.tally_in(conn, &tallies).await
+    }
+
+    /// The intent, locked for the caller's transaction (SQLite's write lock is the lock).
+    async fn payment_locked_in(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        intent_id: i64,
+    ) -> Result<Option<Payment>, StoreError> {
+        let lock = if self.dialect == super::Dialect::Sqlite {
+            ""
+        } else {
+            " FOR UPDATE"
+        };
+        let q = format!(
+            "SELECT {} FROM payments WHERE intent_id = ?{lock}",
+            Self::PAYMENT_COLS
+        );
+        let row = sqlx::query(&self.sql(&q))
+            .bind(intent_id)
+            .fetch_optional(&mut *conn)
+            .await?;
+        Ok(match row {
+            Some(r) => Some(Self::payment_from_row(&r)?),
+            None => None,
+        })
     }
 
     const PAYMENT_COLS: &'static str =
@@ -98,15 +160,29 @@ impl Store {
         provider_ref: &str,
         now: i64,
     ) -> Result<bool, StoreError> {
-        let done = sqlx::query(&self.sql(
-            "UPDATE payments SET status = 'failed', provider_ref = ?, updated_at = ? WHERE intent_id = ? AND status IN ('created', 'superseded')",
-        ))
-        .bind(provider_ref)
-        .bind(now)
-        .bind(intent_id)
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected() == 1)
+        self.in_write_tx(|mut conn| async move {
+            let failed = async {
+                let payment = self.payment_locked_in(&mut conn, intent_id).await?;
+                let Some((payment, from)) = payment.and_then(|p| open_status(&p).map(|s| (p, s)))
+                else {
+                    return Ok(false);
+                };
+                sqlx::query(&self.sql(
+                    "UPDATE payments SET status = 'failed', provider_ref = ?, updated_at = ? WHERE intent_id = ?",
+                ))
+                .bind(provider_ref)
+                .bind(now)
+                .bind(intent_id)
+                .execute(&mut *conn)
+                .await?;
+                self.tally_payment_in(&mut conn, payment.order_id, Some(from), PaymentStatus::Failed)
+                    .await?;
+                Ok(true)
+            }
+            .await;
+            (conn, failed)
+        })
+        .await
     }
 
     /// A provider said the intent was paid. One transaction claims the payment and moves
@@ -147,52 +223,50 @@ impl Store {
         now: i64,
     ) -> Result<PaymentSettlement, TransitionError> {
         // Claim the intent first: a concurrent duplicate waits on this row, then finds it
-        // settled. It is marked refund_due until the order is known to be paid. An intent
-        // superseded by the migration to one open intent per order is still claimable:
-        // money a provider took for it is recorded, as paid or as a refund due.
-        let claimed = sqlx::query(&self.sql(
-            "UPDATE payments SET status = 'refund_due', provider_ref = ?, updated_at = ? WHERE intent_id = ? AND status IN ('created', 'superseded')",
+        // settled. An intent superseded by the migration to one open intent per order is
+        // still claimable: money a provider took for it is recorded, as paid or as a
+        // refund due.
+        let Some(payment) = self.payment_locked_in(conn, intent_id).await? else {
+            return Err(TransitionError::NoSuchOrder(intent_id));
+        };
+        let Some(from) = open_status(&payment) else {
+            return Ok(PaymentSettlement::Duplicate);
+        };
+        let detail = format!("payment {intent_id}");
+        let (settlement, to) = match self
+            .transition_in_tx(conn, payment.order_id, None, Outcome::Paid, now, &detail)
+            .await
+        {
+            Ok(_) => (PaymentSettlement::Paid, PaymentStatus::Paid),
+            Err(TransitionError::Illegal { .. }) => {
+                (PaymentSettlement::RefundDue, PaymentStatus::RefundDue)
+            }
+            Err(e) => return Err(e),
+        };
+        sqlx::query(&self.sql(
+            "UPDATE payments SET status = ?, provider_ref = ?, updated_at = ? WHERE intent_id = ?",
         ))
+        .bind(to.as_str())
         .bind(provider_ref)
         .bind(now)
         .bind(intent_id)
         .execute(&mut *conn)
-        .await?
-        .rows_affected();
-        let q = format!(
-            "SELECT {} FROM payments WHERE intent_id = ?",
-            Self::PAYMENT_COLS
-        );
-        let row = sqlx::query(&self.sql(&q))
-            .bind(intent_id)
-            .fetch_optional(&mut *conn)
+        .await?;
+        self.tally_payment_in(conn, payment.order_id, Some(from), to)
             .await?;
-        let payment = match row {
-            Some(r) => Self::payment_from_row(&r)?,
-            None => return Err(TransitionError::NoSuchOrder(intent_id)),
-        };
-        if claimed != 1 {
-            return Ok(PaymentSettlement::Duplicate);
-        }
-        let detail = format!("payment {intent_id}");
-        match self
-            .transition_in_tx(conn, payment.order_id, None, Outcome::Paid, now, &detail)
-            .await
-        {
-            Ok(_) => {
-                sqlx::query(&self.sql("UPDATE payments SET status = 'paid' WHERE intent_id = ?"))
-                    .bind(intent_id)
-                    .execute(&mut *conn)
-                    .await?;
-                Ok(PaymentSettlement::Paid)
-            }
-            Err(TransitionError::Illegal { .. }) => Ok(PaymentSettlement::RefundDue),
-            Err(e) => Err(e),
-        }
+        Ok(settlement)
     }
 
-    /// Payments of a sale by status (for stats).
+    /// Payments of a sale by status, counted from the rows (the full recount's).
     pub async fn payment_counts(&self, sale_id: i64) -> Result<Vec<(String, i64)>, StoreError> {
         self.all_rows("SELECT p.status, COUNT(*) FROM payments p JOIN orders o ON o.id = p.order_id WHERE o.sale_id = ? GROUP BY p.status", &[sale_id], super::text_and_int).await
+    }
+}
+
+/// The status of an intent that may still be settled or failed: open, or superseded.
+fn open_status(p: &Payment) -> Option<PaymentStatus> {
+    match PaymentStatus::parse(&p.status)? {
+        s @ (PaymentStatus::Created | PaymentStatus::Superseded) => Some(s),
+        _ => None,
     }
 }

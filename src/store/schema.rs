@@ -226,6 +226,69 @@ pub fn migrations(d: Dialect) -> Vec<(i64, Vec<String>)> {
         (7, v7),
         (9, v9),
         (10, v10),
+        (11, tallies(d, int, tail)),
+    ]
+}
+
+/// The sale's tallies (see `store::tallies`): orders and payment intents by status, buyers
+/// by the units they hold, filled from the rows there are; and the recount job's table
+/// (see `reconcile::job`), and an index the recount counts unreturned stock by.
+fn tallies(d: Dialect, int: &str, tail: &str) -> Vec<String> {
+    let mut v = vec![
+        format!(
+            "CREATE TABLE IF NOT EXISTS sale_tallies (
+                sale_id {int} NOT NULL,
+                tally VARCHAR(40) NOT NULL,
+                n {int} NOT NULL,
+                PRIMARY KEY (sale_id, tally)
+            ){tail}"
+        ),
+        format!(
+            "CREATE TABLE IF NOT EXISTS recount_jobs (
+                sale_id {int} PRIMARY KEY,
+                state VARCHAR(16) NOT NULL,
+                started_at {int} NOT NULL,
+                updated_at {int} NOT NULL,
+                orders_read {int} NOT NULL,
+                orders_total {int} NOT NULL,
+                outcome TEXT,
+                error VARCHAR(500)
+            ){tail}"
+        ),
+        "CREATE INDEX stock_returns_by_sale ON stock_returns (sale_id, gate_done_at)".to_string(),
+    ];
+    v.extend(tally_backfill(d, "sale_id"));
+    v
+}
+
+/// The statements that fill `sale_tallies` from the rows, for the sales whose id equals
+/// `sale` (the column itself for every sale, or `?` for one).
+pub fn tally_backfill(d: Dialect, sale: &str) -> Vec<String> {
+    let text = |prefix: &str, expr: &str| match d {
+        Dialect::Sqlite => format!("'{prefix}' || {expr}"),
+        _ => format!("CONCAT('{prefix}', {expr})"),
+    };
+    let order_sale = if sale == "sale_id" { "o.sale_id" } else { sale };
+    vec![
+        format!(
+            "INSERT INTO sale_tallies (sale_id, tally, n) \
+             SELECT sale_id, {}, COUNT(*) FROM orders WHERE sale_id = {sale} \
+             GROUP BY sale_id, status",
+            text("orders:", "status")
+        ),
+        format!(
+            "INSERT INTO sale_tallies (sale_id, tally, n) \
+             SELECT o.sale_id, {}, COUNT(*) FROM payments p JOIN orders o ON o.id = p.order_id \
+             WHERE o.sale_id = {order_sale} GROUP BY o.sale_id, p.status",
+            text("payments:", "p.status")
+        ),
+        format!(
+            "INSERT INTO sale_tallies (sale_id, tally, n) \
+             SELECT sale_id, {}, COUNT(*) FROM (SELECT sale_id, user_id, SUM(quantity) AS held \
+             FROM orders WHERE sale_id = {sale} AND status IN ('pending_payment', 'paid') \
+             GROUP BY sale_id, user_id) h GROUP BY sale_id, held",
+            text("holding:", "held")
+        ),
     ]
 }
 

@@ -241,6 +241,10 @@ impl Store {
             .bind(p.sale_id)
             .execute(&mut *conn)
             .await?;
+        let mut tallies = super::tallies::Tallies::default();
+        tallies.order_moved(p.sale_id, None, crate::model::OrderStatus::PendingPayment);
+        tallies.holding_moved(p.sale_id, held, held + p.quantity);
+        self.tally_in(conn, &tallies).await?;
         Ok(SqlVerdict::Accepted {
             remaining: remaining - p.quantity,
         })

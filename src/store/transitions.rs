@@ -161,6 +161,12 @@ impl Store {
                 to: outcome.status().as_str(),
             });
         }
+        let mut tallies = super::tallies::Tallies::default();
+        tallies.order_moved(
+            order.sale_id,
+            Some(OrderStatus::PendingPayment),
+            outcome.status(),
+        );
         sqlx::query(
             &self
                 .sql("INSERT INTO order_events (order_id, status, at, detail) VALUES (?, ?, ?, ?)"),
@@ -193,6 +199,7 @@ impl Store {
                 units_in_transit: 0,
             };
             self.bump_in(conn, order.sale_id, bump).await?;
+            tallies.holding_moved(order.sale_id, still_held + order.quantity, still_held);
             sqlx::query(&self.sql(
                 "INSERT INTO stock_returns (order_id, sale_id, user_id, quantity, reason, created_at, gate_done_at) \
                  VALUES (?, ?, ?, ?, ?, ?, NULL)",
@@ -213,6 +220,7 @@ impl Store {
             let back = Movement::new(order.sale_id, order.quantity, cause).order(order_id);
             self.journal_in(conn, &[back], now).await?;
         }
+        self.tally_in(conn, &tallies).await?;
         Ok(order)
     }
 

@@ -14,6 +14,18 @@ pub struct PrivateCluster {
     dir: PathBuf,
 }
 
+/// `--logfile` into SECKILL_TEST_LOGS, when it is set (each node's log beside the
+/// processes' own, to read a failed run's failover from).
+fn node_log(port: u16) -> Vec<String> {
+    match std::env::var("SECKILL_TEST_LOGS") {
+        Ok(dir) => vec![
+            "--logfile".into(),
+            format!("{dir}/redis-{port}-{}.log", super::unique("node")),
+        ],
+        Err(_) => Vec::new(),
+    }
+}
+
 /// How long a master may be unreachable before its replica takes over.
 const NODE_TIMEOUT_MS: u64 = 2000;
 
@@ -99,6 +111,7 @@ impl PrivateCluster {
             ])
             .args(["--cluster-node-timeout", &NODE_TIMEOUT_MS.to_string()])
             .args(["--save", "", "--appendonly", "no"])
+            .args(node_log(port))
             .arg("--dir")
             .arg(&dir)
             .stdout(Stdio::null())

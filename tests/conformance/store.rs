@@ -274,7 +274,7 @@ async fn migrations_are_idempotent_and_safe_to_race() {
         applied.sort();
         assert_eq!(
             applied,
-            vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10],
+            vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11],
             "{kind:?}: each version applied by exactly one process"
         );
         let store = Store::connect(&url, 2).await.unwrap();
@@ -450,7 +450,7 @@ async fn sqlite_is_created_on_first_use() {
     let store = Store::connect(&url, 2).await.unwrap();
     assert_eq!(
         store.migrate().await.unwrap(),
-        vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+        vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
     );
 }
 
@@ -715,6 +715,15 @@ async fn a_cancelled_transaction_leaves_no_lock_behind() {
     }
 }
 
+/// Every kept figure of the sale counted again from its rows, at full speed.
+async fn recount(store: &Store, sale_id: i64) -> seckill::store::Recount {
+    store
+        .recount_paced(sale_id, seckill::store::Pace::FULL, 10_000, &|_| {})
+        .await
+        .unwrap()
+        .unwrap()
+}
+
 /// A page of a sale's order ids is a walk of an index from its cursor: nothing sorts the
 /// sale's orders, however many it holds (at a million, that sort took seconds a page).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -857,10 +866,46 @@ async fn kept_figures_equal_their_recount_and_a_wrong_one_is_corrected() {
         store.plan_move(&m).await.unwrap();
         assert!(store.advance_move(m.id, "planned", "taken").await.unwrap());
 
+        // Payment intents: one paid, one failed, one left open.
+        let now = seckill::clock::wall_ms();
+        let mut intents = Vec::new();
+        for o in &first[30..33] {
+            let p = seckill::store::Payment {
+                intent_id: common::next_id(),
+                order_id: o.id,
+                user_id: o.user_id,
+                amount_cents: 999,
+                status: "created".into(),
+                created_at: now,
+            };
+            intents.push(store.open_payment(&p).await.unwrap().intent_id);
+        }
+        store.settle_payment(intents[0], "ok", now).await.unwrap();
+        assert!(store.fail_payment(intents[1], "no", now).await.unwrap());
+
         let kept = store.sql_account(sale.id).await.unwrap().unwrap();
-        let (counted, corrected) = store.recount_counters(sale.id).await.unwrap().unwrap();
-        assert_eq!(kept, counted, "{kind:?}");
-        assert!(!corrected, "{kind:?}");
+        let first_count = recount(&store, sale.id).await;
+        assert_eq!(kept, first_count.counted, "{kind:?}");
+        assert!(
+            first_count.agrees() && !first_count.corrected,
+            "{kind:?}: {first_count:?}"
+        );
+        let tallies = store.tallies(sale.id).await.unwrap();
+        use seckill::store::{PaymentStatus, Tally};
+        for (tally, n) in [
+            (Tally::Orders(OrderStatus::PendingPayment), 40 + 20 - 1),
+            (Tally::Orders(OrderStatus::Paid), 1),
+            (Tally::Orders(OrderStatus::Cancelled), 30),
+            (Tally::Orders(OrderStatus::Expired), 10),
+            (Tally::Payments(PaymentStatus::Created), 1),
+            (Tally::Payments(PaymentStatus::Paid), 1),
+            (Tally::Payments(PaymentStatus::Failed), 1),
+            (Tally::Holding(1), 10 + 30),
+            (Tally::Holding(2), 20),
+        ] {
+            assert_eq!(tallies.get(tally), n, "{kind:?}: {tally:?}");
+        }
+        assert_eq!(tallies.most_held(), 2, "{kind:?}");
         // 60 + 20 orders written, 30 cancelled, 10 expired; 20 SQL purchases of 2 units.
         assert_eq!(kept.live_units, 80 - 30 - 10 + 40, "{kind:?}");
         assert_eq!(
@@ -896,13 +941,26 @@ async fn kept_figures_equal_their_recount_and_a_wrong_one_is_corrected() {
         .execute(store.pool())
         .await
         .unwrap();
-        let (counted, corrected) = store.recount_counters(sale.id).await.unwrap().unwrap();
-        assert!(corrected, "{kind:?}");
+        sqlx::query(&format!(
+            "UPDATE sale_tallies SET n = n + 5 WHERE sale_id = {} AND tally = 'holding:1'",
+            sale.id
+        ))
+        .execute(store.pool())
+        .await
+        .unwrap();
+        let found = recount(&store, sale.id).await;
+        assert!(found.corrected && !found.agrees(), "{kind:?}");
         assert_eq!(
             store.sql_account(sale.id).await.unwrap().unwrap(),
-            counted,
+            found.counted,
             "{kind:?}"
         );
-        assert_eq!(counted.live_buyers, 60, "{kind:?}");
+        assert_eq!(
+            store.tallies(sale.id).await.unwrap(),
+            found.counted_tallies,
+            "{kind:?}: the tallies are corrected too"
+        );
+        assert!(recount(&store, sale.id).await.agrees(), "{kind:?}");
+        assert_eq!(found.counted.live_buyers, 60, "{kind:?}");
     }
 }

@@ -123,6 +123,10 @@ pub struct SqlSnapshot {
     /// Order -> whether its stock return was handed to the gate.
     returned: HashMap<i64, bool>,
     kept: HashMap<i64, Kept>,
+    /// (sale, tally) -> n, as the transactions kept them (rows at 0 left out).
+    tallies: BTreeMap<(i64, String), i64>,
+    /// (sale, status) of every payment intent.
+    payments: Vec<(i64, String)>,
 }
 
 async fn read_sql(store: &Store) -> Result<SqlSnapshot, String> {
@@ -143,10 +147,33 @@ async fn read_sql(store: &Store) -> Result<SqlSnapshot, String> {
             return Err(format!("order {id} has two stock returns"));
         }
     }
+    let tallies = sqlx::query("SELECT sale_id, tally, n FROM sale_tallies WHERE n <> 0")
+        .fetch_all(store.pool())
+        .await
+        .map_err(|e| e.to_string())?
+        .iter()
+        .map(|r| {
+            (
+                (r.get::<i64, _>(0), r.get::<String, _>(1)),
+                r.get::<i64, _>(2),
+            )
+        })
+        .collect();
+    let payments = sqlx::query(
+        "SELECT o.sale_id, p.status FROM payments p JOIN orders o ON o.id = p.order_id",
+    )
+    .fetch_all(store.pool())
+    .await
+    .map_err(|e| e.to_string())?
+    .iter()
+    .map(|r| (r.get::<i64, _>(0), r.get::<String, _>(1)))
+    .collect();
     Ok(SqlSnapshot {
         rows,
         returned,
         kept: kept(store).await?,
+        tallies,
+        payments,
     })
 }
 
@@ -155,6 +182,8 @@ async fn check(sim: &mut Sim, sql: &SqlSnapshot) -> Result<(), String> {
         rows,
         returned,
         kept,
+        tallies,
+        payments,
     } = sql;
     // Order states only move forward (4, 5: an order is written once, leaves
     // pending_payment once).
@@ -215,6 +244,35 @@ async fn check(sim: &mut Sim, sql: &SqlSnapshot) -> Result<(), String> {
             return Err(format!(
                 "sale {}: SQL stock {} + live units {} != initial {}",
                 spec.id, k.stock, k.live_units, spec.stock
+            ));
+        }
+        // The tallies the admin reads (orders and intents by status, buyers by units held)
+        // equal their count from the rows.
+        let mut counted_tallies: BTreeMap<(i64, String), i64> = BTreeMap::new();
+        for row in rows.values().filter(|r| r.sale == spec.id) {
+            *counted_tallies
+                .entry((spec.id, format!("orders:{}", row.status)))
+                .or_default() += 1;
+        }
+        for units in held.values() {
+            *counted_tallies
+                .entry((spec.id, format!("holding:{units}")))
+                .or_default() += 1;
+        }
+        for (sale, status) in payments.iter().filter(|(sale, _)| *sale == spec.id) {
+            *counted_tallies
+                .entry((*sale, format!("payments:{status}")))
+                .or_default() += 1;
+        }
+        let kept_tallies: BTreeMap<(i64, String), i64> = tallies
+            .iter()
+            .filter(|((sale, _), _)| *sale == spec.id)
+            .map(|(k, n)| (k.clone(), *n))
+            .collect();
+        if kept_tallies != counted_tallies {
+            return Err(format!(
+                "sale {}: tallies kept {kept_tallies:?}, counted {counted_tallies:?}",
+                spec.id
             ));
         }
         // Invariant 2 in SQL.

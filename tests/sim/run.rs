@@ -519,6 +519,18 @@ impl Sim {
                 return;
             }
         };
+        // Mostly paid; now and then the provider says it failed (the buyer may try again).
+        if self.rng.random_bool(0.15) {
+            let failed = store.fail_payment(intent, "declined", now).await;
+            self.note(format!(
+                "pay o={id} -> failed {}",
+                match &failed {
+                    Ok(changed) => changed.to_string(),
+                    Err(e) => coarse(&e.to_string()),
+                }
+            ));
+            return;
+        }
         let settled = store.settle_payment(intent, "sim", now).await;
         self.note(format!(
             "pay o={id} -> {}",

@@ -52,7 +52,9 @@ pub async fn sale_stats(
         .sale(id)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("sale {id} does not exist")))?;
-    let counts = st.store.sale_counts(id).await?;
+    // Tallies and counters kept by the transactions: a few rows at any size.
+    let tallies = st.store.tallies(id).await?;
+    let units = st.store.sql_account(id).await?.map_or(0, |a| a.live_units);
     let gate = st.gate.stock(id).await?;
     let backlog = match st.backlog.holds_orders() {
         true => Some(st.backlog.counts(id, sale.segments).await?),
@@ -65,10 +67,10 @@ pub async fn sale_stats(
         gate_buyers: gate.map(|g| g.buyers),
         gate_accepted: gate.map(|g| g.accepted),
         sql_stock: sale.stock,
-        orders_written: counts.orders,
-        units_in_live_orders: counts.units,
-        orders_by_status: counts.by_status,
-        payments_by_status: st.store.payment_counts(id).await?.into_iter().collect(),
+        orders_written: tallies.orders_written(),
+        units_in_live_orders: units,
+        orders_by_status: tallies.orders().into_iter().collect(),
+        payments_by_status: tallies.payments().into_iter().collect(),
         log_backlog: backlog.map(|b| b.unwritten),
         log_pending: backlog.map(|b| b.pending),
         dead_letters: backlog.map(|b| b.dead),
@@ -93,12 +95,14 @@ pub struct Audit {
 }
 
 /// The database's own account of a sale, for load tests and operators: what was sold, to
-/// how many buyers, the most any buyer holds. Computed in SQL, in constant memory.
+/// how many buyers, the most any buyer holds. From the counters and tallies the
+/// transactions keep (a few rows, whatever the sale holds); the full recount
+/// (`/recount`) checks them against the rows.
 #[utoipa::path(
     get,
     path = "/api/admin/sales/{id}/audit",
     tag = "admin",
-    summary = "The database's account of a sale, computed in SQL",
+    summary = "The database's account of a sale, from the figures its transactions keep",
     params(SaleId),
     responses((status = 200, description = "Live orders and units, distinct buyers, most units per buyer, oversold, order-log backlog", body = Audit), ReadErrors),
     security(("admin" = []))
@@ -113,8 +117,18 @@ pub async fn sale_audit(
         .sale(id)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("sale {id} does not exist")))?;
-    let (live_orders, live_units, distinct_buyers, max_units_per_buyer) =
-        st.store.live_totals(id).await?;
+    let tallies = st.store.tallies(id).await?;
+    let kept = st
+        .store
+        .sql_account(id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("sale {id} does not exist")))?;
+    let (live_orders, live_units, distinct_buyers, max_units_per_buyer) = (
+        tallies.live_orders(),
+        kept.live_units,
+        kept.live_buyers,
+        tallies.most_held(),
+    );
     let log_backlog = match st.backlog.holds_orders() {
         true => Some(st.backlog.counts(id, sale.segments).await?.unwritten),
         false => None,
@@ -305,6 +319,95 @@ pub async fn repair(
     Ok(no_store(done))
 }
 
+/// A full recount of a sale, and how far it got.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct RecountJob {
+    sale_id: String,
+    /// `running`, `done` or `failed`.
+    state: String,
+    started_at: String,
+    /// When it last reported: a running job reports every second.
+    updated_at: String,
+    orders_read: i64,
+    /// The orders the sale held when it began.
+    orders_total: i64,
+    /// Once done: the gate against the recounted SQL (`account`, `exact`), and whether the
+    /// figures the transactions keep disagreed with the rows (and were corrected).
+    #[schema(value_type = Option<Object>)]
+    outcome: Option<serde_json::Value>,
+    /// Once failed: why.
+    error: Option<String>,
+}
+
+impl From<crate::store::recount::RecountJob> for RecountJob {
+    fn from(j: crate::store::recount::RecountJob) -> Self {
+        RecountJob {
+            sale_id: j.sale_id.to_string(),
+            state: j.state,
+            started_at: rfc3339(j.started_at),
+            updated_at: rfc3339(j.updated_at),
+            orders_read: j.orders_read,
+            orders_total: j.orders_total,
+            outcome: j.outcome.and_then(|o| serde_json::from_str(&o).ok()),
+            error: j.error,
+        }
+    }
+}
+
+/// `POST /api/admin/sales/{id}/recount`: starts the full recount of the sale in the
+/// background and answers at once.
+#[utoipa::path(
+    post,
+    path = "/api/admin/sales/{id}/recount",
+    tag = "admin",
+    summary = "Start the full recount: every row of the sale counted again in the background (a bounded share of the database), its buyers compared with the gate's one by one, the kept figures checked",
+    params(SaleId),
+    responses((status = 202, description = "Started; GET the same path for its progress", body = RecountJob), ChangeErrors),
+    security(("admin" = []))
+)]
+pub async fn start_recount(
+    _: Admin,
+    State(st): State<Arc<AppState>>,
+    PathId(id, _): SaleId,
+) -> Result<(axum::http::StatusCode, Json<RecountJob>), ApiError> {
+    super::sales::existing_sale(&st, id).await?;
+    let started =
+        crate::reconcile::job::start(st.store.clone(), st.gate.clone(), st.backlog.clone(), id)
+            .await?;
+    if !started {
+        return Err(ApiError::Conflict(format!(
+            "a recount of sale {id} is running: GET /api/admin/sales/{id}/recount for its progress"
+        )));
+    }
+    let job = st
+        .store
+        .recount_job(id)
+        .await?
+        .ok_or_else(|| ApiError::Unavailable("the recount did not record its start".into()))?;
+    Ok((axum::http::StatusCode::ACCEPTED, Json(job.into())))
+}
+
+/// `GET /api/admin/sales/{id}/recount`: the sale's latest recount, running or ended.
+#[utoipa::path(
+    get,
+    path = "/api/admin/sales/{id}/recount",
+    tag = "admin",
+    summary = "The sale's latest full recount: how far it got, and once done what it found",
+    params(SaleId),
+    responses((status = 200, description = "The job", body = RecountJob), ReadErrors),
+    security(("admin" = []))
+)]
+pub async fn recount(
+    _: Admin,
+    State(st): State<Arc<AppState>>,
+    PathId(id, _): SaleId,
+) -> Result<Response, ApiError> {
+    let job = st.store.recount_job(id).await?.ok_or_else(|| {
+        ApiError::NotFound(format!("sale {id} has no recount (POST to start one)"))
+    })?;
+    Ok(no_store(RecountJob::from(job)))
+}
+
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct JournalRow {
     id: String,
@@ -346,8 +449,13 @@ pub async fn journal(
 ) -> Result<Response, ApiError> {
     let axum::extract::Query(page) = query.map_err(|e| ApiError::invalid(e.body_text()))?;
     let (after, limit) = page.bounds(1000, 10_000)?;
-    let (sum, stock) = st.store.journal_balance(id).await?;
-    let stock = stock.ok_or_else(|| ApiError::NotFound(format!("sale {id} does not exist")))?;
+    // The journal's sum as its rows' transactions kept it (the full recount adds the rows).
+    let kept = st
+        .store
+        .sql_account(id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("sale {id} does not exist")))?;
+    let (sum, stock) = (kept.journal_sum, kept.stock);
     let entries = st.store.journal(id, after, limit).await?;
     let next = next_after(entries.iter().map(|e| e.id), limit);
     Ok(no_store(Journal {
