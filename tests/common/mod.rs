@@ -182,6 +182,8 @@ pub async fn one_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
 
 pub struct Server {
     pub child: Child,
+    /// Where its log goes (see [`spawn`]).
+    pub log: std::path::PathBuf,
     pub base: String,
     pub admin: String,
     pub env: Vec<(String, String)>,
@@ -222,11 +224,13 @@ impl Server {
         let mut all_env = env.clone();
         all_env.push(("SECKILL_LISTEN".into(), format!("127.0.0.1:{port}")));
         all_env.push(("SECKILL_ADMIN_TOKEN".into(), admin.clone()));
-        // SECKILL_TEST_SERVER_LOG (e.g. info) to see more of what the servers do.
-        let log = std::env::var("SECKILL_TEST_SERVER_LOG").unwrap_or_else(|_| "warn".into());
+        // SECKILL_TEST_SERVER_LOG (e.g. debug) to see more or less of what the servers do.
+        let log = std::env::var("SECKILL_TEST_SERVER_LOG").unwrap_or_else(|_| "info".into());
         all_env.push(("SECKILL_LOG".into(), log));
+        let (child, log) = spawn(&all_env, &args);
         Server {
-            child: spawn(&all_env, &args),
+            child,
+            log,
             base: format!("http://127.0.0.1:{port}"),
             admin,
             env: all_env,
@@ -272,7 +276,7 @@ impl Server {
 
     /// Starts the same command again, on the same port, after a kill.
     pub async fn restart(&mut self) {
-        self.child = spawn(&self.env, &self.args);
+        (self.child, self.log) = spawn(&self.env, &self.args);
         self.wait_ready().await;
     }
 }
@@ -281,23 +285,47 @@ impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        settle_log(
+            &self.log,
+            &format!("seckill {} at {}", self.args.join(" "), self.base),
+        );
     }
 }
 
-pub fn spawn(env: &[(String, String)], args: &[String]) -> Child {
+/// A process's log once it is gone: its last lines printed when the test is failing (the
+/// story of a failure that will not happen again on demand), then removed unless kept
+/// (SECKILL_TEST_LOGS).
+fn settle_log(log: &std::path::Path, what: &str) {
+    if std::thread::panicking() {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        let tail = &lines[lines.len().saturating_sub(80)..];
+        eprintln!("---- the last {} lines of {what}'s log ----", tail.len());
+        for line in tail {
+            eprintln!("{line}");
+        }
+    }
+    if std::env::var("SECKILL_TEST_LOGS").is_err() {
+        let _ = std::fs::remove_file(log);
+    }
+}
+
+/// Starts `seckill <args>`; the child and the file its log (stdout) goes to: in
+/// SECKILL_TEST_LOGS when set (kept), else in the temp folder (removed when it ends, its
+/// tail printed first if the test is failing).
+pub fn spawn(env: &[(String, String)], args: &[String]) -> (Child, std::path::PathBuf) {
     // SECKILL_TEST_BIN runs the tests against another build (an older commit's, to show
     // that a test fails without its fix).
     let bin = std::env::var("SECKILL_TEST_BIN").unwrap_or(env!("CARGO_BIN_EXE_seckill").into());
     let mut cmd = Command::new(bin);
-    // SECKILL_TEST_LOGS=DIR keeps each process's log (its stdout) in DIR.
-    let stdout = match std::env::var("SECKILL_TEST_LOGS") {
-        Ok(dir) => std::fs::File::create(
-            std::path::Path::new(&dir).join(format!("{}.log", unique("seckill"))),
-        )
+    let dir = std::env::var("SECKILL_TEST_LOGS")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|_| std::env::temp_dir().join("seckill-test-logs"));
+    let _ = std::fs::create_dir_all(&dir);
+    let log = dir.join(format!("{}.log", unique("seckill")));
+    let stdout = std::fs::File::create(&log)
         .map(Stdio::from)
-        .unwrap_or(Stdio::null()),
-        Err(_) => Stdio::null(),
-    };
+        .unwrap_or(Stdio::null());
     cmd.args(args)
         .stdin(Stdio::null())
         .stdout(stdout)
@@ -316,24 +344,26 @@ pub fn spawn(env: &[(String, String)], args: &[String]) -> Child {
     for (k, v) in env {
         cmd.env(k, v);
     }
-    cmd.spawn().expect("spawn seckill")
+    (cmd.spawn().expect("spawn seckill"), log)
 }
 
 /// A `seckill worker` process, SIGKILLed when dropped.
-pub struct Worker(pub Child);
+pub struct Worker(pub Child, pub std::path::PathBuf);
 
 impl Drop for Worker {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
+        settle_log(&self.1, "seckill worker");
     }
 }
 
 /// Starts `seckill worker` with a deployment's settings.
 pub fn worker(env: &[(String, String)]) -> Worker {
     let mut worker_env = env.to_vec();
-    worker_env.push(("SECKILL_LOG".into(), "warn".into()));
-    Worker(spawn(&worker_env, &["worker".to_string()]))
+    worker_env.push(("SECKILL_LOG".into(), "info".into()));
+    let (child, log) = spawn(&worker_env, &["worker".to_string()]);
+    Worker(child, log)
 }
 
 /// Settings as the processes take them, from (name, value) pairs.
