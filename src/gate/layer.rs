@@ -68,6 +68,14 @@ pub trait Layer: Send + Sync {
         self.inner().know_segments(sales)
     }
 
+    fn keeps_order_ids(&self) -> bool {
+        self.inner().keeps_order_ids()
+    }
+
+    fn forget_ended(&self, before: i64) {
+        self.inner().forget_ended(before)
+    }
+
     async fn segment_stocks(
         &self,
         sale_id: i64,
@@ -169,6 +177,14 @@ impl<T: Layer> Gate for T {
 
     fn know_segments(&self, sales: &[(i64, i64)]) {
         Layer::know_segments(self, sales)
+    }
+
+    fn keeps_order_ids(&self) -> bool {
+        Layer::keeps_order_ids(self)
+    }
+
+    fn forget_ended(&self, before: i64) {
+        Layer::forget_ended(self, before)
     }
 
     async fn segment_stocks(

@@ -283,6 +283,17 @@ impl Gate for MemoryGate {
         Ok(self.sale(sale_id).is_some())
     }
 
+    /// Rebuilt only when the process starts: a release reaching it is of an order it
+    /// counted since, or of a return SQL still owes it (`SaleLoad::released`).
+    fn keeps_order_ids(&self) -> bool {
+        false
+    }
+
+    fn forget_ended(&self, before: i64) {
+        let mut sales = self.sales.write().unwrap_or_else(|p| p.into_inner());
+        sales.retain(|_, state| state.lock().unwrap_or_else(|e| e.into_inner()).ends_at >= before);
+    }
+
     async fn stock(&self, sale_id: i64) -> Result<Option<GateStock>, GateError> {
         Ok(self.sale(sale_id).map(|state| {
             let s = state.lock().unwrap_or_else(|e| e.into_inner());

@@ -412,6 +412,20 @@ pub trait Gate: Send + Sync {
     /// approval), for the calls that name a sale but no buyer (stock, pause, ...).
     fn know_segments(&self, _sales: &[(i64, i64)]) {}
 
+    /// Whether the gate keeps every order it counted by id, and so is loaded with every
+    /// order id of the sale and every order SQL took back (Redis: a rebuild meets stream
+    /// entries, confirms and stale returns of orders SQL already holds). A gate rebuilt only
+    /// when its process starts (memory) needs only the buyers and the returns still owed:
+    /// no release of an order returned before it started can reach it.
+    fn keeps_order_ids(&self) -> bool {
+        true
+    }
+
+    /// Lets go of sales that ended before `before` (Unix ms): an ended sale sells nothing
+    /// and its late returns are SQL's alone (`Released::NotLoaded`). Gates whose state
+    /// expires by itself (Redis) keep nothing to let go of.
+    fn forget_ended(&self, _before: i64) {}
+
     /// Each segment's stock, `None` for a segment not in the gate. Only gates that keep
     /// segments apart (Redis) have more than one.
     async fn segment_stocks(

@@ -31,6 +31,9 @@ pub enum LoadError {
 
 /// Sales ended longer ago than this drop out of caches and stream watching.
 pub const KEEP_ENDED_MS: i64 = 7 * 86_400_000;
+/// Sales ended longer ago than this drop out of the gate (a minute: returns of its last
+/// moments settle, as the audit's last rounds do).
+pub const KEEP_IN_GATE_AFTER_END_MS: i64 = 60_000;
 
 /// Each instance's copy of the approved sales, so that the edge answers sale lookups and
 /// window checks without SQL.
@@ -331,7 +334,7 @@ async fn snapshot_and_install(
         segment,
     };
     let snapshot = match store
-        .load_part_snapshot(sale.id, part, WAIT_FOR_WRITERS)
+        .load_part_snapshot(sale.id, part, WAIT_FOR_WRITERS, gate.keeps_order_ids())
         .await
     {
         Ok(snapshot) => snapshot,
@@ -478,5 +481,80 @@ mod tests {
         drop(held);
         assert!(waiter.await.unwrap().unwrap());
         assert!(gate.is_loaded(sale.id).await.unwrap());
+    }
+
+    async fn remaining(gate: &MemoryGate) -> i64 {
+        gate.stock(42).await.unwrap().unwrap().remaining
+    }
+
+    /// A memory gate is loaded from the live orders and the returns it is still owed, not
+    /// from every order of the sale: a release of a return the snapshot counted back
+    /// changes nothing, and an order live at the snapshot gives its unit back once.
+    #[tokio::test]
+    async fn a_memory_gate_loads_from_live_orders_and_returns_still_owed() {
+        use crate::gate::{Release, Released};
+        use crate::store::Outcome;
+        let (store, sale) = store_with_sale().await;
+        let now = crate::clock::wall_ms();
+        let orders: Vec<crate::model::NewOrder> = (1..=3)
+            .map(|user| crate::model::NewOrder {
+                id: 1000 + user,
+                sale_id: sale.id,
+                user_id: user,
+                quantity: 1,
+                price_cents: 100,
+                accepted_at: now,
+            })
+            .collect();
+        store.write_orders(&orders).await.unwrap();
+        // Buyer 1 cancels (the return still owed); buyer 2 cancels and the gate took it.
+        for o in &orders[..2] {
+            store
+                .transition(o.id, Some(o.user_id), Outcome::Cancelled, now, "test")
+                .await
+                .unwrap();
+        }
+        store.mark_returned(orders[1].id, now).await.unwrap();
+        let snapshot = store
+            .load_part_snapshot(sale.id, crate::store::Part::WHOLE, Duration::ZERO, false)
+            .await
+            .unwrap();
+        assert_eq!(snapshot.buyers, [(3, 1)]);
+        assert_eq!(snapshot.released, [orders[0].id], "only the owed return");
+        assert!(
+            snapshot.counted.is_empty(),
+            "no order ids for a memory gate"
+        );
+
+        let (log, _reader) = crate::orderlog::local::channel();
+        let gate = MemoryGate::new(log);
+        assert!(load_sale(&store, &gate, &SaleCache::default(), &sale)
+            .await
+            .unwrap());
+        assert_eq!(remaining(&gate).await, 4);
+        let release = |o: &crate::model::NewOrder| Release {
+            sale_id: sale.id,
+            order_id: o.id,
+            user_id: o.user_id,
+            quantity: 1,
+        };
+        assert_eq!(
+            gate.release(release(&orders[0])).await.unwrap(),
+            Released::Before
+        );
+        assert_eq!(remaining(&gate).await, 4);
+        store
+            .transition(orders[2].id, Some(3), Outcome::Cancelled, now, "test")
+            .await
+            .unwrap();
+        assert_eq!(
+            gate.release(release(&orders[2])).await.unwrap(),
+            Released::Now
+        );
+        assert_eq!(
+            gate.release(release(&orders[2])).await.unwrap(),
+            Released::Before
+        );
+        assert_eq!(remaining(&gate).await, 5);
     }
 }

@@ -29,6 +29,9 @@ use crate::loader::SaleCache;
 use crate::redis_client::RedisConn;
 use crate::store::{Pace, Store};
 
+/// A sale's id and its number of segments.
+type SaleSegments = (i64, i64);
+
 /// Audits in a row that must find the same difference before it is called drift.
 pub const CONFIRM_ROUNDS: u32 = 3;
 
@@ -223,23 +226,43 @@ impl Auditor {
     /// One audit of every live sale; `round` counts them, for the slow check's turn.
     async fn round(&self, streaks: &mut HashMap<i64, Streak>, round: u64) {
         let now = self.store.now_ms();
-        let live: Vec<i64> = self
+        let live: Vec<SaleSegments> = self
             .cache
             .all()
             .iter()
             .filter(|s| s.begins_at <= now + 60_000 && now < s.ends_at + AFTER_END_MS)
-            .map(|s| s.id)
+            .map(|s| (s.id, s.segments))
             .collect();
-        streaks.retain(|sale, _| live.contains(sale));
-        lock(&self.board.drift).retain(|sale, _| live.contains(sale));
+        streaks.retain(|sale, _| live.iter().any(|(id, _)| id == sale));
+        lock(&self.board.drift).retain(|sale, _| live.iter().any(|(id, _)| id == sale));
         let recount_due = (round.is_multiple_of(RECOUNT_EVERY) && !live.is_empty())
-            .then(|| live[(round / RECOUNT_EVERY) as usize % live.len()]);
-        for sale in live {
-            let depth = match streaks.contains_key(&sale) || recount_due == Some(sale) {
-                true => Depth::Recount(Pace::BACKGROUND),
-                false => Depth::Counters,
-            };
-            match self.audit(sale, depth).await {
+            .then(|| live[(round / RECOUNT_EVERY) as usize % live.len()].0);
+        // Sales being confirmed, and the slow check's turn, are recounted; the others are
+        // read from their counters, all in one query.
+        let (recount, counters): (Vec<SaleSegments>, Vec<SaleSegments>) = live
+            .into_iter()
+            .partition(|(sale, _)| streaks.contains_key(sale) || recount_due == Some(*sale));
+        let mut accounts = Vec::new();
+        for (sale, _) in recount {
+            accounts.push((sale, self.recount(sale).await));
+        }
+        let (store, gate, backlog) = (&self.store, self.gate.as_ref(), self.backlog.as_ref());
+        match super::accounts_of_counters(store, gate, backlog, &counters).await {
+            Ok(read) => {
+                for (sale, account) in read {
+                    // A difference in the counters is recounted before anything is
+                    // concluded from it.
+                    let account = match account {
+                        Ok(a) if !a.exact() => self.recount(sale).await,
+                        other => other,
+                    };
+                    accounts.push((sale, account));
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "the audit could not read the sales' counters"),
+        }
+        for (sale, account) in accounts {
+            match account {
                 Ok(a) => self.judge(streaks, a, now),
                 // Nothing to conclude this round; a streak needs unbroken rounds.
                 Err(ReconcileError::TooMuchInFlight(_)) => {
@@ -254,16 +277,10 @@ impl Auditor {
         self.board.audits.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// One sale's account to `depth`; a difference seen in its counters is recounted
-    /// before anything is concluded from it.
-    async fn audit(&self, sale: i64, depth: Depth) -> Result<Account, ReconcileError> {
+    /// One sale recounted from every row, at the background pace.
+    async fn recount(&self, sale: i64) -> Result<Account, ReconcileError> {
         let (store, gate, backlog) = (&self.store, self.gate.as_ref(), self.backlog.as_ref());
-        let a = account_to(store, gate, backlog, sale, depth).await?;
-        if matches!(depth, Depth::Counters) && !a.exact() {
-            let recount = Depth::Recount(Pace::BACKGROUND);
-            return account_to(store, gate, backlog, sale, recount).await;
-        }
-        Ok(a)
+        account_to(store, gate, backlog, sale, Depth::Recount(Pace::BACKGROUND)).await
     }
 
     fn judge(&self, streaks: &mut HashMap<i64, Streak>, a: Account, now: i64) {

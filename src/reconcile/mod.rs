@@ -159,15 +159,7 @@ pub async fn account_with(
         .await?
         .ok_or(ReconcileError::NoSuchSale(sale_id))?
         .segments;
-    // A SQL gate decides in SQL itself: nothing apart from SQL to compare, only the journal.
-    let gate_now = match in_flight.holds_orders() {
-        false => None,
-        true => gate.stock(sale_id).await?,
-    };
-    let (in_flight_orders, dead_letters) = in_flight
-        .unwritten(sale_id, segments, MAX_IN_FLIGHT)
-        .await?
-        .ok_or(ReconcileError::TooMuchInFlight(sale_id))?;
+    let seen = in_flight_of(gate, in_flight, sale_id, segments).await?;
     let mut recounted = None;
     let (sql, sql_buyers) = match depth {
         Depth::Counters | Depth::Read => {
@@ -176,7 +168,7 @@ pub async fn account_with(
                 .await?
                 .ok_or(ReconcileError::NoSuchSale(sale_id))?;
             let small = matches!(depth, Depth::Read) && sql.live_buyers <= SMALL_SALE_BUYERS;
-            let buyers = match small && gate_now.is_some() {
+            let buyers = match small && seen.gate.is_some() {
                 true => Some(store.live_buyers(sale_id).await?),
                 false => None,
             };
@@ -192,6 +184,83 @@ pub async fn account_with(
             figures
         }
     };
+    let account = settle(store, gate, sale_id, seen, sql, sql_buyers).await?;
+    Ok((account, recounted))
+}
+
+/// The accounts of many sales, `(sale, segments)`, from their counters: the gate and the
+/// log of each read first, then SQL's figures of them all in one query. What the audit
+/// reads every round, a few rows whatever the sales hold and however many they are.
+pub async fn accounts_of_counters(
+    store: &Store,
+    gate: &dyn Gate,
+    in_flight: &dyn Backlog,
+    sales: &[(i64, i64)],
+) -> Result<Vec<(i64, Result<Account, ReconcileError>)>, ReconcileError> {
+    let mut seen = Vec::with_capacity(sales.len());
+    for (sale, segments) in sales {
+        seen.push((*sale, in_flight_of(gate, in_flight, *sale, *segments).await));
+    }
+    let ids: Vec<i64> = sales.iter().map(|(id, _)| *id).collect();
+    let mut sql = store.sql_accounts(&ids).await?;
+    let mut accounts = Vec::with_capacity(seen.len());
+    for (sale, seen) in seen {
+        let account = match (seen, sql.remove(&sale)) {
+            (Ok(seen), Some(figures)) => settle(store, gate, sale, seen, figures, None).await,
+            (Ok(_), None) => Err(ReconcileError::NoSuchSale(sale)),
+            (Err(e), _) => Err(e),
+        };
+        accounts.push((sale, account));
+    }
+    Ok(accounts)
+}
+
+/// What the gate and the order log hold of a sale: read before SQL, so that an order on
+/// its way between them while they are read is seen at least once.
+struct Seen {
+    gate: Option<crate::gate::GateStock>,
+    /// (user, quantity) of each order not yet in SQL.
+    unwritten: Vec<(i64, i64)>,
+    dead_letters: i64,
+}
+
+async fn in_flight_of(
+    gate: &dyn Gate,
+    in_flight: &dyn Backlog,
+    sale_id: i64,
+    segments: i64,
+) -> Result<Seen, ReconcileError> {
+    // A SQL gate decides in SQL itself: nothing apart from SQL to compare, only the journal.
+    let gate = match in_flight.holds_orders() {
+        false => None,
+        true => gate.stock(sale_id).await?,
+    };
+    let (unwritten, dead_letters) = in_flight
+        .unwritten(sale_id, segments, MAX_IN_FLIGHT)
+        .await?
+        .ok_or(ReconcileError::TooMuchInFlight(sale_id))?;
+    Ok(Seen {
+        gate,
+        unwritten,
+        dead_letters,
+    })
+}
+
+/// The account of what was seen in the gate and the log against SQL's figures;
+/// `sql_buyers` when the buyers are to be compared one by one.
+async fn settle(
+    store: &Store,
+    gate: &dyn Gate,
+    sale_id: i64,
+    seen: Seen,
+    sql: crate::store::journal::SqlAccount,
+    sql_buyers: Option<Vec<(i64, i64)>>,
+) -> Result<Account, ReconcileError> {
+    let Seen {
+        gate: gate_now,
+        unwritten: in_flight_orders,
+        dead_letters,
+    } = seen;
     let holders = match (&gate_now, &sql_buyers) {
         (Some(_), Some(_)) => gate.holders(sale_id, MAX_BUYERS_COMPARED).await?,
         _ => None,
@@ -223,7 +292,7 @@ pub async fn account_with(
         (None, _, _) => (0, 0),
     };
     let stock_drift = gate_now.map_or(0, |g| g.remaining - expected_gate_stock);
-    let account = Account {
+    Ok(Account {
         sale_id: sale_id.to_string(),
         gate_loaded: gate_now.is_some(),
         gate_stock: gate_now.map(|g| g.remaining),
@@ -244,8 +313,7 @@ pub async fn account_with(
         buyers_unknown,
         buyers_compared_each: holders.is_some(),
         journal_drift: sql.journal_sum - sql.stock,
-    };
-    Ok((account, recounted))
+    })
 }
 
 /// (buyers the gate holds fewer units for than owed, buyers it holds more for).

@@ -47,6 +47,9 @@ impl Scheduler {
             .map(|s| (s.id, s.segments))
             .collect();
         self.gate.know_segments(&segments);
+        // An ended sale holds no memory: its buyers were this process's largest part.
+        self.gate
+            .forget_ended(self.store.now_ms() - crate::loader::KEEP_IN_GATE_AFTER_END_MS);
         // Every duty runs whatever the others did: a failing one (a sale's Redis master
         // away) must not stop expiries, returns or the writer's streams.
         let mut first_error: Option<SchedulerError> = None;

@@ -180,6 +180,35 @@ impl Store {
         Ok(())
     }
 
+    /// The accounts of these sales from their counters, by sale.
+    pub(crate) async fn counted_many_in(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        sale_ids: &[i64],
+    ) -> Result<Vec<(i64, SqlAccount)>, StoreError> {
+        if sale_ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let q = self.sql(&format!(
+            "SELECT stock, segments, {}, id FROM sales WHERE id IN ({})",
+            super::schema::COUNTERS.join(", "),
+            Self::placeholders(sale_ids.len())
+        ));
+        // One statement shape per number of sales: not worth a prepared statement each.
+        let mut query = sqlx::query(&q).persistent(false);
+        for id in sale_ids {
+            query = query.bind(*id);
+        }
+        let id_column = 2 + super::schema::COUNTERS.len();
+        query
+            .fetch_all(&mut *conn)
+            .await?
+            .iter()
+            .map(|row| Ok((row.try_get(id_column)?, account_from_row(row)?)))
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(StoreError::from)
+    }
+
     /// The sale's account counted from its orders, returns, moves and journal.
     async fn recount_in(
         &self,

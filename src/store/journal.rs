@@ -271,6 +271,21 @@ impl Store {
         let mut conn = self.pool.acquire().await?;
         self.counted_in(&mut conn, sale_id).await
     }
+
+    /// [`Store::sql_account`] of many sales at once: one query per 500 of them.
+    pub async fn sql_accounts(
+        &self,
+        sale_ids: &[i64],
+    ) -> Result<std::collections::HashMap<i64, SqlAccount>, StoreError> {
+        let mut accounts = std::collections::HashMap::new();
+        let mut conn = self.pool.acquire().await?;
+        for chunk in sale_ids.chunks(500) {
+            for (id, account) in self.counted_many_in(&mut conn, chunk).await? {
+                accounts.insert(id, account);
+            }
+        }
+        Ok(accounts)
+    }
 }
 
 fn entry_from_row(r: &sqlx::any::AnyRow) -> Result<Entry, sqlx::Error> {

@@ -24,11 +24,12 @@ fn is_lock_timeout(e: &StoreError) -> bool {
 #[derive(Debug, Clone, Default)]
 pub struct LoadSnapshot {
     pub stock: i64,
-    /// Every cancelled or expired order: `stock` counts their units back.
+    /// Cancelled or expired orders whose units `stock` counts back: every one, for a gate
+    /// that keeps order ids; else those whose return the gate is still owed (the outbox).
     pub released: Vec<i64>,
     /// (user_id, units held in live orders).
     pub buyers: Vec<(i64, i64)>,
-    /// Every order of the sale in SQL.
+    /// Every order of the sale in SQL, for a gate that keeps order ids; else empty.
     pub counted: Vec<i64>,
     /// Moves between segments this snapshot's stock counts (segmented sales only).
     pub moves: Vec<(i64, super::moves::MoveMark)>,
@@ -68,7 +69,7 @@ impl Store {
         sale_id: i64,
         wait_for_writers: std::time::Duration,
     ) -> Result<LoadSnapshot, StoreError> {
-        self.load_part_snapshot(sale_id, Part::WHOLE, wait_for_writers)
+        self.load_part_snapshot(sale_id, Part::WHOLE, wait_for_writers, true)
             .await
     }
 
@@ -76,15 +77,20 @@ impl Store {
     /// share plus the moves that took effect) less its buyers' live units, and only its
     /// buyers and orders. Moves out of it still only planned are refused here, in the
     /// snapshot's transaction: the rebuilt segment never gives those units.
+    ///
+    /// `order_ids`: whether the gate keeps order ids (`Gate::keeps_order_ids`); without
+    /// them the snapshot reads the live orders and the outbox only. Either way its rows are
+    /// streamed, never held whole: a million orders cost what their buyers take.
     pub async fn load_part_snapshot(
         &self,
         sale_id: i64,
         part: Part,
         wait_for_writers: std::time::Duration,
+        order_ids: bool,
     ) -> Result<LoadSnapshot, StoreError> {
         if self.dialect != Dialect::Sqlite && !wait_for_writers.is_zero() {
             match self
-                .load_snapshot_fenced(sale_id, part, wait_for_writers)
+                .load_snapshot_fenced(sale_id, part, wait_for_writers, order_ids)
                 .await
             {
                 Err(e) if is_lock_timeout(&e) => {
@@ -98,7 +104,9 @@ impl Store {
             }
         }
         self.in_write_tx(|mut conn| async move {
-            let read = self.load_snapshot_in_tx(&mut conn, sale_id, part).await;
+            let read = self
+                .load_snapshot_in_tx(&mut conn, sale_id, part, order_ids)
+                .await;
             (conn, read)
         })
         .await
@@ -109,6 +117,7 @@ impl Store {
         sale_id: i64,
         part: Part,
         wait: std::time::Duration,
+        order_ids: bool,
     ) -> Result<LoadSnapshot, StoreError> {
         let mut conn = self.begin_write().await?;
         let read = async {
@@ -125,7 +134,8 @@ impl Store {
                 _ => "SELECT id FROM writer_fence WHERE id = 1 FOR UPDATE",
             };
             sqlx::query(exclusive).execute(&mut *conn).await?;
-            self.load_snapshot_in_tx(&mut conn, sale_id, part).await
+            self.load_snapshot_in_tx(&mut conn, sale_id, part, order_ids)
+                .await
         }
         .await;
         match read {
@@ -171,7 +181,9 @@ impl Store {
         conn: &mut sqlx::AnyConnection,
         sale_id: i64,
         part: Part,
+        order_ids: bool,
     ) -> Result<LoadSnapshot, StoreError> {
+        use futures_util::TryStreamExt;
         let lock = match self.dialect {
             // BEGIN IMMEDIATE already holds SQLite's one write lock.
             Dialect::Sqlite => "SELECT stock, initial_stock FROM sales WHERE id = ?",
@@ -185,29 +197,51 @@ impl Store {
             Some(r) => (r.try_get(0)?, r.try_get(1)?),
             None => return Err(StoreError::UnknownSale(sale_id)),
         };
-        let rows = sqlx::query(
-            &self.sql("SELECT id, user_id, quantity, status FROM orders WHERE sale_id = ?"),
-        )
-        .bind(sale_id)
-        .fetch_all(&mut *conn)
-        .await?;
         let mut held: HashMap<i64, i64> = HashMap::new();
-        let mut counted = Vec::with_capacity(rows.len());
+        let mut counted = Vec::new();
         let mut released = Vec::new();
-        for r in &rows {
+        // In the order of the sale's index (`orders_by_sale_id`): on SQLite, the table's
+        // own order too, so the rows are read in one sweep.
+        let every_order = if order_ids {
+            ""
+        } else {
+            " AND status IN ('pending_payment', 'paid')"
+        };
+        let q = format!(
+            "SELECT id, user_id, quantity, status FROM orders WHERE sale_id = ?{every_order} ORDER BY id"
+        );
+        let q = self.sql(&q);
+        let mut rows = sqlx::query(&q).bind(sale_id).fetch(&mut *conn);
+        while let Some(r) = rows.try_next().await? {
             let user: i64 = r.try_get(1)?;
             if !part.holds(user) {
                 continue;
             }
             let id: i64 = r.try_get(0)?;
-            counted.push(id);
             let status: String = r.try_get(3)?;
+            if order_ids {
+                counted.push(id);
+            }
             if OrderStatus::LIVE.contains(&status.as_str()) {
                 *held.entry(user).or_default() += r.try_get::<i64, _>(2)?;
             } else {
                 // Cancelled or expired: the stock counts its units back already, whether
                 // or not its return reached a gate; a release of it later is a repeat.
                 released.push(id);
+            }
+        }
+        drop(rows);
+        if !order_ids {
+            // Returns the gate is still owed: the only releases of earlier orders that can
+            // reach a gate loaded now (one returned before it started is never sent again).
+            let q = self.sql(
+                "SELECT order_id, user_id FROM stock_returns WHERE sale_id = ? AND gate_done_at IS NULL",
+            );
+            let mut owed = sqlx::query(&q).bind(sale_id).fetch(&mut *conn);
+            while let Some(r) = owed.try_next().await? {
+                if part.holds(r.try_get(1)?) {
+                    released.push(r.try_get(0)?);
+                }
             }
         }
         let (stock, moves) = if part.segments > 1 {

@@ -57,6 +57,9 @@ pub struct Told {
     pub pending: Vec<i64>,
     /// 503s (`unavailable`, `not_loaded`) and requests that got no answer.
     pub unavailable: usize,
+    /// Requests that got no answer at all (the instance was killed or the connection cut
+    /// while it decided): such an attempt may have bought, and nobody could tell the buyer.
+    pub unanswered: usize,
     /// The final answer's code.
     pub last: String,
     /// When each answer came: (instant, code), for the timeline checks.
@@ -69,6 +72,7 @@ pub async fn buy_until_final(api: &Api, sale: &str, token: &str, give_up: Instan
     while Instant::now() < give_up {
         let Ok(r) = api.try_buy(token, sale).await else {
             told.unavailable += 1;
+            told.unanswered += 1;
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         };
@@ -173,11 +177,13 @@ pub fn merge(told: &mut HashMap<i64, Told>, later: HashMap<i64, Told>) {
         let entry = told.entry(user).or_default();
         entry.ok.extend(t.ok);
         entry.pending.extend(t.pending);
+        entry.unanswered += t.unanswered;
     }
 }
 
 /// The invariants after the storms: each buyer holds at most one order, every `ok` is in
-/// SQL, every order in SQL was answered `ok` or `pending` to its buyer, stock adds up.
+/// SQL, every order in SQL was answered `ok` or `pending` to its buyer (or one of the
+/// buyer's attempts got no answer at all: a 503 never hides an order), stock adds up.
 pub async fn check_sql(store: &Store, sale_id: i64, stock: i64, told: &HashMap<i64, Told>) {
     let expected_ok: usize = told.values().map(|t| t.ok.len()).sum();
     let store = store.clone();
@@ -203,7 +209,7 @@ pub async fn check_sql(store: &Store, sale_id: i64, stock: i64, told: &HashMap<i
         let t = told.get(user);
         for id in ids {
             assert!(
-                t.is_some_and(|t| t.ok.contains(id) || t.pending.contains(id)),
+                t.is_some_and(|t| t.ok.contains(id) || t.pending.contains(id) || t.unanswered > 0),
                 "order {id} of buyer {user} was never answered ok or pending: {t:?}"
             );
         }

@@ -516,6 +516,7 @@ async fn a_segment_snapshot_counts_its_share_its_moves_and_its_buyers_only() {
                             segment,
                         },
                         std::time::Duration::ZERO,
+                        true,
                     )
                     .await
                     .unwrap()
@@ -693,7 +694,8 @@ async fn a_cancelled_transaction_leaves_no_lock_behind() {
             segments: 1,
             segment: 0,
         };
-        let rebuild = store.load_part_snapshot(sale.id, whole, std::time::Duration::from_secs(20));
+        let rebuild =
+            store.load_part_snapshot(sale.id, whole, std::time::Duration::from_secs(20), true);
         assert!(
             tokio::time::timeout(std::time::Duration::from_millis(500), rebuild)
                 .await
