@@ -426,6 +426,17 @@ pub async fn assemble(config: Config, role: Role) -> Result<App, AppError> {
         config.trusted_proxies.clone(),
     );
     let secret_guard = crate::edge::auth::SecretGuard::new(config.wrong_token_limit);
+    let room: Arc<dyn crate::room::Room> = match &redis {
+        Some(conn) => {
+            let room = crate::room::redis::RedisRoom::new(conn.clone(), &config.redis_prefix);
+            // A failure here costs one script load at the first call (EVALSHA falls back).
+            if let Err(e) = room.prepare().await {
+                tracing::warn!(error = %e, "the waiting room's scripts were not loaded yet");
+            }
+            Arc::new(room)
+        }
+        None => Arc::new(crate::room::memory::MemoryRoom::new()),
+    };
     let state = Arc::new(AppState {
         config,
         store,
@@ -450,6 +461,7 @@ pub async fn assemble(config: Config, role: Role) -> Result<App, AppError> {
         writer_stats: Arc::new(WriterStats::default()),
         metrics: Metrics::default(),
         audit: Default::default(),
+        rooms: Arc::new(crate::room::Rooms::new(room)),
     });
     Ok(App {
         state,
@@ -530,6 +542,13 @@ impl App {
         if let Some(auditor) = self.auditor() {
             handles.push(tokio::spawn(auditor.run(stop_rx.clone())));
         }
+        let st = &self.state;
+        handles.push(tokio::spawn(st.rooms.clone().run(
+            st.sales.clone(),
+            st.gate.clone(),
+            st.store.clock().clone(),
+            stop_rx.clone(),
+        )));
         if run_writer {
             // The local log has one consumer by nature (and SQLite one writer at a time).
             let loops = if self.log.shared() {

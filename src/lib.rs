@@ -50,6 +50,7 @@ pub mod model;
 pub mod orderlog;
 pub mod reconcile;
 pub mod redis_client;
+pub mod room;
 pub mod scheduler;
 pub mod store;
 pub mod text;

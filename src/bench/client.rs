@@ -178,7 +178,8 @@ impl Connection {
         Ok(Some((status, head_len, length)))
     }
 
-    /// One purchase; with `anti_bot`, first a purchase token, as a browser client would.
+    /// One purchase; with `anti_bot`, first a purchase token, as a browser client would;
+    /// with a waiting room's `pass`, that in the body.
     /// A refused token request is the answer (its status and code). `seen` gets the status
     /// and the answer, borrowed from the connection's buffer.
     pub async fn purchase<R>(
@@ -186,9 +187,13 @@ impl Connection {
         sale: &str,
         bearer: &str,
         anti_bot: bool,
+        pass: Option<&str>,
         seen: impl FnOnce(u16, Answer<'_>) -> R,
     ) -> Result<R, ClientError> {
-        let mut body = Vec::new();
+        let mut fields = serde_json::Map::new();
+        if let Some(pass) = pass {
+            fields.insert("pass".into(), pass.into());
+        }
         if anti_bot {
             let path = format!("/api/sales/{sale}/token");
             let (status, answer) = self
@@ -196,9 +201,7 @@ impl Connection {
                 .await?;
             match serde_json::from_slice::<PurchaseToken>(&answer) {
                 Ok(t) if status == 200 => {
-                    body = serde_json::json!({ "token": t.token })
-                        .to_string()
-                        .into_bytes();
+                    fields.insert("token".into(), t.token.into());
                 }
                 _ => {
                     let answer = serde_json::from_slice(&answer).unwrap_or_default();
@@ -206,6 +209,11 @@ impl Connection {
                 }
             }
         }
+        let body = if fields.is_empty() {
+            Vec::new()
+        } else {
+            serde_json::Value::Object(fields).to_string().into_bytes()
+        };
         let path = format!("/api/sales/{sale}/purchase");
         let (status, range) = self
             .exchange(&Method::POST, &path, Some(bearer), &body)
@@ -270,7 +278,9 @@ mod tests {
         .await;
         let mut c = Connection::open(addr).await.unwrap();
         let seen = c
-            .purchase("1", "t", false, |status, a| (status, a.code.to_string()))
+            .purchase("1", "t", false, None, |status, a| {
+                (status, a.code.to_string())
+            })
             .await
             .unwrap();
         assert_eq!(seen, (409, "sold_out".to_string()));

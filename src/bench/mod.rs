@@ -7,6 +7,7 @@
 
 mod client;
 mod report;
+mod room;
 mod storm;
 
 use std::collections::{BTreeMap, HashMap};
@@ -81,6 +82,11 @@ pub struct BenchArgs {
     /// (`GET /api/sales/{id}/token`) before every purchase, and latency covers both calls.
     #[arg(long)]
     pub anti_bot: bool,
+    /// Put the sale behind a waiting room letting this many buyers through a second: every
+    /// buyer joins before the opening, waits for its pass, then buys with it; the report
+    /// adds the time from joining to admission.
+    #[arg(long, value_name = "ADMIT_PER_SEC")]
+    pub waiting_room: Option<i64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -719,8 +725,14 @@ async fn storm_once(target: &Target, args: &BenchArgs, gate: &str) -> Result<Rep
     }
     let tokens = Arc::new(buyer_tokens(target, args).await?);
 
-    // A sale that opens shortly: the preloader has it in the gate before the first buyer.
-    let opens_at = crate::clock::wall_ms() + 2000;
+    // A sale that opens shortly: the preloader has it in the gate before the first buyer
+    // (and, with a room, after every buyer joined it: a few thousand joins a second).
+    let joining_ms = if args.waiting_room.is_some() {
+        args.buyers as i64 / 2
+    } else {
+        0
+    };
+    let opens_at = crate::clock::wall_ms() + 2000 + joining_ms;
     let sale = admin_call(
         target,
         Method::POST,
@@ -733,7 +745,15 @@ async fn storm_once(target: &Target, args: &BenchArgs, gate: &str) -> Result<Rep
             "begins_at": rfc3339(opens_at),
             "ends_at": rfc3339(opens_at + 3_600_000),
             "anti_bot": if args.anti_bot { "token" } else { "off" },
-        }),
+            "waiting_room": args.waiting_room.map(|n| serde_json::json!({"admit_per_sec": n})),
+        })
+        .as_object()
+        .map(|o| {
+            // No room: the field is left out (null is refused).
+            let kept = o.iter().filter(|(_, v)| !v.is_null());
+            serde_json::Value::Object(kept.map(|(k, v)| (k.clone(), v.clone())).collect())
+        })
+        .unwrap_or_default(),
     )
     .await?;
     let sale_id = sale["id"]
@@ -747,6 +767,35 @@ async fn storm_once(target: &Target, args: &BenchArgs, gate: &str) -> Result<Rep
         serde_json::Value::Null,
     )
     .await?;
+
+    let (passes, room_figures) = match args.waiting_room {
+        Some(rate) => {
+            if !quiet {
+                eprintln!("{} buyers join the waiting room ...", args.buyers);
+            }
+            let joined =
+                room::join_all(target.addr, &sale_id, tokens.clone(), args.connections).await;
+            let wait = (opens_at - crate::clock::wall_ms()).max(0) as u64;
+            tokio::time::sleep(Duration::from_millis(wait)).await;
+            if !quiet {
+                eprintln!("the sale opened: following the tickets ...");
+            }
+            let give_up = Duration::from_secs(args.buyers as u64 / rate.max(1) as u64 + 60);
+            let (passes, figures) = room::follow(
+                target.addr,
+                &sale_id,
+                tokens.clone(),
+                &joined,
+                rate,
+                args.connections,
+                give_up,
+            )
+            .await;
+            let passes: Vec<String> = passes.into_iter().map(Option::unwrap_or_default).collect();
+            (Some(Arc::new(passes)), Some(figures))
+        }
+        None => (None, None),
+    };
 
     // Every buyer once; a share of them twice, shuffled through the storm.
     let repeats = (args.buyers as f64 * args.repeat).round() as usize;
@@ -789,6 +838,7 @@ async fn storm_once(target: &Target, args: &BenchArgs, gate: &str) -> Result<Rep
         sale: Arc::from(sale_id.as_str()),
         tokens: tokens.clone(),
         anti_bot: args.anti_bot,
+        passes,
     };
     let observed = storm::run(target.addr, shot, Arc::new(requests), model, progress).await;
     if let Some(t) = ticker {
@@ -863,6 +913,7 @@ async fn storm_once(target: &Target, args: &BenchArgs, gate: &str) -> Result<Rep
         answers: observed.by_code.into_iter().collect::<BTreeMap<_, _>>(),
         errors: observed.errors,
         checks,
+        room: room_figures,
     })
 }
 

@@ -39,6 +39,9 @@ pub struct Report {
     pub answers: std::collections::BTreeMap<String, u64>,
     pub errors: u64,
     pub checks: Checks,
+    /// With `--waiting-room`: joining, admission and the wait between.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub room: Option<super::room::RoomFigures>,
 }
 
 fn thousands(n: f64) -> String {
@@ -70,7 +73,22 @@ impl Report {
             .iter()
             .map(|(k, v)| format!("{k} {}", thousands(*v as f64)))
             .collect();
-        format!(
+        let room = match &self.room {
+            None => String::new(),
+            Some(r) => format!(
+                "room         {rate}/s: {joined} joined, {admitted} let through in {secs:.1} s, {closed} closed | \
+                 joining to admission p50 {p50:.2} s | p99 {p99:.2} s | max {max:.2} s\n",
+                rate = thousands(r.admit_per_sec as f64),
+                joined = thousands(r.joined as f64),
+                admitted = thousands(r.admitted as f64),
+                secs = r.seconds,
+                closed = r.closed,
+                p50 = r.wait_p50_ms / 1000.0,
+                p99 = r.wait_p99_ms / 1000.0,
+                max = r.wait_max_ms / 1000.0,
+            ),
+        };
+        let table = format!(
             "seckill bench: {gate} gate, {model} model, {conns} connections\n\
              storm        {req} requests from {buyers} buyers on a stock of {stock}\n\
              throughput   {tp} req/s over {secs:.2} s\n\
@@ -110,7 +128,12 @@ impl Report {
             o4 = mark(c.oversold == 0),
             drain = c.drain_seconds,
             verdict = if c.passed { "all checks passed" } else { "CHECKS FAILED" },
-        )
+        );
+        // The room's line goes before the storm's verdict.
+        match table.rfind("verdict") {
+            Some(at) => format!("{}{room}{}", &table[..at], &table[at..]),
+            None => table + &room,
+        }
     }
 }
 

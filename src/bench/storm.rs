@@ -90,6 +90,8 @@ pub enum Shot {
         tokens: Arc<Vec<String>>,
         /// Fetch a purchase token before each purchase.
         anti_bot: bool,
+        /// Each buyer's waiting room pass, when the sale has a room.
+        passes: Option<Arc<Vec<String>>>,
     },
     /// A plain GET, for the baseline of a server answering a fixed page.
     Get { path: Arc<str> },
@@ -197,10 +199,15 @@ async fn send(
                 sale,
                 tokens,
                 anti_bot,
+                passes,
             } => c
-                .purchase(sale, &tokens[buyer], *anti_bot, |_, a| {
-                    record(a.code, a.order_id)
-                })
+                .purchase(
+                    sale,
+                    &tokens[buyer],
+                    *anti_bot,
+                    passes.as_ref().map(|p| p[buyer].as_str()),
+                    |_, a| record(a.code, a.order_id),
+                )
                 .await
                 .unwrap_or(Outcome::Failed),
             Shot::Get { path } => match c

@@ -85,6 +85,8 @@ pub struct AppState {
     pub metrics: Metrics,
     /// Drift the continuous audit found (filled on the instance holding the audit lease).
     pub audit: Arc<crate::reconcile::auditor::Board>,
+    /// The sales' waiting rooms (see `room`).
+    pub rooms: Arc<crate::room::Rooms>,
 }
 
 /// What the edge measures, for `/metrics`.
@@ -118,7 +120,7 @@ impl Default for Metrics {
 }
 
 /// The purchase answers counted apart, for `/metrics` and the dashboard.
-pub const PURCHASE_CODES: [&str; 17] = [
+pub const PURCHASE_CODES: [&str; 18] = [
     "ok",
     "pending",
     "not_loaded",
@@ -135,6 +137,7 @@ pub const PURCHASE_CODES: [&str; 17] = [
     "token_required",
     "token_invalid",
     "token_used",
+    "queue_pass_required",
     "other",
 ];
 
@@ -216,6 +219,11 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/sales/{id}/purchase", post(purchase))
         .route("/api/sales/{id}/token", get(antibot::token))
         .route("/api/sales/{id}/captcha", get(antibot::captcha))
+        .route(
+            "/api/sales/{id}/queue",
+            post(buyer::queue::join).get(buyer::queue::ticket),
+        )
+        .route("/api/admin/rooms", get(admin::books::rooms))
         .route("/api/orders", get(buyer::orders::list_orders))
         .route("/api/orders/{id}", get(buyer::orders::get_order))
         .route("/api/orders/{id}/pay", post(buyer::payments::pay))

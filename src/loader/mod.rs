@@ -446,6 +446,7 @@ mod tests {
             updated_at: now,
             anti_bot: Default::default(),
             segments: 1,
+            waiting_room: None,
         };
         store.create_sale(&sale).await.unwrap();
         (store, sale)

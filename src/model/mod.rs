@@ -25,6 +25,29 @@ pub struct Sale {
     /// Parts the gate keeps the stock in, each on its own Redis slot (1: one part); see
     /// `segments`. Fixed once the sale is approved.
     pub segments: i64,
+    /// The queue buyers wait in before they may buy (see `room`); `None`: buyers go
+    /// straight to the purchase.
+    pub waiting_room: Option<WaitingRoom>,
+}
+
+/// A sale's waiting room: buyers are let through `admit_per_sec` a second from the
+/// opening, and may join `prequeue_secs` before it (those are placed by lottery).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, utoipa::ToSchema)]
+pub struct WaitingRoom {
+    pub admit_per_sec: i64,
+    pub prequeue_secs: i64,
+}
+
+impl WaitingRoom {
+    /// Joining opens this long before the sale when the seller does not say.
+    pub const DEFAULT_PREQUEUE_SECS: i64 = 600;
+    pub const MAX_ADMIT_PER_SEC: i64 = 1_000_000;
+    pub const MAX_PREQUEUE_SECS: i64 = 7 * 86_400;
+
+    /// When buyers may start joining the room of a sale opening at `begins_at`.
+    pub fn opens_at(&self, begins_at: i64) -> i64 {
+        begins_at - self.prequeue_secs * 1000
+    }
 }
 
 /// What a sale asks of a buyer before the purchase call, against scripts.
@@ -181,6 +204,7 @@ mod tests {
             updated_at: 0,
             anti_bot: AntiBot::Off,
             segments: 1,
+            waiting_room: None,
         }
     }
 

@@ -74,6 +74,36 @@ impl SaleKeys {
     }
 }
 
+/// The keys of a sale's waiting room (see `room`), under the sale's own hash tag: one slot
+/// for the room's scripts whatever the sale's segments.
+#[derive(Debug, Clone)]
+pub struct RoomKeys {
+    /// Buyers by place (sorted set).
+    pub line: String,
+    /// When each buyer joined (hash).
+    pub joined: String,
+    /// When each buyer was let through (hash).
+    pub admitted: String,
+    /// The cursor, its last move, why the room is closed, the count of later joiners.
+    pub state: String,
+}
+
+impl RoomKeys {
+    pub fn new(prefix: &str, sale_id: i64) -> Self {
+        let base = format!("{prefix}:{{{sale_id}}}:room");
+        RoomKeys {
+            line: format!("{base}:line"),
+            joined: format!("{base}:joined"),
+            admitted: format!("{base}:admitted"),
+            state: format!("{base}:state"),
+        }
+    }
+
+    pub fn all(&self) -> [&str; 4] {
+        [&self.line, &self.joined, &self.admitted, &self.state]
+    }
+}
+
 /// The keys a scan for every loaded sale of a deployment matches (`SCAN MATCH`).
 pub fn every_sale_pattern(prefix: &str) -> String {
     format!("{prefix}:{{*}}:sale")

@@ -917,7 +917,8 @@ impl Store {
 
     const SALE_COLS: &'static str =
         "id, title, price_cents, initial_stock, stock, per_user_limit, begins_at, \
-         ends_at, payment_window_secs, status, paused, updated_at, anti_bot, segments";
+         ends_at, payment_window_secs, status, paused, updated_at, anti_bot, segments, \
+         room_admit_per_sec, room_prequeue_secs";
 
     fn sale_from_row(row: &AnyRow) -> Result<Sale, sqlx::Error> {
         Ok(Sale {
@@ -936,6 +937,16 @@ impl Store {
             anti_bot: crate::model::AntiBot::parse(&row.try_get::<String, _>(12)?)
                 .unwrap_or_default(),
             segments: row.try_get(13)?,
+            waiting_room: match (
+                row.try_get::<Option<i64>, _>(14)?,
+                row.try_get::<Option<i64>, _>(15)?,
+            ) {
+                (Some(admit_per_sec), Some(prequeue_secs)) => Some(crate::model::WaitingRoom {
+                    admit_per_sec,
+                    prequeue_secs,
+                }),
+                _ => None,
+            },
         })
     }
 
@@ -955,7 +966,7 @@ impl Store {
         now: i64,
     ) -> Result<(), StoreError> {
         let q = format!(
-            "INSERT INTO sales ({}, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO sales ({}, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             Self::SALE_COLS
         );
         sqlx::query(&self.sql(&q))
@@ -973,6 +984,8 @@ impl Store {
             .bind(now)
             .bind(s.anti_bot.as_str())
             .bind(s.segments)
+            .bind(s.waiting_room.map(|r| r.admit_per_sec))
+            .bind(s.waiting_room.map(|r| r.prequeue_secs))
             .bind(now)
             .execute(&mut *conn)
             .await?;
@@ -1042,7 +1055,8 @@ impl Store {
         let done = sqlx::query(&self.sql(
             "UPDATE sales SET title = ?, price_cents = ?, initial_stock = ?, stock = ?, \
              per_user_limit = ?, begins_at = ?, ends_at = ?, payment_window_secs = ?, \
-             anti_bot = ?, segments = ?, updated_at = ? WHERE id = ? AND status = 'draft'",
+             anti_bot = ?, segments = ?, room_admit_per_sec = ?, room_prequeue_secs = ?, \
+             updated_at = ? WHERE id = ? AND status = 'draft'",
         ))
         .bind(s.title.as_str())
         .bind(s.price_cents)
@@ -1054,6 +1068,8 @@ impl Store {
         .bind(s.payment_window_secs)
         .bind(s.anti_bot.as_str())
         .bind(s.segments)
+        .bind(s.waiting_room.map(|r| r.admit_per_sec))
+        .bind(s.waiting_room.map(|r| r.prequeue_secs))
         .bind(now)
         .bind(s.id)
         .execute(&mut *conn)

@@ -227,6 +227,15 @@ pub fn migrations(d: Dialect) -> Vec<(i64, Vec<String>)> {
         (9, v9),
         (10, v10),
         (11, tallies(d, int, tail)),
+        // A sale's waiting room (see `room`): admissions per second, and how long before
+        // the opening buyers may join; NULL when the sale has none.
+        (
+            12,
+            vec![
+                format!("ALTER TABLE sales ADD COLUMN room_admit_per_sec {int}"),
+                format!("ALTER TABLE sales ADD COLUMN room_prequeue_secs {int}"),
+            ],
+        ),
     ]
 }
 

@@ -160,6 +160,7 @@ pub fn sale(id: i64, stock: i64, limit: i64) -> Sale {
         updated_at: now,
         anti_bot: seckill::model::AntiBot::Off,
         segments: 1,
+        waiting_room: None,
     }
 }
 

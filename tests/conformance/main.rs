@@ -9,4 +9,5 @@ mod gate_rebuild;
 mod ids_lease;
 mod lifecycle;
 mod orderlog_redis;
+mod room;
 mod store;

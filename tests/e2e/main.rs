@@ -17,3 +17,4 @@ mod sale_admin;
 mod security;
 mod segments;
 mod soldout;
+mod waiting_room;

@@ -801,6 +801,7 @@ async fn make_sales(store: &Store, rng: &mut StdRng, now: i64) -> Vec<SaleSpec> 
             updated_at: now,
             anti_bot: AntiBot::default(),
             segments: 1,
+            waiting_room: None,
         };
         store.create_sale(&sale).await.expect("a sale is created");
         store.approve_sale(id).await.expect("and approved");

@@ -634,3 +634,58 @@ async fn pages_and_assets_are_cacheable_and_locked_down() {
         assert!(body["code"].is_string(), "{path}: {body}");
     }
 }
+
+/// The waiting room's page: join before the opening, no place until the draw, a place
+/// after it, then the buy button by itself when let through, and the purchase with the pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_buyer_joins_the_waiting_room_and_the_page_turns_to_buy_when_let_through() {
+    let Some(browser) = Browser::start(1100, 1000).await else {
+        return;
+    };
+    let server = Server::embedded(&[]).await;
+    let sale = create_sale(
+        &server,
+        json!({
+            "title": "Browser test: a queued lamp", "price_cents": 2999, "stock": 5,
+            "per_user_limit": 1, "begins_at": common::rfc3339_in(6),
+            "ends_at": common::rfc3339_in(3600), "payment_window_secs": 600,
+            "waiting_room": {"admit_per_sec": 1},
+        }),
+    )
+    .await;
+    let base = server.base.clone();
+    browser
+        .run("waiting room", move |c| async move {
+            c.goto(&format!("{base}/sales/{sale}")).await.unwrap();
+            log_in(&c, "+8613900000007").await;
+            until(10, "the join button", || async {
+                enabled(&c, "#join").await.then_some(())
+            })
+            .await;
+            assert!(
+                !c.find(Locator::Css("#buy"))
+                    .await
+                    .unwrap()
+                    .is_displayed()
+                    .await
+                    .unwrap(),
+                "no buy button before the room lets the buyer through"
+            );
+            click(&c, "#join").await;
+            until(10, "the lottery's word", || async {
+                text(&c, "#room-status")
+                    .await
+                    .filter(|t| t.contains("lottery"))
+            })
+            .await;
+            shot(&c, "room-joined").await;
+            until(20, "the buy button once let through", || async {
+                enabled(&c, "#buy").await.then_some(())
+            })
+            .await;
+            shot(&c, "room-admitted").await;
+            click(&c, "#buy").await;
+            until_data(&c, "#order-status", "status", "pending_payment", 15).await;
+        })
+        .await;
+}

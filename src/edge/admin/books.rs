@@ -323,11 +323,11 @@ pub async fn repair(
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct RecountJob {
     sale_id: String,
-    /// `running`, `done` or `failed`.
+    /// `running`, `done` or `failed`; `none` when the sale was never recounted.
     state: String,
-    started_at: String,
+    started_at: Option<String>,
     /// When it last reported: a running job reports every second.
-    updated_at: String,
+    updated_at: Option<String>,
     orders_read: i64,
     /// The orders the sale held when it began.
     orders_total: i64,
@@ -344,8 +344,8 @@ impl From<crate::store::recount::RecountJob> for RecountJob {
         RecountJob {
             sale_id: j.sale_id.to_string(),
             state: j.state,
-            started_at: rfc3339(j.started_at),
-            updated_at: rfc3339(j.updated_at),
+            started_at: Some(rfc3339(j.started_at)),
+            updated_at: Some(rfc3339(j.updated_at)),
             orders_read: j.orders_read,
             orders_total: j.orders_total,
             outcome: j.outcome.and_then(|o| serde_json::from_str(&o).ok()),
@@ -402,10 +402,24 @@ pub async fn recount(
     State(st): State<Arc<AppState>>,
     PathId(id, _): SaleId,
 ) -> Result<Response, ApiError> {
-    let job = st.store.recount_job(id).await?.ok_or_else(|| {
-        ApiError::NotFound(format!("sale {id} has no recount (POST to start one)"))
-    })?;
-    Ok(no_store(RecountJob::from(job)))
+    let job = match st.store.recount_job(id).await? {
+        Some(job) => RecountJob::from(job),
+        None => {
+            // A sale never recounted has a state too; an unknown sale is 404.
+            super::sales::existing_sale(&st, id).await?;
+            RecountJob {
+                sale_id: id.to_string(),
+                state: "none".into(),
+                started_at: None,
+                updated_at: None,
+                orders_read: 0,
+                orders_total: 0,
+                outcome: None,
+                error: None,
+            }
+        }
+    };
+    Ok(no_store(job))
 }
 
 #[derive(Serialize, utoipa::ToSchema)]
@@ -515,4 +529,58 @@ pub async fn live(_: Admin, State(st): State<Arc<AppState>>) -> Response {
         latency_count,
         writer_orders_written: st.writer_stats.written.load(Ordering::Relaxed),
     })
+}
+
+/// One sale's waiting room, as the last advance on this instance saw it.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct RoomView {
+    sale_id: String,
+    title: String,
+    /// Tickets in the room, let through or not.
+    tickets: u64,
+    /// Tickets not yet let through.
+    waiting: u64,
+    admitted: u64,
+    /// The sale's setting.
+    admit_per_sec: i64,
+    /// Measured over the last seconds.
+    admitted_per_sec: f64,
+    /// How long the ticket next in line has waited.
+    oldest_wait_secs: f64,
+    /// Why nobody is let through (`sold_out`, `ended`, `paused`), when so.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    closed: Option<crate::room::Closed>,
+}
+
+/// `GET /api/admin/rooms`: every waiting room that takes buyers now.
+#[utoipa::path(
+    get,
+    path = "/api/admin/rooms",
+    tag = "admin",
+    summary = "The waiting rooms: length, admissions per second, the oldest wait",
+    responses((status = 200, description = "One entry per room open to buyers", body = Vec<RoomView>), (status = 401, response = ErrorResponse), (status = 429, response = ErrorResponse)),
+    security(("admin" = []))
+)]
+pub async fn rooms(_: Admin, State(st): State<Arc<AppState>>) -> Response {
+    let views: Vec<RoomView> = st
+        .rooms
+        .reports()
+        .into_iter()
+        .map(|r| RoomView {
+            sale_id: r.sale_id.to_string(),
+            title: st
+                .sales
+                .get(r.sale_id)
+                .map(|s| s.title.clone())
+                .unwrap_or_default(),
+            tickets: r.stats.tickets,
+            waiting: r.stats.waiting(),
+            admitted: r.stats.admitted,
+            admit_per_sec: r.admit_per_sec,
+            admitted_per_sec: (r.admitted_per_sec * 10.0).round() / 10.0,
+            oldest_wait_secs: r.oldest_wait_ms as f64 / 1000.0,
+            closed: r.stats.closed,
+        })
+        .collect();
+    no_store(views)
 }

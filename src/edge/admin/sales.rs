@@ -49,6 +49,57 @@ pub struct NewSale {
     #[serde(default, deserialize_with = "crate::edge::http::input::not_null")]
     #[schema(nullable = false)]
     segments: Option<SegmentsAsked>,
+    /// A waiting room in front of the sale (none when left out): buyers join
+    /// `POST /api/sales/{id}/queue` and only those let through may buy.
+    #[serde(default, deserialize_with = "crate::edge::http::input::not_null")]
+    #[schema(nullable = false)]
+    waiting_room: Option<RoomAsked>,
+}
+
+/// `"waiting_room"`: admissions per second, and how early buyers may join.
+#[derive(Deserialize, Clone, Copy, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RoomAsked {
+    /// Buyers let through per second, across every instance, from the opening.
+    #[schema(minimum = 1, maximum = 1_000_000)]
+    admit_per_sec: i64,
+    /// Buyers may join this long before the opening (600 when left out); those placed by
+    /// the lottery drawn at the opening.
+    #[serde(default, deserialize_with = "crate::edge::http::input::not_null")]
+    #[schema(minimum = 0, maximum = 604_800, default = 600, nullable = false)]
+    prequeue_secs: Option<i64>,
+}
+
+impl RoomAsked {
+    fn checked(self) -> Result<crate::model::WaitingRoom, ApiError> {
+        use crate::model::WaitingRoom;
+        if !(1..=WaitingRoom::MAX_ADMIT_PER_SEC).contains(&self.admit_per_sec) {
+            return Err(ApiError::invalid(format!(
+                "waiting_room.admit_per_sec must be between 1 and {}",
+                WaitingRoom::MAX_ADMIT_PER_SEC
+            )));
+        }
+        let prequeue_secs = self
+            .prequeue_secs
+            .unwrap_or(WaitingRoom::DEFAULT_PREQUEUE_SECS);
+        if !(0..=WaitingRoom::MAX_PREQUEUE_SECS).contains(&prequeue_secs) {
+            return Err(ApiError::invalid(format!(
+                "waiting_room.prequeue_secs must be between 0 and {}",
+                WaitingRoom::MAX_PREQUEUE_SECS
+            )));
+        }
+        Ok(WaitingRoom {
+            admit_per_sec: self.admit_per_sec,
+            prequeue_secs,
+        })
+    }
+
+    fn of(room: crate::model::WaitingRoom) -> Self {
+        RoomAsked {
+            admit_per_sec: room.admit_per_sec,
+            prequeue_secs: Some(room.prequeue_secs),
+        }
+    }
 }
 
 /// `"segments"`: a number of parts, or `"auto"` (see `model::segments::auto_segments`).
@@ -189,6 +240,7 @@ pub async fn create_sale(
 ) -> Result<(StatusCode, Json<Created>), ApiError> {
     let n: NewSale = parse_json(&body)?;
     let (begins_at, ends_at) = validate_new_sale(&n, st.now_ms())?;
+    let waiting_room = n.waiting_room.map(RoomAsked::checked).transpose()?;
     let segments = segments_for(&st, n.segments, n.stock).await?;
     let sale = Sale {
         id: st.ids.next()?,
@@ -205,6 +257,7 @@ pub async fn create_sale(
         updated_at: 0,
         anti_bot: n.anti_bot.unwrap_or_default(),
         segments,
+        waiting_room,
     };
     st.store.create_sale(&sale).await?;
     tracing::info!(
@@ -302,6 +355,10 @@ pub struct SaleChanges {
     #[serde(default, deserialize_with = "crate::edge::http::input::not_null")]
     #[schema(nullable = false)]
     segments: Option<SegmentsAsked>,
+    /// A waiting room, or `null` to take it away.
+    #[serde(default, deserialize_with = "crate::edge::http::input::null_removes")]
+    #[schema(value_type = Option<RoomAsked>)]
+    waiting_room: Option<Option<RoomAsked>>,
 }
 
 /// The sale, or 404.
@@ -349,8 +406,13 @@ pub async fn edit_sale(
         payment_window_secs: Some(c.payment_window_secs.unwrap_or(sale.payment_window_secs)),
         anti_bot: Some(c.anti_bot.unwrap_or(sale.anti_bot)),
         segments: Some(c.segments.unwrap_or(SegmentsAsked::Count(sale.segments))),
+        waiting_room: match c.waiting_room {
+            Some(asked) => asked,
+            None => sale.waiting_room.map(RoomAsked::of),
+        },
     };
     let (begins_at, ends_at) = validate_new_sale(&merged, st.now_ms())?;
+    let waiting_room = merged.waiting_room.map(RoomAsked::checked).transpose()?;
     let segments = segments_for(&st, merged.segments, merged.stock).await?;
     let edited = Sale {
         title: merged.title.trim().to_string(),
@@ -363,6 +425,7 @@ pub async fn edit_sale(
         payment_window_secs: merged.payment_window_secs.unwrap_or(900),
         anti_bot: merged.anti_bot.unwrap_or_default(),
         segments,
+        waiting_room,
         ..sale
     };
     // Approved meanwhile: the draft's check above is re-made by the update itself.

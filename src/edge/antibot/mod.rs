@@ -42,6 +42,8 @@ pub const CAPTCHA_LIMITER_KEYS: usize = 1_000_000;
 enum Kind {
     Purchase,
     Captcha,
+    /// A waiting room's pass (see `queue`): not single-use, the nonce is 0.
+    Pass,
 }
 
 impl Kind {
@@ -49,6 +51,7 @@ impl Kind {
         match self {
             Kind::Purchase => "purchase",
             Kind::Captcha => "captcha",
+            Kind::Pass => "pass",
         }
     }
 }
@@ -152,6 +155,46 @@ pub fn purchase_token(
     checked(st, Kind::Purchase, sale.id, user_id, text, "token_invalid").map(Some)
 }
 
+/// The pass of a buyer let through a sale's waiting room: bound to the buyer and the sale,
+/// valid until `expires_at`; a MAC, no lookup.
+pub fn issue_pass(st: &AppState, sale_id: i64, user_id: i64, expires_at: i64) -> String {
+    let pass = Spend {
+        nonce: 0,
+        expires_at,
+    };
+    encode(&st.tokens, Kind::Pass, sale_id, user_id, pass)
+}
+
+/// A sale with a waiting room sells only to a buyer holding their own valid pass: 403
+/// `queue_pass_required` when it is missing, forged, expired or another buyer's.
+pub fn queue_pass(
+    st: &AppState,
+    sale: &Sale,
+    user_id: i64,
+    pass: Option<&str>,
+) -> Result<(), ApiError> {
+    if sale.waiting_room.is_none() {
+        return Ok(());
+    }
+    let Some(text) = pass else {
+        return Err(ApiError::Forbidden {
+            code: "queue_pass_required",
+            message: "this sale sells through its waiting room: POST /api/sales/{id}/queue, \
+                      wait to be let through, then send the pass as \"pass\""
+                .into(),
+        });
+    };
+    checked(
+        st,
+        Kind::Pass,
+        sale.id,
+        user_id,
+        text,
+        "queue_pass_required",
+    )
+    .map(|_| ())
+}
+
 /// A purchase token or captcha id of this user and sale, or the 403 that says why not.
 fn checked(
     st: &AppState,
@@ -164,6 +207,7 @@ fn checked(
     let what = match kind {
         Kind::Purchase => "purchase token",
         Kind::Captcha => "captcha",
+        Kind::Pass => "waiting room pass",
     };
     decode(&st.tokens, kind, sale_id, user_id, text, st.now_ms()).map_err(|e| ApiError::Forbidden {
         code,

@@ -27,6 +27,10 @@ pub struct SaleView {
     anti_bot: crate::model::AntiBot,
     /// Parts the stock is kept in (each on its own Redis master in a cluster).
     segments: i64,
+    /// The sale's waiting room, when it has one: buyers join `POST /api/sales/{id}/queue`
+    /// and buy with the pass it gives them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    waiting_room: Option<crate::model::WaitingRoom>,
 }
 
 impl From<&Sale> for SaleView {
@@ -42,6 +46,7 @@ impl From<&Sale> for SaleView {
             payment_window_secs: s.payment_window_secs,
             anti_bot: s.anti_bot,
             segments: s.segments,
+            waiting_room: s.waiting_room,
         }
     }
 }

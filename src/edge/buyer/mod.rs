@@ -5,3 +5,4 @@ pub mod catalogue;
 pub mod login;
 pub mod orders;
 pub mod payments;
+pub mod queue;

@@ -38,6 +38,11 @@ pub struct PurchaseBody {
     #[serde(default, deserialize_with = "crate::edge::http::input::not_null")]
     #[schema(nullable = false)]
     token: Option<String>,
+    /// The waiting room's pass, when the sale has a room (`GET /api/sales/{id}/queue`
+    /// gives it once the buyer is let through).
+    #[serde(default, deserialize_with = "crate::edge::http::input::not_null")]
+    #[schema(nullable = false)]
+    pass: Option<String>,
 }
 
 #[derive(Serialize, utoipa::ToSchema)]
@@ -119,6 +124,7 @@ where
                     user_id,
                     quantity: body.quantity.unwrap_or(1),
                     token: body.token,
+                    pass: body.pass,
                 };
                 decide(&st, sale_id, ask, now).await
             });
@@ -129,6 +135,7 @@ where
         user_id,
         quantity: 1,
         token: None,
+        pass: None,
     };
     match st.sales.with(sale_id, |sale| admit(st, sale, &ask, now)) {
         Some(Err(e)) => Answer::Now(answer(st, started, Err(e))),
@@ -290,6 +297,7 @@ struct Ask {
     user_id: i64,
     quantity: i64,
     token: Option<String>,
+    pass: Option<String>,
 }
 
 /// A purchase that passed the checks made without the gate, and what the gate needs of them.
@@ -315,6 +323,7 @@ fn admit(st: &AppState, sale: &Sale, ask: &Ask, now: i64) -> Result<Admitted, Ap
     if now >= sale.ends_at + WINDOW_SLACK_MS {
         return Err(ApiError::from_rejection(Rejection::Ended, limit));
     }
+    super::super::antibot::queue_pass(st, sale, ask.user_id, ask.pass.as_deref())?;
     let token = super::super::antibot::purchase_token(st, sale, ask.user_id, ask.token.as_deref())?;
     if let Some(Verdict::Rejected(sold_out)) = st.sold_out.answer(sale.id) {
         return Err(ApiError::from_rejection(sold_out, limit));

@@ -337,6 +337,13 @@ impl From<crate::orderlog::LogError> for ApiError {
     }
 }
 
+impl From<crate::room::RoomError> for ApiError {
+    fn from(e: crate::room::RoomError) -> Self {
+        tracing::debug!(error = %e, "waiting room unavailable");
+        ApiError::Unavailable("the waiting room cannot be reached right now; retry".into())
+    }
+}
+
 impl From<IdError> for ApiError {
     fn from(e: IdError) -> Self {
         // The lease's loss and return are logged where they happen.

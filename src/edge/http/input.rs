@@ -18,6 +18,16 @@ use utoipa::openapi::Required;
 
 use super::error::ApiError;
 
+/// A field that may be left out (`None`), set to `null` (`Some(None)`: remove it) or given
+/// a value (`Some(Some(v))`).
+pub fn null_removes<'de, D, T>(d: D) -> Result<Option<Option<T>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::Deserialize<'de>,
+{
+    <Option<T> as serde::Deserialize>::deserialize(d).map(Some)
+}
+
 /// For the optional fields of request bodies (`#[serde(default, deserialize_with =
 /// "crate::edge::http::input::not_null")]`): a field left out takes its default (or, in a change, stays
 /// as it is), and `null` is refused, as the published schema says. Read leniently, a

@@ -26,6 +26,8 @@
     $("signout").classList.remove("hidden");
     $("dashboard").classList.remove("hidden");
     showSales(r.data);
+    rooms();
+    setInterval(rooms, 2000);
   }
 
   async function loadSales() {
@@ -217,6 +219,23 @@
     );
   }
 
+  // The waiting rooms taking buyers now, every two seconds.
+  async function rooms() {
+    const r = await api("GET", "/api/admin/rooms", undefined, "admin");
+    if (!r.ok) return;
+    $("rooms-card").classList.toggle("hidden", r.data.length === 0);
+    $("rooms").tBodies[0].replaceChildren(
+      ...r.data.map((room) => el("tr", { id: "room-" + room.sale_id },
+        el("td", { text: room.title || room.sale_id }),
+        el("td", { class: "tickets", text: room.tickets }),
+        el("td", { class: "waiting", text: room.waiting }),
+        el("td", { text: room.admitted }),
+        el("td", { text: room.admitted_per_sec + " (" + room.admit_per_sec + ")" }),
+        el("td", { text: room.oldest_wait_secs.toFixed(1) + " s" }),
+        el("td", { text: room.closed || "" })))
+    );
+  }
+
   async function create(e) {
     e.preventDefault();
     const begins = new Date($("new-begins").value);
@@ -234,6 +253,8 @@
       anti_bot: $("new-antibot").value,
       segments: segments === "auto" ? "auto" : Number(segments || "1"),
     };
+    const room = $("new-room").value.trim();
+    if (room) body.waiting_room = { admit_per_sec: Number(room) };
     const r = await api("POST", "/api/admin/sales", body, "admin");
     say("message", r.ok ? "Sale " + r.data.id + " created as a draft: approve it to publish it." : r.data.message,
       r.ok ? "good" : "error");

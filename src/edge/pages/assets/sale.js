@@ -12,6 +12,7 @@
   let live = { state: "upcoming", remaining: null };
   let busy = false;
   let order = null; // { id, status, pay_deadline }
+  let ticket = null; // the waiting room's answer, when the sale has a room
 
   const saleAnswer = await api("GET", "/api/sales/" + encodeURIComponent(saleId));
   if (!saleAnswer.ok) {
@@ -54,11 +55,60 @@
     if (s === "upcoming") $("countdown").textContent = duration(opens - now);
     const buy = $("buy");
     const owned = order && order.status !== "cancelled" && order.status !== "expired";
-    buy.disabled = !(s === "active" && user() && !busy && !owned);
+    const waiting = sale.waiting_room && !owned && !(ticket && ticket.pass);
+    $("room").classList.toggle("hidden", !sale.waiting_room || owned || !!(ticket && ticket.pass));
+    buy.classList.toggle("hidden", !!waiting);
+    buy.disabled = !(s === "active" && user() && !busy && !owned && !waiting);
     buy.textContent = s === "sold_out" ? "Sold out" : s === "ended" ? "Sale ended"
       : s === "paused" ? "Paused" : owned ? "Bought" : "Buy now";
     if (order && order.pay_deadline && order.status === "pending_payment") {
       $("pay-countdown").textContent = duration(Date.parse(order.pay_deadline) - now);
+    }
+  }
+
+  // The waiting room: join, then follow the ticket until it is let through or closed.
+  const ROOM_REASONS = {
+    sold_out: "Sold out: the line is closed.",
+    ended: "The sale has ended.",
+    paused: "The sale is paused; the line moves again when it resumes.",
+    pass_expired: "Your turn came and went: the pass expired unused.",
+  };
+  function showTicket() {
+    if (!ticket) return;
+    const placed = ticket.state === "waiting" && ticket.position !== null;
+    $("room-place").classList.toggle("hidden", !placed);
+    $("join").classList.add("hidden");
+    if (placed) {
+      $("room-position").textContent = ticket.position;
+      $("room-ahead").textContent = ticket.ahead;
+      $("room-eta").textContent = duration(ticket.eta_secs * 1000);
+    }
+    if (ticket.state === "waiting") {
+      say("room-status", ticket.position === null
+        ? "You are in the line. Places are drawn at the opening, by lottery among everyone who joined before it."
+        : "You are in the line; this page moves on by itself when it is your turn.");
+    } else if (ticket.state === "admitted") {
+      say("message", "It is your turn: buy before " + when(ticket.pass_expires_at) + ".", "good");
+    } else {
+      say("room-status", ROOM_REASONS[ticket.reason] || ticket.reason, "error");
+    }
+    render();
+  }
+  async function readTicket(method) {
+    if (!sale.waiting_room || !user()) return;
+    const r = await api(method, "/api/sales/" + saleId + "/queue", undefined, "user");
+    if (r.ok) {
+      ticket = r.data;
+      showTicket();
+    } else if (method === "POST") {
+      say("room-status", r.data.message, "error");
+    }
+  }
+  async function followTicket() {
+    for (;;) {
+      await new Promise((done) => setTimeout(done, 2000));
+      if (!ticket || ticket.state === "admitted") continue;
+      await readTicket("GET");
     }
   }
 
@@ -121,7 +171,8 @@
     try {
       const t = await purchaseToken();
       if (!t.ok) return say("message", t.message, "error");
-      const r = await api("POST", "/api/sales/" + saleId + "/purchase", { quantity: 1, token: t.token }, "user");
+      const pass = ticket && ticket.pass ? ticket.pass : undefined;
+      const r = await api("POST", "/api/sales/" + saleId + "/purchase", { quantity: 1, token: t.token, pass }, "user");
       if (r.data && r.data.order_id && (r.data.code === "ok" || r.data.code === "pending")) {
         say("message", r.data.code === "ok" ? "You got one! Your order is being recorded." :
           "Your purchase is being decided…", "good");
@@ -134,6 +185,7 @@
       if (r.status === 401) showLogin();
       say("message", ANSWERS[r.data.code] || r.data.message, "error");
       if (r.data.code === "sold_out") live.state = "sold_out";
+      if (r.data.code === "queue_pass_required") await readTicket("GET");
     } finally {
       busy = false;
       render();
@@ -192,6 +244,7 @@
     showOrder();
   });
   $("buy").addEventListener("click", buy);
+  $("join").addEventListener("click", () => (user() ? readTicket("POST") : showLogin()));
   $("captcha-new").addEventListener("click", newCaptcha);
 
   showLogin();
@@ -201,6 +254,10 @@
     followOrder();
   }
   await poll();
+  if (sale.waiting_room) {
+    await readTicket("GET");
+    followTicket();
+  }
   setInterval(poll, 1000);
   setInterval(render, 250);
   // Clocks drift; resynchronise now and then.
