@@ -103,8 +103,11 @@ impl SaleCache {
         }
         let now = store.now_ms();
         if now - self.miss_refreshed_at.load(Ordering::Acquire) >= MISS_REFRESH_EVERY_MS {
-            self.miss_refreshed_at.store(now, Ordering::Release);
+            // Marked only once SQL answered: a refresh that failed says nothing of the
+            // sale, and the next miss must ask again (503 meanwhile, never a 404 for a sale
+            // another instance just created while this one could not reach SQL).
             self.refresh(store).await?;
+            self.miss_refreshed_at.store(now, Ordering::Release);
         }
         Ok(self.get(id))
     }
