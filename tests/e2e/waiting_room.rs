@@ -54,6 +54,21 @@ async fn pass_of(api: &Api, sale: &str, bearer: &str) -> String {
     }
 }
 
+/// The sale's room as `GET /api/admin/rooms` reports it.
+async fn room_report(api: &Api, sale: &str) -> Value {
+    let rooms = api
+        .admin_call(reqwest::Method::GET, "/api/admin/rooms", None)
+        .await
+        .expect(200);
+    rooms
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["sale_id"] == sale)
+        .cloned()
+        .unwrap_or_else(|| panic!("no room for sale {sale}: {rooms}"))
+}
+
 /// Spearman's rank correlation of two orders of the same n items (1 to n each).
 fn spearman(a: &[f64], b: &[f64]) -> f64 {
     let n = a.len() as f64;
@@ -252,20 +267,7 @@ async fn the_room_lets_through_its_rate_over_30_s_with_10000_waiting() {
         }
         joins.join_all().await;
     }
-    let admitted = || async {
-        let rooms = api
-            .admin_call(reqwest::Method::GET, "/api/admin/rooms", None)
-            .await
-            .expect(200);
-        let room = rooms
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|r| r["sale_id"] == sale.as_str())
-            .cloned()
-            .unwrap();
-        (Instant::now(), room)
-    };
+    let admitted = || async { (Instant::now(), room_report(&api, &sale).await) };
     // From two seconds after the opening, for 30 s.
     assert!(
         created.elapsed() < Duration::from_secs(20),
@@ -356,17 +358,7 @@ async fn two_instances_share_one_line_and_one_rate_and_a_killed_one_loses_no_tic
     let admitted = |api: Api| {
         let sale = sale.clone();
         async move {
-            let rooms = api
-                .admin_call(reqwest::Method::GET, "/api/admin/rooms", None)
-                .await
-                .expect(200);
-            let room = rooms
-                .as_array()
-                .unwrap()
-                .iter()
-                .find(|r| r["sale_id"] == sale.as_str())
-                .cloned()
-                .unwrap();
+            let room = room_report(&api, &sale).await;
             (Instant::now(), room["admitted"].as_f64().unwrap())
         }
     };
