@@ -502,6 +502,7 @@ impl App {
             backlog: st.backlog.clone(),
             cache: st.sales.clone(),
             board: st.audit.clone(),
+            written: st.writer_stats.clone(),
             every: Duration::from_secs(every),
             lease,
             repair: st.config.audit_repair,

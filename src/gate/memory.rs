@@ -4,7 +4,7 @@
 //! Lost on restart by design: the orders still in the log are written to SQL, then the
 //! scheduler rebuilds the gate from SQL, before serving.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, RwLock};
 
 use async_trait::async_trait;
@@ -26,9 +26,12 @@ struct SaleState {
     ends_at: i64,
     paused: bool,
     price_cents: i64,
-    held: HashMap<i64, i64>,
+    held: Holdings,
     accepted: i64,
-    released: std::collections::HashSet<i64>,
+    /// Orders decided and not yet in the order log, and their units (see `GateStock`).
+    appending_orders: i64,
+    appending_units: i64,
+    released: HashSet<i64>,
     /// Per user: GCRA theoretical arrival time (only when a rate limit is set).
     rate_tat: HashMap<i64, i64>,
     /// Size of `rate_tat` at which times already past are swept out.
@@ -52,10 +55,68 @@ impl SaleState {
             self.initial_stock
         );
         debug_assert!(
-            self.held.get(&user_id).copied().unwrap_or(0) <= self.limit,
+            self.held.get(user_id) <= self.limit,
             "invariant 2: user {user_id} holds more than {} of sale {sale_id}",
             self.limit
         );
+    }
+}
+
+/// Who holds how many units of a sale. A buyer of one unit (nearly every buyer of a flash
+/// sale) is an id in a set, 9 bytes a slot; the few holding more are in a map beside it,
+/// 17 a slot: a million buyers take about 19 MB rather than 36.
+#[derive(Default)]
+struct Holdings {
+    one: HashSet<i64>,
+    more: HashMap<i64, i64>,
+}
+
+impl Holdings {
+    fn from(buyers: &[(i64, i64)]) -> Self {
+        let ones = buyers.iter().filter(|(_, n)| *n == 1).count();
+        let mut h = Holdings {
+            one: HashSet::with_capacity(ones),
+            more: HashMap::new(),
+        };
+        for (user, units) in buyers {
+            h.set(*user, *units);
+        }
+        h
+    }
+
+    fn get(&self, user: i64) -> i64 {
+        if self.one.contains(&user) {
+            1
+        } else {
+            self.more.get(&user).copied().unwrap_or(0)
+        }
+    }
+
+    /// `units` 0 (or less) forgets the buyer.
+    fn set(&mut self, user: i64, units: i64) {
+        match units {
+            ..=0 => {
+                self.one.remove(&user);
+                self.more.remove(&user);
+            }
+            1 => {
+                self.more.remove(&user);
+                self.one.insert(user);
+            }
+            _ => {
+                self.one.remove(&user);
+                self.more.insert(user, units);
+            }
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.one.len() + self.more.len()
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (i64, i64)> + '_ {
+        let more = self.more.iter().map(|(user, units)| (*user, *units));
+        self.one.iter().map(|user| (*user, 1)).chain(more)
     }
 }
 
@@ -135,7 +196,7 @@ impl MemoryGate {
                 return Err(Rejection::TokenUsed);
             }
         }
-        let held = s.held.get(&p.user_id).copied().unwrap_or(0);
+        let held = s.held.get(p.user_id);
         if held + p.quantity > s.limit {
             return Err(if held >= s.limit {
                 Rejection::AlreadyPurchased
@@ -150,7 +211,9 @@ impl MemoryGate {
         }
         s.remaining -= p.quantity;
         s.accepted += 1;
-        s.held.insert(p.user_id, held + p.quantity);
+        s.appending_orders += 1;
+        s.appending_units += p.quantity;
+        s.held.set(p.user_id, held + p.quantity);
         s.assert_invariants(p.sale_id, p.user_id);
         let order = NewOrder {
             id: p.order_id,
@@ -174,18 +237,29 @@ impl MemoryGate {
         let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
         s.remaining += p.quantity;
         s.accepted -= 1;
-        let held = s.held.get(&p.user_id).copied().unwrap_or(0) - p.quantity;
+        let held = s.held.get(p.user_id) - p.quantity;
         debug_assert!(
             held >= 0,
             "a purchase given back twice (user {})",
             p.user_id
         );
-        if held > 0 {
-            s.held.insert(p.user_id, held);
-        } else {
-            s.held.remove(&p.user_id);
-        }
+        s.held.set(p.user_id, held);
         s.assert_invariants(p.sale_id, p.user_id);
+    }
+}
+
+/// An order decided and on its way into the log; its end, durable or not (or the purchase
+/// dropped mid-append), takes it off the sale's `appending` figures.
+struct Appending<'a> {
+    state: &'a Mutex<SaleState>,
+    units: i64,
+}
+
+impl Drop for Appending<'_> {
+    fn drop(&mut self) {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        s.appending_orders -= 1;
+        s.appending_units -= self.units;
     }
 }
 
@@ -199,7 +273,13 @@ impl Gate for MemoryGate {
             Ok(accepted) => accepted,
             Err(rejection) => return Ok(Verdict::Rejected(rejection)),
         };
-        if let Err(e) = self.log.append(order).await {
+        let appending = Appending {
+            state: &state,
+            units: p.quantity,
+        };
+        let appended = self.log.append(order).await;
+        drop(appending);
+        if let Err(e) = appended {
             // The log refuses every order from now on, so these units cannot be sold
             // twice; a restart rebuilds the gate from SQL and what the log kept.
             Self::give_back(&state, &p);
@@ -239,14 +319,11 @@ impl Gate for MemoryGate {
             ends_at: load.sale.ends_at,
             paused: load.sale.paused,
             price_cents: load.sale.price_cents,
-            held: load
-                .buyers
-                .iter()
-                .copied()
-                .filter(|(_, n)| *n > 0)
-                .collect(),
+            held: Holdings::from(&load.buyers),
             released: load.released.iter().copied().collect(),
             accepted: 0,
+            appending_orders: 0,
+            appending_units: 0,
             rate_tat: HashMap::new(),
             rate_sweep_at: 1024,
         };
@@ -263,18 +340,14 @@ impl Gate for MemoryGate {
             return Ok(Released::Before);
         }
         s.remaining += r.quantity;
-        let held = s.held.get(&r.user_id).copied().unwrap_or(0) - r.quantity;
+        let held = s.held.get(r.user_id) - r.quantity;
         debug_assert!(
             held >= 0,
             "invariant 5: order {} of sale {} gave back more than its buyer held",
             r.order_id,
             r.sale_id
         );
-        if held > 0 {
-            s.held.insert(r.user_id, held);
-        } else {
-            s.held.remove(&r.user_id);
-        }
+        s.held.set(r.user_id, held);
         s.assert_invariants(r.sale_id, r.user_id);
         Ok(Released::Now)
     }
@@ -302,6 +375,8 @@ impl Gate for MemoryGate {
                 paused: s.paused,
                 buyers: s.held.len() as i64,
                 accepted: s.accepted,
+                appending_orders: s.appending_orders,
+                appending_units: s.appending_units,
             }
         }))
     }
@@ -313,7 +388,7 @@ impl Gate for MemoryGate {
     ) -> Result<Option<Vec<(i64, i64)>>, GateError> {
         Ok(self.sale(sale_id).and_then(|state| {
             let s = state.lock().unwrap_or_else(|e| e.into_inner());
-            (s.held.len() <= cap).then(|| s.held.iter().map(|(u, q)| (*u, *q)).collect())
+            (s.held.len() <= cap).then(|| s.held.iter().collect())
         }))
     }
 
@@ -391,8 +466,10 @@ mod tests {
             ends_at: i64::MAX,
             paused: false,
             price_cents: 1,
-            held: HashMap::new(),
+            held: Holdings::default(),
             accepted: 0,
+            appending_orders: 0,
+            appending_units: 0,
             released: Default::default(),
             rate_tat: HashMap::new(),
             rate_sweep_at: 1024,
@@ -426,6 +503,26 @@ mod tests {
             gate.decide(&state, &attempt(13_999)),
             Err(Rejection::RateLimited { .. })
         ));
+    }
+
+    #[test]
+    fn holdings_keep_buyers_of_one_unit_apart_and_forget_those_at_zero() {
+        let mut h = Holdings::from(&[(1, 1), (2, 3), (3, 0)]);
+        assert_eq!((h.get(1), h.get(2), h.get(3), h.len()), (1, 3, 0, 2));
+        h.set(1, 2);
+        h.set(2, 1);
+        assert_eq!(
+            (h.get(1), h.get(2), h.one.len(), h.more.len()),
+            (2, 1, 1, 1)
+        );
+        h.set(2, 0);
+        h.set(1, -1);
+        assert_eq!((h.get(1), h.get(2), h.len()), (0, 0, 0));
+        h.set(7, 1);
+        h.set(8, 4);
+        let mut all: Vec<_> = h.iter().collect();
+        all.sort_unstable();
+        assert_eq!(all, vec![(7, 1), (8, 4)]);
     }
 
     #[test]

@@ -136,13 +136,20 @@ mod tests {
 }
 
 /// Live gate state of a sale, for the stock endpoint and stats.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct GateStock {
     pub remaining: i64,
     pub paused: bool,
     pub buyers: i64,
     /// Orders the gate has accepted for this sale since it was loaded.
     pub accepted: i64,
+    /// Orders (and their units) `remaining` and `buyers` already count that are still on
+    /// their way into the order log: decided, not yet durable. Only a gate that decides
+    /// before it appends has any (the memory gate; Redis appends in the same script).
+    /// Mid-storm they are a steady few dozen that neither the log nor SQL holds yet: an
+    /// audit that did not count them would see the same small difference round after round.
+    pub appending_orders: i64,
+    pub appending_units: i64,
 }
 
 /// What the gate needs to open a sale: its terms, its stock and who already holds units.

@@ -703,12 +703,7 @@ impl Gate for RedisGate {
                     .query_async(&mut conn)
                     .await?;
             let Some(remaining) = fields.0 else { continue };
-            let t = total.get_or_insert(GateStock {
-                remaining: 0,
-                paused: false,
-                buyers: 0,
-                accepted: 0,
-            });
+            let t = total.get_or_insert(GateStock::default());
             t.remaining += remaining;
             t.paused |= fields.1.as_deref() == Some("1");
             t.buyers += buyers;

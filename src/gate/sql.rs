@@ -112,6 +112,7 @@ impl Gate for SqlGate {
             paused: s.paused,
             buyers: counts.orders,
             accepted: counts.orders,
+            ..GateStock::default()
         }))
     }
 

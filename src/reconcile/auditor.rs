@@ -9,13 +9,15 @@
 //! own and only reported. It never changes SQL's orders or stock.
 //!
 //! A round reads SQL's figures from the counters on each sale's row (a few rows per sale,
-//! whatever it holds). A sale whose account differs, or is being confirmed, is recounted
-//! from every row with its buyers compared one by one; and one sale every `RECOUNT_EVERY`
-//! rounds, in turn, is recounted anyway: the slow check of the counters themselves and of
-//! buyers a count alone cannot tell apart.
+//! whatever it holds). A difference the counters show the same rounds running is recounted
+//! from every row, buyers compared one by one, in the round that would confirm it. Beside
+//! the rounds, a slow sweep recounts one live sale after another at `SWEEP`'s pace: the
+//! check of the counters themselves (a recount corrects them) and of buyers a count alone
+//! cannot tell apart; a sale it finds different is handed to the rounds, which follow it
+//! with recounts.
 
 use crate::metrics::render_counter;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -23,11 +25,12 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::sync::watch;
 
-use super::{account_to, Account, Depth, ReconcileError};
+use super::{account_with, Account, Depth, ReconcileError};
 use crate::gate::Gate;
 use crate::loader::SaleCache;
 use crate::redis_client::RedisConn;
 use crate::store::{Pace, Store};
+use crate::writer::WriterStats;
 
 /// A sale's id and its number of segments.
 type SaleSegments = (i64, i64);
@@ -35,9 +38,15 @@ type SaleSegments = (i64, i64);
 /// Audits in a row that must find the same difference before it is called drift.
 pub const CONFIRM_ROUNDS: u32 = 3;
 
-/// Rounds between two recounts of a sale that shows no difference (one sale per such round,
-/// in turn): at the default 2 s a round, every 5 minutes.
-const RECOUNT_EVERY: u64 = 150;
+/// The slow sweep's pace: a hundredth of its time reading, about 1% of a core whatever the
+/// sales hold (a 1M-order sale is swept in a quarter of an hour on the 2-core box). Its
+/// snapshot is held that long only while nothing is written: a snapshot kept open under
+/// writes holds SQLite's WAL, PostgreSQL's vacuum and InnoDB's purge back, so the first
+/// order written abandons it.
+const SWEEP: Pace = Pace {
+    chunk: 5_000,
+    share: 0.01,
+};
 
 /// Sales audited: open, or ended less than this long ago (late returns still settle).
 const AFTER_END_MS: i64 = 60_000;
@@ -167,6 +176,8 @@ pub struct Auditor {
     pub backlog: std::sync::Arc<dyn crate::orderlog::Backlog>,
     pub cache: Arc<SaleCache>,
     pub board: Arc<Board>,
+    /// This instance's writer: orders written mean the database is busy (see `SWEEP`).
+    pub written: Arc<WriterStats>,
     pub every: Duration,
     pub lease: Option<Lease>,
     /// Repair confirmed drift of the gate by itself (else only report it).
@@ -188,12 +199,39 @@ struct Streak {
     differences: (i64, i64, i64, i64),
     rounds: u32,
     since_ms: i64,
+    /// Seen by a recount (buyers compared one by one), not by the counters: followed by
+    /// recounts, since the counters may not show it at all (a buyer swapped for another).
+    recounted: bool,
+}
+
+impl Streak {
+    /// Whether the sale is recounted this round rather than read from its counters: a
+    /// difference the counters showed is recounted only in the round that would confirm
+    /// it. Mid-storm the counters differ now and then by what moved between the reads of
+    /// the gate, the log and SQL; recounting a million rows each time would cost more
+    /// than the storm.
+    fn recount_next(&self) -> bool {
+        self.recounted || self.rounds + 1 >= CONFIRM_ROUNDS
+    }
 }
 
 impl Auditor {
     pub async fn run(self, mut stop: watch::Receiver<bool>) {
         let mut streaks: HashMap<i64, Streak> = HashMap::new();
-        let mut rounds: u64 = 0;
+        let suspects: Arc<Mutex<HashSet<i64>>> = Default::default();
+        let sweep = tokio::spawn(
+            Sweep {
+                store: self.store.clone(),
+                gate: self.gate.clone(),
+                backlog: self.backlog.clone(),
+                cache: self.cache.clone(),
+                board: self.board.clone(),
+                written: self.written.clone(),
+                every: self.every,
+                suspects: suspects.clone(),
+            }
+            .run(stop.clone()),
+        );
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(self.every) => {}
@@ -218,52 +256,43 @@ impl Auditor {
                 lock(&self.board.drift).clear();
                 continue;
             }
-            self.round(&mut streaks, rounds).await;
-            rounds += 1;
+            let found = std::mem::take(&mut *lock(&suspects));
+            self.round(&mut streaks, &found).await;
         }
+        sweep.abort();
     }
 
-    /// One audit of every live sale; `round` counts them, for the slow check's turn.
-    async fn round(&self, streaks: &mut HashMap<i64, Streak>, round: u64) {
+    /// One audit of every live sale; `suspects`: sales the sweep found different.
+    async fn round(&self, streaks: &mut HashMap<i64, Streak>, suspects: &HashSet<i64>) {
         let now = self.store.now_ms();
-        let live: Vec<SaleSegments> = self
-            .cache
-            .all()
-            .iter()
-            .filter(|s| s.begins_at <= now + 60_000 && now < s.ends_at + AFTER_END_MS)
-            .map(|s| (s.id, s.segments))
-            .collect();
+        let live = live_sales(&self.cache, now);
         streaks.retain(|sale, _| live.iter().any(|(id, _)| id == sale));
         lock(&self.board.drift).retain(|sale, _| live.iter().any(|(id, _)| id == sale));
-        let recount_due = (round.is_multiple_of(RECOUNT_EVERY) && !live.is_empty())
-            .then(|| live[(round / RECOUNT_EVERY) as usize % live.len()].0);
-        // Sales being confirmed, and the slow check's turn, are recounted; the others are
-        // read from their counters, all in one query.
-        let (recount, counters): (Vec<SaleSegments>, Vec<SaleSegments>) = live
-            .into_iter()
-            .partition(|(sale, _)| streaks.contains_key(sale) || recount_due == Some(*sale));
+        // Sales whose difference this round would confirm, and those a recount found
+        // different, are recounted; the others are read from their counters, all in one
+        // query.
+        let (recount, counters): (Vec<SaleSegments>, Vec<SaleSegments>) =
+            live.into_iter().partition(|(sale, _)| {
+                streaks.get(sale).is_some_and(Streak::recount_next) || suspects.contains(sale)
+            });
         let mut accounts = Vec::new();
         for (sale, _) in recount {
-            accounts.push((sale, self.recount(sale).await));
+            let (store, backlog) = (&self.store, self.backlog.as_ref());
+            let gate = (self.gate.as_ref(), self.written.as_ref());
+            // None: orders moved while it counted; nothing concluded, the streak waits.
+            if let Some(account) = quiet_recount(store, gate, backlog, sale, Pace::BACKGROUND).await
+            {
+                accounts.push((sale, true, account));
+            }
         }
         let (store, gate, backlog) = (&self.store, self.gate.as_ref(), self.backlog.as_ref());
         match super::accounts_of_counters(store, gate, backlog, &counters).await {
-            Ok(read) => {
-                for (sale, account) in read {
-                    // A difference in the counters is recounted before anything is
-                    // concluded from it.
-                    let account = match account {
-                        Ok(a) if !a.exact() => self.recount(sale).await,
-                        other => other,
-                    };
-                    accounts.push((sale, account));
-                }
-            }
+            Ok(read) => accounts.extend(read.into_iter().map(|(sale, a)| (sale, false, a))),
             Err(e) => tracing::debug!(error = %e, "the audit could not read the sales' counters"),
         }
-        for (sale, account) in accounts {
+        for (sale, recounted, account) in accounts {
             match account {
-                Ok(a) => self.judge(streaks, a, now),
+                Ok(a) => self.judge(streaks, a, recounted, now),
                 // Nothing to conclude this round; a streak needs unbroken rounds.
                 Err(ReconcileError::TooMuchInFlight(_)) => {
                     streaks.remove(&sale);
@@ -277,13 +306,9 @@ impl Auditor {
         self.board.audits.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// One sale recounted from every row, at the background pace.
-    async fn recount(&self, sale: i64) -> Result<Account, ReconcileError> {
-        let (store, gate, backlog) = (&self.store, self.gate.as_ref(), self.backlog.as_ref());
-        account_to(store, gate, backlog, sale, Depth::Recount(Pace::BACKGROUND)).await
-    }
-
-    fn judge(&self, streaks: &mut HashMap<i64, Streak>, a: Account, now: i64) {
+    /// Takes in one round's account of a sale (`recounted`: from every row); drift is a
+    /// difference seen the same `CONFIRM_ROUNDS` rounds running, the last one recounted.
+    fn judge(&self, streaks: &mut HashMap<i64, Streak>, a: Account, recounted: bool, now: i64) {
         let sale: i64 = a.sale_id.parse().unwrap_or_default();
         let differences = a.differences();
         if a.exact() {
@@ -293,20 +318,25 @@ impl Auditor {
             }
             return;
         }
-        let streak = streaks.entry(sale).or_insert(Streak {
+        let fresh = Streak {
             differences,
             rounds: 0,
             since_ms: now,
-        });
+            recounted,
+        };
+        let streak = streaks.entry(sale).or_insert(fresh);
         if streak.differences != differences {
             *streak = Streak {
                 differences,
                 rounds: 0,
                 since_ms: now,
+                recounted,
             };
         }
         streak.rounds += 1;
-        if streak.rounds < CONFIRM_ROUNDS {
+        streak.recounted |= recounted;
+        // Counters alone never confirm: `recount_next` makes the confirming round a recount.
+        if streak.rounds < CONFIRM_ROUNDS || !recounted {
             return;
         }
         let since_ms = streak.since_ms;
@@ -338,6 +368,124 @@ impl Auditor {
                 since_ms,
             },
         );
+    }
+}
+
+/// Sales the audit looks at: open, about to open, or ended less than `AFTER_END_MS` ago.
+fn live_sales(cache: &SaleCache, now: i64) -> Vec<SaleSegments> {
+    cache
+        .all()
+        .iter()
+        .filter(|s| s.begins_at <= now + 60_000 && now < s.ends_at + AFTER_END_MS)
+        .map(|s| (s.id, s.segments))
+        .collect()
+}
+
+/// What moves when orders are taken, given back or written: the sale's figures in the
+/// gate, and the orders this instance's writer has written (of any sale).
+type Moment = (Option<(i64, i64)>, u64);
+
+async fn moment(
+    (gate, written): (&dyn Gate, &WriterStats),
+    sale: i64,
+) -> Result<Moment, ReconcileError> {
+    let figures = gate.stock(sale).await?.map(|g| (g.remaining, g.accepted));
+    Ok((figures, written.written.load(Ordering::Relaxed)))
+}
+
+/// How often a recount looks whether its sale moved.
+const MOVED_EVERY: Duration = Duration::from_millis(250);
+
+/// A sale recounted from every row at `pace`; `None` (abandoned at once, its snapshot let
+/// go) when the gate takes or gives back units meanwhile, or orders are written: the gate
+/// is read at the start, SQL over the whole count, so their difference then says nothing
+/// (drift shows when the sale is quiet), and a snapshot held under writes holds the
+/// database's cleanup back.
+async fn quiet_recount(
+    store: &Store,
+    gate: (&dyn Gate, &WriterStats),
+    backlog: &dyn crate::orderlog::Backlog,
+    sale: i64,
+    pace: Pace,
+) -> Option<Result<Account, ReconcileError>> {
+    let before = match moment(gate, sale).await {
+        Ok(m) => m,
+        Err(e) => return Some(Err(e)),
+    };
+    let moved = AtomicBool::new(false);
+    let go_on = |_| !moved.load(Ordering::Relaxed);
+    let work = account_with(store, gate.0, backlog, sale, Depth::Recount(pace), &go_on);
+    tokio::pin!(work);
+    let result = loop {
+        tokio::select! {
+            result = &mut work => break result,
+            _ = tokio::time::sleep(MOVED_EVERY) => {
+                if moment(gate, sale).await.map_or(true, |now| now != before) {
+                    moved.store(true, Ordering::Relaxed);
+                }
+            }
+        }
+    };
+    let moved_at_end = moment(gate, sale).await.map_or(true, |now| now != before);
+    if moved.load(Ordering::Relaxed) || moved_at_end {
+        return None;
+    }
+    Some(result.map(|(account, _)| account))
+}
+
+/// The slow sweep: each live sale recounted in turn at `SWEEP`'s pace, while this instance
+/// audits and nothing is written. Its own task, so that a sale of millions of orders swept
+/// for minutes never holds up the rounds.
+struct Sweep {
+    store: Store,
+    gate: Arc<dyn Gate>,
+    written: Arc<WriterStats>,
+    backlog: Arc<dyn crate::orderlog::Backlog>,
+    cache: Arc<SaleCache>,
+    board: Arc<Board>,
+    every: Duration,
+    /// Sales found different, for the next round to follow.
+    suspects: Arc<Mutex<HashSet<i64>>>,
+}
+
+impl Sweep {
+    async fn run(self, mut stop: watch::Receiver<bool>) {
+        let mut next = 0usize;
+        let gate = (self.gate.as_ref(), self.written.as_ref());
+        loop {
+            let live = live_sales(&self.cache, self.store.now_ms());
+            let sale = live.get(next % live.len().max(1)).map(|(sale, _)| *sale);
+            let before = match sale {
+                Some(sale) => moment(gate, sale).await.ok(),
+                None => None,
+            };
+            tokio::select! {
+                _ = tokio::time::sleep(self.every) => {}
+                _ = stop.changed() => {}
+            }
+            if *stop.borrow() {
+                break;
+            }
+            let Some(sale) = sale else { continue };
+            if !self.board.auditing.load(Ordering::Relaxed) {
+                continue;
+            }
+            // Orders under way are left to pass: a recount now would be abandoned.
+            let now = moment(gate, sale).await.ok();
+            if now.is_none() || now != before {
+                continue;
+            }
+            next = next.wrapping_add(1);
+            match quiet_recount(&self.store, gate, self.backlog.as_ref(), sale, SWEEP).await {
+                Some(Ok(a)) if !a.exact() => {
+                    lock(&self.suspects).insert(sale);
+                }
+                Some(Ok(_)) | None => {}
+                Some(Err(e)) => {
+                    tracing::debug!(sale, error = %e, "the sweep could not recount the sale")
+                }
+            }
+        }
     }
 }
 

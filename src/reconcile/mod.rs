@@ -64,6 +64,7 @@ pub struct Account {
     pub sql_stock: i64,
     pub sql_live_units: i64,
     pub sql_live_buyers: i64,
+    /// Orders accepted and not yet in SQL: in the order log, or still being appended to it.
     pub unwritten_orders: i64,
     pub unwritten_units: i64,
     /// Entries set aside as unwritable: accepted by the gate, never to reach SQL.
@@ -140,19 +141,19 @@ pub async fn account_to(
     sale_id: i64,
     depth: Depth,
 ) -> Result<Account, ReconcileError> {
-    let (account, _) = account_with(store, gate, in_flight, sale_id, depth, &|_| {}).await?;
+    let (account, _) = account_with(store, gate, in_flight, sale_id, depth, &|_| true).await?;
     Ok(account)
 }
 
 /// [`account_to`], with the recount's own findings when it recounted, and `progress` told
-/// the orders it has read so far.
+/// the orders it has read so far (and answering whether to go on).
 pub async fn account_with(
     store: &Store,
     gate: &dyn Gate,
     in_flight: &dyn Backlog,
     sale_id: i64,
     depth: Depth,
-    progress: &(dyn Fn(i64) + Send + Sync),
+    progress: &(dyn Fn(i64) -> bool + Send + Sync),
 ) -> Result<(Account, Option<crate::store::Recount>), ReconcileError> {
     let segments = store
         .sale(sale_id)
@@ -265,8 +266,13 @@ async fn settle(
         (Some(_), Some(_)) => gate.holders(sale_id, MAX_BUYERS_COMPARED).await?,
         _ => None,
     };
-    let unwritten_orders = in_flight_orders.len() as i64;
-    let unwritten_units: i64 = in_flight_orders.iter().map(|(_, q)| q).sum();
+    // Orders the gate decided that are still being appended to the log are on their way
+    // to SQL as much as those the log holds.
+    let (appending_orders, appending_units) =
+        gate_now.map_or((0, 0), |g| (g.appending_orders, g.appending_units));
+    let unwritten_orders = in_flight_orders.len() as i64 + appending_orders;
+    let unwritten_units: i64 =
+        in_flight_orders.iter().map(|(_, q)| q).sum::<i64>() + appending_units;
     let expected_gate_stock =
         sql.stock - unwritten_units - sql.returns_owed_units - sql.units_in_transit;
     let (buyers_missing, buyers_unknown) = match (&gate_now, &holders, sql_buyers) {

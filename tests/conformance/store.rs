@@ -720,7 +720,7 @@ async fn a_cancelled_transaction_leaves_no_lock_behind() {
 /// Every kept figure of the sale counted again from its rows, at full speed.
 async fn recount(store: &Store, sale_id: i64) -> seckill::store::Recount {
     store
-        .recount_paced(sale_id, seckill::store::Pace::FULL, 10_000, &|_| {})
+        .recount_paced(sale_id, seckill::store::Pace::FULL, 10_000, &|_| true)
         .await
         .unwrap()
         .unwrap()
@@ -964,5 +964,69 @@ async fn kept_figures_equal_their_recount_and_a_wrong_one_is_corrected() {
         );
         assert!(recount(&store, sale.id).await.agrees(), "{kind:?}");
         assert_eq!(found.counted.live_buyers, 60, "{kind:?}");
+    }
+}
+
+/// A gate that keeps no order ids (the memory gate) is loaded from the live orders read a
+/// chunk of thousands at a time as strings: each buyer's units, of one order or several,
+/// of one unit or more, across chunks, without cancelled or expired orders and in each
+/// segment only its own buyers, exactly as reading every order one by one finds them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_holdings_read_in_chunks_equal_every_order_read_one_by_one() {
+    use seckill::store::{Outcome, Part};
+    for kind in ALL_SQL {
+        let (store, _) = common::fresh_store(kind).await;
+        let sale = common::sale(common::next_id(), 100_000, 5);
+        store.create_sale(&sale).await.unwrap();
+        // 45,000 orders (past two chunks): 40,000 buyers of one unit with ids past 2^32, the
+        // first 5,000 of them again with two units in a later order; 300 cancelled, 200
+        // of them second orders.
+        let user = |u: i64| 5_000_000_000 + u * 7;
+        let ones: Vec<NewOrder> = (0..40_000).map(|u| order(sale.id, user(u), 1)).collect();
+        let twos: Vec<NewOrder> = (0..5_000).map(|u| order(sale.id, user(u), 2)).collect();
+        for batch in ones.chunks(5_000).chain(twos.chunks(5_000)) {
+            store.write_orders(batch).await.unwrap();
+        }
+        let now = seckill::clock::wall_ms();
+        for o in ones[..100].iter().chain(&twos[..200]) {
+            store
+                .transition(o.id, Some(o.user_id), Outcome::Cancelled, now, "test")
+                .await
+                .unwrap();
+        }
+        for part in [
+            Part::WHOLE,
+            Part {
+                segments: 3,
+                segment: 1,
+            },
+        ] {
+            let read = |order_ids| {
+                let store = store.clone();
+                async move {
+                    let snapshot = store
+                        .load_part_snapshot(sale.id, part, std::time::Duration::ZERO, order_ids)
+                        .await
+                        .unwrap();
+                    let mut buyers = snapshot.buyers;
+                    buyers.sort_unstable();
+                    (snapshot.stock, buyers)
+                }
+            };
+            let (chunked, one_by_one) = (read(false).await, read(true).await);
+            assert_eq!(chunked, one_by_one, "{kind:?} {part:?}");
+            if part == Part::WHOLE {
+                let (stock, buyers) = chunked;
+                assert_eq!(buyers.len(), 40_000 - 100, "{kind:?}");
+                let units: i64 = buyers.iter().map(|(_, n)| n).sum();
+                assert_eq!(units, 40_000 - 100 + 2 * (5_000 - 200), "{kind:?}");
+                assert_eq!(stock, 100_000 - units, "{kind:?}");
+                let held = |u| buyers.iter().find(|(b, _)| *b == user(u)).map(|(_, n)| *n);
+                assert_eq!(held(0), None, "{kind:?}: both orders cancelled");
+                assert_eq!(held(150), Some(1), "{kind:?}: its second order cancelled");
+                assert_eq!(held(300), Some(3), "{kind:?}: two orders summed");
+                assert_eq!(held(39_999), Some(1), "{kind:?}");
+            }
+        }
     }
 }
