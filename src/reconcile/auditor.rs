@@ -420,22 +420,21 @@ async fn quiet_recount(
         Ok(m) => m,
         Err(e) => return Some(Err(e)),
     };
-    let moved = AtomicBool::new(false);
-    let go_on = |_| !moved.load(Ordering::Relaxed);
-    let work = account_with(store, gate.0, backlog, sale, Depth::Recount(pace), &go_on);
+    let work = account_with(store, gate.0, backlog, sale, Depth::Recount(pace), &|_| {});
     tokio::pin!(work);
     let result = loop {
         tokio::select! {
             result = &mut work => break result,
             _ = tokio::time::sleep(MOVED_EVERY) => {
+                // Dropped mid-read (a chunk, a pause, the journal's sum): its transaction's
+                // connection is closed, never handed back to the pool (`WriteTx`).
                 if moment(gate, sale).await.map_or(true, |now| now != before) {
-                    moved.store(true, Ordering::Relaxed);
+                    return None;
                 }
             }
         }
     };
-    let moved_at_end = moment(gate, sale).await.map_or(true, |now| now != before);
-    if moved.load(Ordering::Relaxed) || moved_at_end {
+    if moment(gate, sale).await.map_or(true, |now| now != before) {
         return None;
     }
     Some(result.map(|(account, _)| account))
@@ -478,12 +477,13 @@ impl Sweep {
             if !self.board.auditing.load(Ordering::Relaxed) {
                 continue;
             }
-            // Orders under way are left to pass: a recount now would be abandoned.
+            // Orders under way are left to pass: a recount now would be abandoned. The turn
+            // goes on either way, so that a sale with a steady trickle never stops the rest.
+            next = next.wrapping_add(1);
             let now = moment(gate, sale).await.ok();
             if now.is_none() || now != before {
                 continue;
             }
-            next = next.wrapping_add(1);
             match quiet_recount(&self.store, gate, self.backlog.as_ref(), sale, SWEEP).await {
                 Some(Ok(a)) if !a.exact() => {
                     tracing::info!(sale, differences = ?a.differences(), "the audit's sweep found a difference: followed by recounts");

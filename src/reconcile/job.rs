@@ -53,10 +53,7 @@ async fn run(store: Store, gate: Arc<dyn Gate>, backlog: Arc<dyn Backlog>, sale_
     let read = Arc::new(AtomicI64::new(0));
     let counted = {
         let read = read.clone();
-        move |orders: i64| {
-            read.store(orders, Ordering::Relaxed);
-            true
-        }
+        move |orders: i64| read.store(orders, Ordering::Relaxed)
     };
     let depth = Depth::Recount(Pace::BACKGROUND);
     let work = account_with(

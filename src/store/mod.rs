@@ -61,9 +61,6 @@ pub enum StoreError {
     },
     #[error("another writer inserted some of these orders concurrently")]
     ConcurrentWrite,
-    /// Its caller told a recount to stop (the sweep's, when the sale took orders meanwhile).
-    #[error("the recount was abandoned")]
-    Abandoned,
     #[error("not found")]
     NotFound,
     #[error("unsupported database URL: {0}")]

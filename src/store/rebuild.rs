@@ -100,8 +100,9 @@ impl Store {
     /// snapshot's transaction: the rebuilt segment never gives those units.
     ///
     /// `order_ids`: whether the gate keeps order ids (`Gate::keeps_order_ids`); without
-    /// them the snapshot reads the live orders and the outbox only. Either way its rows are
-    /// streamed, never held whole: a million orders cost what their buyers take.
+    /// them the snapshot reads the live orders, a chunk of them per row (`live_holdings`),
+    /// and the outbox only; with them every order, streamed. Either way a million orders
+    /// cost what their buyers take, never a row held per order.
     pub async fn load_part_snapshot(
         &self,
         sale_id: i64,

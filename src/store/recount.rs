@@ -83,15 +83,14 @@ struct Counting {
 
 impl Store {
     /// Counts every figure of the sale again (see the module's doc), walking its buyers
-    /// `pace.chunk` at a time and telling `progress` the orders read so far; it answers
-    /// whether to go on (`StoreError::Abandoned` when not: the snapshot is let go at once).
-    /// `None` for an unknown sale.
+    /// `pace.chunk` at a time and telling `progress` the orders read so far. `None` for an
+    /// unknown sale.
     pub async fn recount_paced(
         &self,
         sale_id: i64,
         pace: Pace,
         cap: usize,
-        progress: &(dyn Fn(i64) -> bool + Send + Sync),
+        progress: &(dyn Fn(i64) + Send + Sync),
     ) -> Result<Option<Recount>, StoreError> {
         let snapshot = match self.dialect {
             Dialect::Postgres => "BEGIN ISOLATION LEVEL REPEATABLE READ",
@@ -128,7 +127,7 @@ impl Store {
         sale_id: i64,
         pace: Pace,
         cap: usize,
-        progress: &(dyn Fn(i64) -> bool + Send + Sync),
+        progress: &(dyn Fn(i64) + Send + Sync),
     ) -> Result<Option<Recount>, StoreError> {
         let Some(kept) = self.counted_in(conn, sale_id).await? else {
             return Ok(None);
@@ -144,9 +143,7 @@ impl Store {
             let last = self
                 .count_buyers_chunk(conn, sale_id, after_user, pace.chunk, cap, &mut counting)
                 .await?;
-            if !progress(counting.orders) {
-                return Err(StoreError::Abandoned);
-            }
+            progress(counting.orders);
             let Some(last) = last else { break };
             self.count_payments_of_users(conn, sale_id, after_user, last, &mut counting)
                 .await?;

@@ -82,7 +82,7 @@ async fn schemathesis_finds_nothing_with_the_admin_and_a_buyer_each_on_their_ope
     api.open_sale(1000, 1).await;
     let buyer = api.login_users(1).await.remove(0);
     let seed = std::env::var("SECKILL_CONTRACT_SEED").unwrap_or_else(|_| "20261123".into());
-    let seconds = std::env::var("SECKILL_CONTRACT_SECONDS").unwrap_or_else(|_| "40".into());
+    let seconds = std::env::var("SECKILL_CONTRACT_SECONDS").unwrap_or_else(|_| "75".into());
     let (admin, base) = (server.admin.clone(), server.base.clone());
     let run_seed = seed.clone();
     let har_dir = std::env::temp_dir().join(common::unique("har"));
