@@ -532,10 +532,12 @@ impl App {
             .drain_recovered(Duration::from_secs(120))
             .await?;
         // The first pass runs before serving, so that a restarted embedded server has
-        // rebuilt its gate from SQL before it answers a single purchase.
+        // rebuilt its gate from SQL before it answers a single purchase. Its expiry and
+        // returns take one batch each: orders left unexpired are held in the gate, which
+        // sells no more than SQL allows, and the next passes catch up while serving.
         let scheduler = self.scheduler();
         until_up("first scheduler pass", || async {
-            scheduler.tick().await.map_err(AppError::from)
+            scheduler.tick(Duration::ZERO).await.map_err(AppError::from)
         })
         .await?;
         let (stop_tx, stop_rx) = watch::channel(false);

@@ -5,6 +5,8 @@
 
 pub mod payment;
 
+use std::time::{Duration, Instant};
+
 use crate::gate::{Gate, GateError, Release, Released};
 use crate::store::{Outcome, StockReturn, TransitionError};
 use crate::store::{Store, StoreError};
@@ -27,45 +29,67 @@ pub async fn return_to_gate(
     gate: &dyn Gate,
     r: &StockReturn,
 ) -> Result<Released, LifecycleError> {
-    let released = gate
-        .release(Release {
-            sale_id: r.sale_id,
-            order_id: r.order_id,
-            user_id: r.user_id,
-            quantity: r.quantity,
-        })
-        .await?;
+    let released = release(gate, r).await?;
     if released != Released::Deferred {
         store.mark_returned(r.order_id, store.now_ms()).await?;
     }
     Ok(released)
 }
 
-/// Empties the outbox of returned stock; returns how many were handed over. A sale whose
-/// gate fails (its Redis master away) is skipped for this pass and the others go on; the
-/// first such error is returned after them.
-pub async fn pump_returns(store: &Store, gate: &dyn Gate) -> Result<usize, LifecycleError> {
+async fn release(gate: &dyn Gate, r: &StockReturn) -> Result<Released, GateError> {
+    gate.release(Release {
+        sale_id: r.sale_id,
+        order_id: r.order_id,
+        user_id: r.user_id,
+        quantity: r.quantity,
+    })
+    .await
+}
+
+/// How many returns one pass reads, hands over and clears in one transaction.
+const RETURNS_BATCH: i64 = 500;
+
+/// Empties the outbox of returned stock, batch by batch until `budget` is spent (the rest
+/// waits for the next pass: a mass expiry must not hold up the scheduler's other duties);
+/// returns how many were handed over. A sale whose gate fails (its Redis master away) is
+/// skipped for this pass and the others go on; the first such error is returned after them.
+pub async fn pump_returns(
+    store: &Store,
+    gate: &dyn Gate,
+    budget: Duration,
+) -> Result<usize, LifecycleError> {
+    let started = Instant::now();
     let mut handed = 0;
     let mut skipped: Vec<i64> = Vec::new();
     let mut first_error = None;
     loop {
-        let batch = store.pending_returns_except(&skipped, 500).await?;
+        let batch = store
+            .pending_returns_except(&skipped, RETURNS_BATCH)
+            .await?;
         if batch.is_empty() {
             break;
         }
+        let mut taken = Vec::with_capacity(batch.len());
         for r in &batch {
             if skipped.contains(&r.sale_id) {
                 continue;
             }
-            match return_to_gate(store, gate, r).await {
+            match release(gate, r).await {
                 // Being loaded: the rest of this sale's returns wait for the load too.
                 Ok(Released::Deferred) => skipped.push(r.sale_id),
-                Ok(_) => handed += 1,
+                Ok(_) => taken.push(r.order_id),
                 Err(e) => {
                     skipped.push(r.sale_id);
-                    first_error.get_or_insert(e);
+                    first_error.get_or_insert(e.into());
                 }
             }
+        }
+        // Handed over but not cleared (a crash here) is handed over again: the gate takes
+        // each order's units back once.
+        store.mark_all_returned(&taken, store.now_ms()).await?;
+        handed += taken.len();
+        if started.elapsed() >= budget {
+            break;
         }
     }
     match first_error {
@@ -98,33 +122,23 @@ pub async fn pump_returns_of(
     }
 }
 
-/// Expires every order past its payment deadline; returns how many expired.
-pub async fn expire_due(store: &Store) -> Result<usize, LifecycleError> {
+/// How many overdue orders one transaction expires.
+const EXPIRY_BATCH: i64 = 200;
+
+/// Expires orders past their payment deadline, a transaction per batch, until none is
+/// due or `budget` is spent (a million overdue orders after a restart are expired over
+/// many passes, while the server serves); returns how many expired.
+pub async fn expire_due(store: &Store, budget: Duration) -> Result<usize, LifecycleError> {
+    let started = Instant::now();
     let mut expired = 0;
     loop {
         let now = store.now_ms();
-        let due = store.due_for_expiry(now, 500).await?;
+        let due = store.due_for_expiry(now, EXPIRY_BATCH).await?;
         if due.is_empty() {
             return Ok(expired);
         }
-        for order_id in due.iter().copied() {
-            match store
-                .transition(
-                    order_id,
-                    None,
-                    Outcome::Expired,
-                    now,
-                    "payment deadline passed",
-                )
-                .await
-            {
-                Ok(_) => expired += 1,
-                // Paid or cancelled in the meantime: that transition won.
-                Err(TransitionError::Illegal { .. }) | Err(TransitionError::NoSuchOrder(_)) => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-        if due.len() < 500 {
+        expired += store.expire_orders(&due, now).await?;
+        if (due.len() as i64) < EXPIRY_BATCH || started.elapsed() >= budget {
             return Ok(expired);
         }
     }

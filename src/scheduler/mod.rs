@@ -28,6 +28,10 @@ pub enum SchedulerError {
     Load(#[from] LoadError),
 }
 
+/// How long one pass may spend on each of expiry and returns before it leaves the rest to
+/// the next pass (a second later).
+pub const DUTY_BUDGET: Duration = Duration::from_millis(300);
+
 pub struct Scheduler {
     pub store: Store,
     pub gate: Arc<dyn Gate>,
@@ -37,8 +41,9 @@ pub struct Scheduler {
 }
 
 impl Scheduler {
-    /// One pass of every duty.
-    pub async fn tick(&self) -> Result<(), SchedulerError> {
+    /// One pass of every duty; expiry and returns each stop starting new batches once
+    /// `budget` is spent, and go on at the next pass.
+    pub async fn tick(&self, budget: Duration) -> Result<(), SchedulerError> {
         self.cache.refresh(&self.store).await?;
         let segments: Vec<(i64, i64)> = self
             .cache
@@ -63,20 +68,21 @@ impl Scheduler {
         if let Err(e) = preloaded {
             first_error.get_or_insert(e.into());
         }
-        let expired = match crate::lifecycle::expire_due(&self.store).await {
+        let expired = match crate::lifecycle::expire_due(&self.store, budget).await {
             Ok(n) => n,
             Err(e) => {
                 first_error.get_or_insert(e.into());
                 0
             }
         };
-        let returned = match crate::lifecycle::pump_returns(&self.store, self.gate.as_ref()).await {
-            Ok(n) => n,
-            Err(e) => {
-                first_error.get_or_insert(e.into());
-                0
-            }
-        };
+        let returned =
+            match crate::lifecycle::pump_returns(&self.store, self.gate.as_ref(), budget).await {
+                Ok(n) => n,
+                Err(e) => {
+                    first_error.get_or_insert(e.into());
+                    0
+                }
+            };
         match crate::gate::rebalance::finish_stalled_moves(&self.store, self.gate.as_ref()).await {
             Ok(0) => {}
             Ok(moves) => tracing::info!(moves, "moves between segments finished for their mover"),
@@ -108,7 +114,7 @@ impl Scheduler {
 
     pub async fn run(self, mut stop: watch::Receiver<bool>) {
         loop {
-            if let Err(e) = self.tick().await {
+            if let Err(e) = self.tick(DUTY_BUDGET).await {
                 tracing::warn!(error = %e, "scheduler tick failed");
             }
             tokio::select! {

@@ -444,3 +444,71 @@ async fn futures_join(gate: Arc<dyn Gate>, r: Release, n: usize) -> Vec<Released
     }
     out
 }
+
+/// A mass expiry goes a batch per transaction and stops at its budget: a pass with no
+/// budget expires one batch, later passes the rest; paid orders stay paid, every expired
+/// order owes one return, and the kept counters agree with a recount all along.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_mass_expiry_goes_in_batches_within_a_budget_and_keeps_the_counters() {
+    use std::time::Duration;
+    for kind in ALL_SQL {
+        let (store, _) = common::fresh_store(kind).await;
+        let clock = seckill::clock::SimClock::new(seckill::clock::wall_ms());
+        let store = store.with_clock(clock.clone());
+        let sale = common::sale(common::next_id(), 450, 1);
+        store.create_sale(&sale).await.unwrap();
+        let orders = written_orders(&store, sale.id, 450).await;
+        for o in &orders[..30] {
+            store
+                .transition(o.id, None, Outcome::Paid, store.now_ms(), "paid")
+                .await
+                .unwrap();
+        }
+        clock.advance(901_000);
+        let first = seckill::lifecycle::expire_due(&store, Duration::ZERO)
+            .await
+            .unwrap();
+        assert_eq!(
+            first, 200,
+            "{kind:?}: a pass without budget expires one batch"
+        );
+        let recount = |store: Store| async move {
+            store
+                .recount_paced(sale.id, seckill::store::Pace::FULL, 10, &|_| {})
+                .await
+                .unwrap()
+                .unwrap()
+        };
+        assert!(recount(store.clone()).await.agrees(), "{kind:?}: mid-way");
+        let rest = seckill::lifecycle::expire_due(&store, Duration::from_secs(60))
+            .await
+            .unwrap();
+        assert_eq!(rest, 220, "{kind:?}: the next pass expires the rest");
+        let again = seckill::lifecycle::expire_due(&store, Duration::from_secs(60))
+            .await
+            .unwrap();
+        assert_eq!(again, 0, "{kind:?}: nothing left to expire");
+        let stored = store.orders_of_sale(sale.id).await.unwrap();
+        let count = |s: OrderStatus| stored.iter().filter(|o| o.status == s).count();
+        assert_eq!(count(OrderStatus::Paid), 30, "{kind:?}");
+        assert_eq!(count(OrderStatus::Expired), 420, "{kind:?}");
+        let returns = store.pending_returns(Some(sale.id), 1000).await.unwrap();
+        assert_eq!(returns.len(), 420, "{kind:?}: one return per expired order");
+        let ids: Vec<i64> = returns.iter().map(|r| r.order_id).collect();
+        store.mark_all_returned(&ids, store.now_ms()).await.unwrap();
+        store.mark_all_returned(&ids, store.now_ms()).await.unwrap();
+        assert!(store
+            .pending_returns(Some(sale.id), 1000)
+            .await
+            .unwrap()
+            .is_empty());
+        let end = recount(store.clone()).await;
+        assert!(end.agrees(), "{kind:?}: {end:?}");
+        assert_eq!(end.kept.live_units, 30, "{kind:?}");
+        assert_eq!(
+            store.sale(sale.id).await.unwrap().unwrap().stock,
+            420,
+            "{kind:?}"
+        );
+    }
+}

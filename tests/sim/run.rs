@@ -587,7 +587,11 @@ impl Sim {
     }
 
     async fn tick(&mut self) {
-        let result = self.world().scheduler.tick().await;
+        let result = self
+            .world()
+            .scheduler
+            .tick(seckill::scheduler::DUTY_BUDGET)
+            .await;
         self.note(format!(
             "tick {}",
             match &result {

@@ -145,7 +145,7 @@ impl World {
         }
         world
             .scheduler
-            .tick()
+            .tick(Duration::ZERO)
             .await
             .map_err(|e| format!("first scheduler pass: {e}"))?;
         if machine.crash.is_down() {
