@@ -173,6 +173,10 @@ impl Store {
         rows: &[Movement<'_>],
         at: i64,
     ) -> Result<(), StoreError> {
+        let plain = rows.iter().all(|m| m.actor.is_none() && m.detail.is_none());
+        if self.dialect == Dialect::Postgres && plain && !rows.is_empty() {
+            return self.journal_rows_pg(conn, rows, at).await;
+        }
         for chunk in rows.chunks(400) {
             let values = vec!["(?, ?, ?, ?, ?, ?, ?, ?)"; chunk.len()].join(",");
             let q = self.sql(&format!(
@@ -193,6 +197,42 @@ impl Store {
             }
             query.execute(&mut *conn).await?;
         }
+        Ok(())
+    }
+
+    /// Rows without an actor or detail (a writer's batch: a row per order) in one
+    /// statement of one shape, columns as arrays (see `store::pg_array`).
+    async fn journal_rows_pg(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        rows: &[Movement<'_>],
+        at: i64,
+    ) -> Result<(), StoreError> {
+        let ints = |f: &dyn Fn(&Movement) -> i64| super::pg_array(rows.iter().map(f));
+        let nullable = |f: &dyn Fn(&Movement) -> Option<i64>| {
+            let items: Vec<String> = rows
+                .iter()
+                .map(|m| f(m).map_or_else(|| "NULL".to_string(), |v| v.to_string()))
+                .collect();
+            format!("{{{}}}", items.join(","))
+        };
+        // Causes are lower-case words: safe in an array literal as they are.
+        let causes: Vec<&str> = rows.iter().map(|m| m.cause.as_str()).collect();
+        let q = "INSERT INTO stock_journal (sale_id, segment, delta, cause, order_id, at) \
+                 SELECT t.sale_id, t.segment, t.delta, t.cause, t.order_id, $1 FROM unnest(\
+                 CAST(CAST($2 AS TEXT) AS BIGINT[]), CAST(CAST($3 AS TEXT) AS BIGINT[]), \
+                 CAST(CAST($4 AS TEXT) AS BIGINT[]), CAST(CAST($5 AS TEXT) AS TEXT[]), \
+                 CAST(CAST($6 AS TEXT) AS BIGINT[])) WITH ORDINALITY \
+                 AS t(sale_id, segment, delta, cause, order_id, ord) ORDER BY t.ord";
+        sqlx::query(q)
+            .bind(at)
+            .bind(ints(&|m| m.sale_id))
+            .bind(nullable(&|m| m.segment))
+            .bind(ints(&|m| m.delta))
+            .bind(format!("{{{}}}", causes.join(",")))
+            .bind(nullable(&|m| m.order_id))
+            .execute(&mut *conn)
+            .await?;
         Ok(())
     }
 
