@@ -35,6 +35,8 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local interval = tonumber(ARGV[2])
 local tolerance = tonumber(ARGV[3])
 local resends = ARGV[4] == '1'
+-- Units taken by this call's attempts, not yet written to the sale hash.
+local taken = 0
 
 local function decide(i)
   local base = 5 * i
@@ -87,7 +89,7 @@ local function decide(i)
     return 'sold_out', stock
   end
   stock = stock - qty
-  redis.call('HINCRBY', KEYS[1], 'stock', -qty)
+  taken = taken + qty
   redis.call('HINCRBY', KEYS[2], user, qty)
   redis.call('XADD', KEYS[3], '*',
     'order_id', ARGV[base + 2], 'sale_id', ARGV[1], 'user_id', user,
@@ -96,9 +98,20 @@ local function decide(i)
   return 'ok', stock
 end
 
-for i = 1, attempts do
-  local code, n = decide(i)
-  out[#out + 1] = code
-  out[#out + 1] = n
+-- The stock is written once per call, for every unit its attempts took. A script that
+-- fails midway keeps what it wrote before the error (Redis does not roll back), so the
+-- units taken so far are written whatever happens, before the error is raised again.
+local decided, err = pcall(function()
+  for i = 1, attempts do
+    local code, n = decide(i)
+    out[#out + 1] = code
+    out[#out + 1] = n
+  end
+end)
+if taken > 0 then
+  redis.call('HINCRBY', KEYS[1], 'stock', -taken)
+end
+if not decided then
+  error(err)
 end
 return out

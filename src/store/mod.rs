@@ -214,6 +214,20 @@ async fn switch_to_wal(options: &AnyConnectOptions) -> Result<(), StoreError> {
 pub const LIVE_ORDER_IDS: &str = "SELECT id FROM orders WHERE sale_id = ? AND id > ? \
      AND status IN ('pending_payment', 'paid') ORDER BY id LIMIT ?";
 
+/// The writer's guard on PostgreSQL: live units of each buyer of an array (`$1`, text) in
+/// a sale (`$2`), a lookup of (sale, buyer) per buyer (see `Store::held_by_buyers`).
+pub const PG_HELD_BY_BUYERS: &str = "SELECT u.id, h.units \
+     FROM unnest(CAST(CAST($1 AS TEXT) AS BIGINT[])) AS u(id) \
+     CROSS JOIN LATERAL (SELECT CAST(COALESCE(SUM(quantity),0) AS BIGINT) AS units FROM orders \
+     WHERE sale_id = $2 AND user_id = u.id AND status IN ('pending_payment', 'paid')) h \
+     WHERE h.units > 0";
+
+/// The writer's duplicate check on PostgreSQL: which order ids of an array (`$1`, text)
+/// are in SQL already, a lookup of the primary key per id (see `Store::written_already`).
+pub const PG_WRITTEN_ALREADY: &str = "SELECT u.id \
+     FROM unnest(CAST(CAST($1 AS TEXT) AS BIGINT[])) AS u(id) \
+     CROSS JOIN LATERAL (SELECT COUNT(*) AS n FROM orders WHERE id = u.id) h WHERE h.n > 0";
+
 #[derive(Clone)]
 pub struct Store {
     pool: AnyPool,
@@ -1511,10 +1525,7 @@ impl Store {
             // A lookup of the primary key per order, whatever the statistics say: with
             // `id IN (...)` the planner, sure of a small table, read all of it for every
             // batch (4-12 ms a batch at 150,000 orders, growing with them).
-            let q = "SELECT u.id FROM unnest(CAST(CAST($1 AS TEXT) AS BIGINT[])) AS u(id) \
-                     CROSS JOIN LATERAL (SELECT COUNT(*) AS n FROM orders WHERE id = u.id) h \
-                     WHERE h.n > 0";
-            sqlx::query(q)
+            sqlx::query(PG_WRITTEN_ALREADY)
                 .bind(pg_array(chunk.iter().map(|o| o.id)))
                 .fetch_all(&mut *conn)
                 .await?
@@ -1590,14 +1601,7 @@ impl Store {
             // CPU in a storm. The subquery holds an aggregate, so it stays a lookup per
             // buyer; one statement shape for every batch, prepared once.
             let list = pg_array(users.iter().copied());
-            let q = format!(
-                "SELECT u.id, h.units FROM unnest(CAST(CAST(? AS TEXT) AS BIGINT[])) AS u(id) \
-                 CROSS JOIN LATERAL (SELECT {} AS units FROM orders WHERE sale_id = ? \
-                 AND user_id = u.id AND status IN ('pending_payment', 'paid')) h \
-                 WHERE h.units > 0",
-                self.sum_int("quantity")
-            );
-            sqlx::query(&self.sql(&q))
+            sqlx::query(PG_HELD_BY_BUYERS)
                 .bind(list)
                 .bind(sale_id)
                 .fetch_all(&mut *conn)

@@ -1030,3 +1030,61 @@ async fn live_holdings_read_in_chunks_equal_every_order_read_one_by_one() {
         }
     }
 }
+
+/// On PostgreSQL the writer's lookups for a batch go by key however little the planner
+/// knows: on a fresh table (no statistics yet) holding a sale's 20,000 orders, the
+/// per-buyer guard reads `orders_by_sale_user` and the duplicate check the primary key.
+/// (With `user_id IN (...)` and `id IN (...)` the planner walked the whole sale, or the
+/// whole table, for every batch.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_writers_lookups_on_postgres_go_by_key_on_a_table_without_statistics() {
+    use sqlx::Row;
+    let (store, _) = common::fresh_store(Sql::Postgres).await;
+    let sale = common::sale(common::next_id(), 30_000, 1);
+    store.create_sale(&sale).await.unwrap();
+    for chunk in 0..20 {
+        let batch: Vec<NewOrder> = (0..1000)
+            .map(|i| NewOrder {
+                id: common::next_id(),
+                sale_id: sale.id,
+                user_id: 1_000_000 + chunk * 1000 + i,
+                quantity: 1,
+                price_cents: 999,
+                accepted_at: seckill::clock::wall_ms(),
+            })
+            .collect();
+        store.write_orders(&batch).await.unwrap();
+    }
+    let array = |from: i64| {
+        let items: Vec<String> = (from..from + 500).map(|v| v.to_string()).collect();
+        format!("{{{}}}", items.join(","))
+    };
+    let plan = |sql: &'static str, binds: Vec<(String, Option<i64>)>| {
+        let store = store.clone();
+        async move {
+            let q = format!("EXPLAIN {sql}");
+            let mut query = sqlx::query(&q);
+            for (text, int) in &binds {
+                query = match int {
+                    Some(v) => query.bind(*v),
+                    None => query.bind(text.clone()),
+                };
+            }
+            let rows = query.fetch_all(store.pool()).await.unwrap();
+            rows.iter()
+                .map(|r| r.try_get::<String, _>(0).unwrap())
+                .collect::<Vec<String>>()
+                .join("\n")
+        }
+    };
+    let held = plan(
+        seckill::store::PG_HELD_BY_BUYERS,
+        vec![(array(2_000_000), None), (String::new(), Some(sale.id))],
+    )
+    .await;
+    assert!(held.contains("orders_by_sale_user"), "{held}");
+    assert!(!held.contains("Seq Scan on orders"), "{held}");
+    let written = plan(seckill::store::PG_WRITTEN_ALREADY, vec![(array(1), None)]).await;
+    assert!(written.contains("orders_pkey"), "{written}");
+    assert!(!written.contains("Seq Scan on orders"), "{written}");
+}
