@@ -257,7 +257,7 @@ impl Store {
         let q = format!(
             "SELECT id, {COLS} FROM stock_journal WHERE sale_id = ? AND id > ? ORDER BY id LIMIT ?"
         );
-        self.all_rows(&q, &[sale_id, after_id, limit], entry_from_row)
+        self.keyset_rows(&q, &[sale_id, after_id, limit], entry_from_row)
             .await
     }
 

@@ -1168,6 +1168,38 @@ impl Store {
         rows.iter().map(|r| map(r).map_err(Into::into)).collect()
     }
 
+    /// A page read by keyset along an index (`WHERE sale_id = ? AND id > ? ORDER BY id
+    /// LIMIT ?`). On PostgreSQL the planner is told, for this read only, to walk an index
+    /// rather than scan and sort: its statistics lag a sale that grows by thousands of rows
+    /// a second (the sale's id is new to them, so it believes the sale holds a few rows),
+    /// and it read every order of the sale and sorted them for a page of 100 (276 ms at a
+    /// million orders; 0.1 ms walking the index).
+    pub(crate) async fn keyset_rows<T>(
+        &self,
+        query: &str,
+        keys: &[i64],
+        map: fn(&AnyRow) -> Result<T, sqlx::Error>,
+    ) -> Result<Vec<T>, StoreError> {
+        if self.dialect != Dialect::Postgres {
+            return self.all_rows(query, keys, map).await;
+        }
+        let mut tx = self.begin_with("BEGIN READ ONLY").await?;
+        sqlx::query(
+            "SELECT set_config('enable_seqscan', 'off', true), \
+             set_config('enable_bitmapscan', 'off', true), set_config('enable_sort', 'off', true)",
+        )
+        .execute(&mut *tx)
+        .await?;
+        let query = self.sql(query);
+        let mut bound = sqlx::query(&query);
+        for key in keys {
+            bound = bound.bind(*key);
+        }
+        let rows = bound.fetch_all(&mut *tx).await?;
+        Self::finish(tx, false).await?;
+        rows.iter().map(|r| map(r).map_err(Into::into)).collect()
+    }
+
     pub(crate) async fn one_by_key<T>(
         &self,
         query: &str,
@@ -1668,7 +1700,7 @@ impl Store {
         after: i64,
         limit: i64,
     ) -> Result<Vec<i64>, StoreError> {
-        self.all_rows(LIVE_ORDER_IDS, &[sale_id, after, limit], first_int)
+        self.keyset_rows(LIVE_ORDER_IDS, &[sale_id, after, limit], first_int)
             .await
     }
 
