@@ -326,20 +326,15 @@ impl Auditor {
             }
             return;
         }
-        let fresh = Streak {
+        let fresh = || Streak {
             differences,
             rounds: 0,
             since_ms: now,
             recounted,
         };
-        let streak = streaks.entry(sale).or_insert(fresh);
+        let streak = streaks.entry(sale).or_insert_with(fresh);
         if streak.differences != differences {
-            *streak = Streak {
-                differences,
-                rounds: 0,
-                since_ms: now,
-                recounted,
-            };
+            *streak = fresh();
         }
         streak.rounds += 1;
         streak.recounted |= recounted;
