@@ -112,6 +112,6 @@ if taken > 0 then
   redis.call('HINCRBY', KEYS[1], 'stock', -taken)
 end
 if not decided then
-  error(err)
+  error(err, 0)
 end
 return out

@@ -1419,44 +1419,11 @@ impl Store {
             tallies.order_moved(o.sale_id, None, OrderStatus::PendingPayment);
         }
 
-        let mut inserted = 0u64;
-        if self.dialect == Dialect::Postgres {
-            inserted = self.insert_orders_pg(conn, &fresh, &terms, now).await?;
-        }
-        let generic = if self.dialect == Dialect::Postgres {
-            &[][..]
+        let inserted = if self.dialect == Dialect::Postgres {
+            self.insert_orders_pg(conn, &fresh, &terms, now).await?
         } else {
-            &fresh[..]
+            self.insert_orders_values(conn, &fresh, &terms, now).await?
         };
-        for chunk in generic.chunks(500) {
-            let values =
-                vec!["(?, ?, ?, ?, ?, 'pending_payment', ?, ?, ?, ?)"; chunk.len()].join(",");
-            let q = format!(
-                "{} VALUES {values}{}",
-                self.insert_ignore(
-                    "orders (id, sale_id, user_id, quantity, price_cents, status, accepted_at, written_at, pay_deadline, updated_at)"
-                ),
-                self.on_conflict_nothing()
-            );
-            let q = self.sql(&q);
-            // One statement shape per batch size: caching each would hold thousands of
-            // prepared statements per connection.
-            let mut query = sqlx::query(&q).persistent(false);
-            for o in chunk {
-                let deadline = now + terms[&o.sale_id].0 * 1000;
-                query = query
-                    .bind(o.id)
-                    .bind(o.sale_id)
-                    .bind(o.user_id)
-                    .bind(o.quantity)
-                    .bind(o.price_cents)
-                    .bind(o.accepted_at)
-                    .bind(now)
-                    .bind(deadline)
-                    .bind(now);
-            }
-            inserted += query.execute(&mut *conn).await?.rows_affected();
-        }
         if inserted != fresh.len() as u64 {
             return Err(StoreError::ConcurrentWrite);
         }
@@ -1578,6 +1545,47 @@ impl Store {
             .map(|r| r.try_get::<i64, _>(0))
             .collect::<Result<_, sqlx::Error>>()
             .map_err(StoreError::from)
+    }
+
+    /// The batch's new orders as multi-row VALUES statements of 500 (SQLite, MySQL).
+    async fn insert_orders_values(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        fresh: &[&NewOrder],
+        terms: &HashMap<i64, (i64, i64)>,
+        now: i64,
+    ) -> Result<u64, StoreError> {
+        let mut inserted = 0u64;
+        for chunk in fresh.chunks(500) {
+            let values =
+                vec!["(?, ?, ?, ?, ?, 'pending_payment', ?, ?, ?, ?)"; chunk.len()].join(",");
+            let q = format!(
+                "{} VALUES {values}{}",
+                self.insert_ignore(
+                    "orders (id, sale_id, user_id, quantity, price_cents, status, accepted_at, written_at, pay_deadline, updated_at)"
+                ),
+                self.on_conflict_nothing()
+            );
+            let q = self.sql(&q);
+            // One statement shape per batch size: caching each would hold thousands of
+            // prepared statements per connection.
+            let mut query = sqlx::query(&q).persistent(false);
+            for o in chunk {
+                let deadline = now + terms[&o.sale_id].0 * 1000;
+                query = query
+                    .bind(o.id)
+                    .bind(o.sale_id)
+                    .bind(o.user_id)
+                    .bind(o.quantity)
+                    .bind(o.price_cents)
+                    .bind(o.accepted_at)
+                    .bind(now)
+                    .bind(deadline)
+                    .bind(now);
+            }
+            inserted += query.execute(&mut *conn).await?.rows_affected();
+        }
+        Ok(inserted)
     }
 
     /// The batch's new orders in one statement of one shape (prepared once per

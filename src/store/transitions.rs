@@ -282,9 +282,24 @@ impl Store {
         .await
     }
 
-    /// Orders whose payment deadline has passed, oldest first.
-    pub async fn due_for_expiry(&self, now: i64, limit: i64) -> Result<Vec<i64>, StoreError> {
-        self.all_rows("SELECT id FROM orders WHERE status = 'pending_payment' AND pay_deadline <= ? ORDER BY pay_deadline LIMIT ?", &[now, limit], super::first_int).await
+    /// (sale, order) of the oldest `limit` orders past their payment deadline, in sale order.
+    pub async fn due_for_expiry(
+        &self,
+        now: i64,
+        limit: i64,
+    ) -> Result<Vec<(i64, i64)>, StoreError> {
+        let mut due = self
+            .all_rows(
+                "SELECT sale_id, id FROM orders WHERE status = 'pending_payment' \
+                 AND pay_deadline <= ? ORDER BY pay_deadline LIMIT ?",
+                &[now, limit],
+                super::int_pair,
+            )
+            .await?;
+        // A batch locks its sales' rows in id order, as the writer does: two transactions
+        // taking two sales in opposite orders would deadlock.
+        due.sort_unstable();
+        Ok(due)
     }
 
     /// Returns not yet taken back by the gate; `sale_id` narrows them to one sale.

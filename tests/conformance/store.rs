@@ -754,9 +754,9 @@ async fn a_page_of_order_ids_walks_an_index_and_sorts_nothing() {
         "SQLite sorts: {plan:?}"
     );
 
-    // PostgreSQL's planner, whose statistics lag a growing sale, is told to avoid sorts
-    // and scans for this read (`Store::keyset_rows`); it still sorts unless an index gives
-    // the order.
+    // PostgreSQL's planner may scan a small table whole; told to avoid sorts and scans
+    // (as `Store::keyset_rows` tells it for this read), it still sorts unless an index
+    // gives the order.
     let (store, _) = common::fresh_store(Sql::Postgres).await;
     let mut numbered = String::new();
     for (i, part) in seckill::store::LIVE_ORDER_IDS.split('?').enumerate() {
