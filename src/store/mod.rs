@@ -1110,6 +1110,13 @@ impl Store {
                     .bind(id)
                     .execute(&mut *conn)
                     .await?;
+                // What was kept of the draft goes with it (a recount's record, its tallies).
+                for table in ["recount_jobs", "sale_tallies"] {
+                    sqlx::query(&self.sql(&format!("DELETE FROM {table} WHERE sale_id = ?")))
+                        .bind(id)
+                        .execute(&mut *conn)
+                        .await?;
+                }
                 let deleted = Movement::new(id, -stock, Cause::Deleted);
                 self.journal_in(&mut conn, &[deleted], self.now_ms())
                     .await?;

@@ -55,9 +55,17 @@ async fn drafts_are_edited_and_deleted_approved_sales_are_not() {
     assert_eq!(api.delete_sale(&id).await.status, 409);
     assert_eq!(api.admin_sale(&id).await.unwrap()["stock"], 9);
 
-    // A draft is deleted once; then it is gone. A draft cannot be ended.
+    // A draft is deleted once; then it is gone, with what a recount of it left (schemathesis
+    // found its recount still answered after the delete). A draft cannot be ended.
     let other = create_draft(&api, "gone", 1).await;
     assert_eq!(api.end_sale(&other).await.status, 409);
+    let recount = format!("/api/admin/sales/{other}/recount");
+    let started = api.admin_call(reqwest::Method::POST, &recount, None).await;
+    assert_eq!(started.status, 202, "{started}");
+    common::eventually(30, "the draft's recount ends", || async {
+        api.admin_call(reqwest::Method::GET, &recount, None).await["state"] == "done"
+    })
+    .await;
     let answer = api.delete_sale(&other).await;
     assert_eq!(
         (answer.status, answer["status"].as_str()),
@@ -66,6 +74,8 @@ async fn drafts_are_edited_and_deleted_approved_sales_are_not() {
     );
     assert_eq!(api.delete_sale(&other).await.status, 404);
     assert!(api.admin_sale(&other).await.is_none());
+    let gone = api.admin_call(reqwest::Method::GET, &recount, None).await;
+    assert_eq!(gone.status, 404, "{gone}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -402,11 +402,12 @@ pub async fn recount(
     State(st): State<Arc<AppState>>,
     PathId(id, _): SaleId,
 ) -> Result<Response, ApiError> {
+    // An unknown (or deleted) sale is 404, whatever a recount left behind.
+    super::sales::existing_sale(&st, id).await?;
     let job = match st.store.recount_job(id).await? {
         Some(job) => RecountJob::from(job),
         None => {
-            // A sale never recounted has a state too; an unknown sale is 404.
-            super::sales::existing_sale(&st, id).await?;
+            // A sale never recounted has a state too.
             RecountJob {
                 sale_id: id.to_string(),
                 state: "none".into(),
