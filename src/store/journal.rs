@@ -210,14 +210,11 @@ impl Store {
     ) -> Result<(), StoreError> {
         let ints = |f: &dyn Fn(&Movement) -> i64| super::pg_array(rows.iter().map(f));
         let nullable = |f: &dyn Fn(&Movement) -> Option<i64>| {
-            let items: Vec<String> = rows
-                .iter()
-                .map(|m| f(m).map_or_else(|| "NULL".to_string(), |v| v.to_string()))
-                .collect();
-            format!("{{{}}}", items.join(","))
+            super::pg_array(
+                rows.iter()
+                    .map(|m| f(m).map_or_else(|| "NULL".to_string(), |v| v.to_string())),
+            )
         };
-        // Causes are lower-case words: safe in an array literal as they are.
-        let causes: Vec<&str> = rows.iter().map(|m| m.cause.as_str()).collect();
         let q = "INSERT INTO stock_journal (sale_id, segment, delta, cause, order_id, at) \
                  SELECT t.sale_id, t.segment, t.delta, t.cause, t.order_id, $1 FROM unnest(\
                  CAST(CAST($2 AS TEXT) AS BIGINT[]), CAST(CAST($3 AS TEXT) AS BIGINT[]), \
@@ -229,7 +226,8 @@ impl Store {
             .bind(ints(&|m| m.sale_id))
             .bind(nullable(&|m| m.segment))
             .bind(ints(&|m| m.delta))
-            .bind(format!("{{{}}}", causes.join(",")))
+            // Causes are lower-case words: safe in an array literal as they are.
+            .bind(super::pg_array(rows.iter().map(|m| m.cause.as_str())))
             .bind(nullable(&|m| m.order_id))
             .execute(&mut *conn)
             .await?;

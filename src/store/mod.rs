@@ -1759,10 +1759,10 @@ fn sibling_url(url: &str, name: &str) -> Option<String> {
     Some(format!("{server}/{name}{query}"))
 }
 
-/// A PostgreSQL array literal of integers (`{1,2,3}`), bound as text and cast in the
-/// statement: the Any driver binds no arrays, and one array keeps one statement shape
-/// whatever the batch's size.
-pub(crate) fn pg_array(values: impl Iterator<Item = i64>) -> String {
+/// A PostgreSQL array literal (`{1,2,3}`), bound as text and cast in the statement: the
+/// Any driver binds no arrays, and one array keeps one statement shape whatever the
+/// batch's size. Only for items that need no quoting (integers, `NULL`, plain words).
+pub(crate) fn pg_array<T: std::fmt::Display>(values: impl Iterator<Item = T>) -> String {
     let mut out = String::from("{");
     for (i, v) in values.enumerate() {
         if i > 0 {
