@@ -290,6 +290,9 @@ fn collect_entries(stream: &str, entries: &Value, batch: &mut Batch) {
         };
         let fields = match parts.get(1) {
             Some(Value::Array(kv)) => &kv[..],
+            // Deleted while pending (its ack cut short after the XDEL): written already,
+            // nothing left to write or to set aside.
+            Some(Value::Nil) => continue,
             _ => &[],
         };
         match parse_order(fields) {
@@ -426,13 +429,18 @@ impl OrderLog for StreamLog {
     async fn ack(&self, receipts: Vec<Receipt>) -> Result<(), LogError> {
         let mut conn = self.conn.clone();
         for (stream, ids) in by_stream(receipts) {
+            // XDEL before XACK: a connection cut between the two (the pipeline is no
+            // transaction) must leave an entry pending, which a reclaim settles (Redis drops
+            // a deleted entry from the pending list when XAUTOCLAIM meets it), never acked but
+            // still in the stream, where no read delivers it again and it counts as
+            // unwritten for ever.
             let mut pipe = redis::pipe();
+            pipe.cmd("XDEL").arg(&stream).arg(&ids).ignore();
             pipe.cmd("XACK")
                 .arg(&stream)
                 .arg(WRITER_GROUP)
                 .arg(&ids)
                 .ignore();
-            pipe.cmd("XDEL").arg(&stream).arg(&ids).ignore();
             let _: () = pipe.query_async(&mut conn).await?;
         }
         Ok(())
@@ -476,13 +484,14 @@ impl OrderLog for StreamLog {
             }
         }
         let mut pipe = redis::pipe();
+        // XDEL before XACK, as in `ack`.
         pipe.add_command(add).ignore();
+        pipe.cmd("XDEL").arg(&stream).arg(&id).ignore();
         pipe.cmd("XACK")
             .arg(&stream)
             .arg(WRITER_GROUP)
             .arg(&id)
             .ignore();
-        pipe.cmd("XDEL").arg(&stream).arg(&id).ignore();
         let _: () = pipe.query_async(&mut conn).await?;
         tracing::error!(
             stream,
