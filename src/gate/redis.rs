@@ -18,6 +18,10 @@ use super::{
 const KEEP_AFTER_END_MS: i64 = 7 * 86_400_000;
 /// Buyers or order ids per staging call of a load.
 const STAGE_CHUNK: usize = 1000;
+/// Staging chunks per round trip of a load.
+const STAGE_PIPELINE: usize = 16;
+/// How long a staged key outlives its last chunk (a loader that died leaves it behind).
+const STAGED_TTL_MS: u64 = 600_000;
 /// A load lock's lease; its holder renews it every third of it while it works.
 const LOAD_LEASE_MS: u64 = 10_000;
 pub struct RedisGate {
@@ -33,7 +37,6 @@ pub struct RedisGate {
     end_early: Script,
     release: Script,
     lock_load: Script,
-    stage_load: Script,
     renew_lock: Script,
     unlock: Script,
     confirm: Script,
@@ -71,7 +74,6 @@ impl RedisGate {
             end_early: Script::new(include_str!("end_early.lua")),
             release: Script::new(include_str!("release.lua")),
             lock_load: Script::new(include_str!("lock_load.lua")),
-            stage_load: Script::new(include_str!("stage_load.lua")),
             renew_lock: Script::new(crate::redis_client::lease::RENEW_LUA),
             unlock: Script::new(crate::redis_client::lease::UNLOCK_LUA),
             confirm: Script::new(include_str!("confirm_written.lua")),
@@ -192,7 +194,6 @@ impl RedisGate {
             &self.end_early,
             &self.release,
             &self.lock_load,
-            &self.stage_load,
             &self.renew_lock,
             &self.unlock,
             &self.confirm,
@@ -319,8 +320,8 @@ impl RedisGate {
 }
 
 impl RedisGate {
-    /// Stages the load in the loader's own keys, then makes it live in one script, all
-    /// fenced by the ticket's lock.
+    /// Stages the load in the loader's own keys, then makes it live in one script fenced
+    /// by the ticket's lock.
     async fn install(&self, ticket: &LoadTicket, load: &SaleLoad) -> Result<bool, GateError> {
         let segments = load.sale.segments.max(1);
         let k = self.segment_keys(load.sale.id, segments, load.segment);
@@ -336,30 +337,29 @@ impl RedisGate {
                 .query_async(&mut conn)
                 .await?;
         }
-        let staged_buyers = k.staged(ticket.fence, "buyers");
-        let staged_counted = k.staged(ticket.fence, "counted");
-        let staged_released = k.staged(ticket.fence, "released");
+        let staged_buyers = k.staged(&ticket.owner, "buyers");
+        let staged_counted = k.staged(&ticket.owner, "counted");
+        let staged_released = k.staged(&ticket.owner, "released");
+        let mut chunks = Vec::new();
         for chunk in load.buyers.chunks(STAGE_CHUNK) {
-            let mut call = self.stage_load.key(&k.lock);
-            call.key(&staged_buyers).arg(&ticket.owner).arg("hash");
+            let mut cmd = redis::cmd("HSET");
+            cmd.arg(&staged_buyers);
             for (user, units) in chunk {
-                call.arg(*user).arg(*units);
+                cmd.arg(*user).arg(*units);
             }
-            let _: i64 = call.invoke_async(&mut conn).await?;
+            chunks.push((cmd, &staged_buyers));
         }
         for (ids, staged) in [
             (&load.counted, &staged_counted),
             (&load.released, &staged_released),
         ] {
             for chunk in ids.chunks(STAGE_CHUNK) {
-                let mut call = self.stage_load.key(&k.lock);
-                call.key(staged).arg(&ticket.owner).arg("set");
-                for id in chunk {
-                    call.arg(*id);
-                }
-                let _: i64 = call.invoke_async(&mut conn).await?;
+                let mut cmd = redis::cmd("SADD");
+                cmd.arg(staged).arg(chunk);
+                chunks.push((cmd, staged));
             }
         }
+        stage(&mut conn, &k.lock, &ticket.owner, chunks).await?;
         let s = &load.sale;
         let mut call = self.load.key(&k.sale);
         call.key(&k.buyers)
@@ -400,6 +400,35 @@ impl RedisGate {
 }
 
 /// Whether Redis fsyncs its AOF before replying to every write.
+/// Sends a load's staging commands (each a chunk of one staged key), `STAGE_PIPELINE` to a
+/// round trip: a million buyers and order ids are two thousand chunks, whose round trips
+/// one at a time cost as much as Redis' own work (issue 27). Plain commands, no script
+/// (a script's arguments cost Redis a third more): a staged key is its loader's own, so a
+/// loader that lost its lock writes where nobody reads. Each round trip reads the lock
+/// too and stops once it has passed to another loader (load_sale.lua then refuses this
+/// one); each chunk renews its key's expiry, so that nothing left behind lasts.
+async fn stage(
+    conn: &mut RedisConn,
+    lock: &str,
+    owner: &str,
+    chunks: Vec<(redis::Cmd, &String)>,
+) -> Result<(), GateError> {
+    let mut chunks = chunks.into_iter().peekable();
+    while chunks.peek().is_some() {
+        let mut pipe = redis::pipe();
+        for (cmd, key) in chunks.by_ref().take(STAGE_PIPELINE) {
+            pipe.add_command(cmd).ignore();
+            pipe.cmd("PEXPIRE").arg(key).arg(STAGED_TTL_MS).ignore();
+        }
+        pipe.cmd("GET").arg(lock);
+        let (holder,): (Option<String>,) = pipe.query_async(conn).await?;
+        if holder.as_deref() != Some(owner) {
+            break;
+        }
+    }
+    Ok(())
+}
+
 async fn fsyncs_every_write(conn: &mut RedisConn) -> Result<bool, GateError> {
     let get = |name: &'static str| {
         let mut conn = conn.clone();

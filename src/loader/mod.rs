@@ -266,7 +266,7 @@ async fn load_part(
         LOAD_DEADLINE,
         snapshot_and_install(store, gate, sale, segment, ticket),
     );
-    let (loaded, load, ms) = tokio::select! {
+    let (loaded, load, took) = tokio::select! {
         done = install => match done {
             Ok(done) => done?,
             Err(_) => {
@@ -299,7 +299,8 @@ async fn load_part(
             remaining = load.remaining,
             buyers = load.buyers.len(),
             orders = load.counted.len(),
-            ms,
+            read_ms = took.read_ms,
+            install_ms = took.install_ms,
             "sale loaded into the gate"
         );
         // The trail only (no stock moves): a failure to note it is logged, not fatal.
@@ -331,11 +332,12 @@ async fn snapshot_and_install(
     sale: &Sale,
     segment: i64,
     ticket: LoadTicket,
-) -> Result<(bool, SaleLoad, u64), LoadError> {
+) -> Result<(bool, SaleLoad, Took), LoadError> {
     let part = crate::store::Part {
         segments: sale.segments.max(1),
         segment,
     };
+    let read = std::time::Instant::now();
     let snapshot = match store
         .load_part_snapshot(sale.id, part, WAIT_FOR_WRITERS, gate.keeps_order_ids())
         .await
@@ -355,9 +357,21 @@ async fn snapshot_and_install(
         segment,
         moves: snapshot.moves,
     };
+    let read_ms = read.elapsed().as_millis() as u64;
     let started = std::time::Instant::now();
     let loaded = gate.finish_load(ticket, &load).await?;
-    Ok((loaded, load, started.elapsed().as_millis() as u64))
+    let took = Took {
+        read_ms,
+        install_ms: started.elapsed().as_millis() as u64,
+    };
+    Ok((loaded, load, took))
+}
+
+/// How long a load's two steps took: the SQL snapshot (the wait for order writers
+/// included) and the install in the gate.
+struct Took {
+    read_ms: u64,
+    install_ms: u64,
 }
 
 /// Loads in a row given up for a change of master before the caller hears of it.

@@ -59,10 +59,11 @@ impl SaleKeys {
         }
     }
 
-    /// A loader's own staging key: no other loader writes or deletes it.
-    pub fn staged(&self, fence: i64, what: &str) -> String {
+    /// A loader's own staging key, named by its owner token: no other loader writes or
+    /// deletes it, not even one that took the same fence after Redis lost its data.
+    pub fn staged(&self, owner: &str, what: &str) -> String {
         format!(
-            "{}:load:{fence}:{what}",
+            "{}:load:{owner}:{what}",
             self.sale.trim_end_matches(":sale")
         )
     }
@@ -191,8 +192,8 @@ mod tests {
             &k.counted,
             &k.confirms,
             &k.moves,
-            &k.staged(3, "buyers"),
-            &k.staged(3, "counted"),
+            &k.staged("0a1b:2c3d", "buyers"),
+            &k.staged("0a1b:2c3d", "counted"),
             &k.spent(77),
         ] {
             assert!(key.starts_with("p:{42}:"), "{key}");

@@ -228,6 +228,11 @@ pub const PG_WRITTEN_ALREADY: &str = "SELECT u.id \
      FROM unnest(CAST(CAST($1 AS TEXT) AS BIGINT[])) AS u(id) \
      CROSS JOIN LATERAL (SELECT COUNT(*) AS n FROM orders WHERE id = u.id) h WHERE h.n > 0";
 
+/// Tells PostgreSQL's planner, for the rest of the transaction, to walk an index rather
+/// than scan a sale and sort it (see `Store::keyset_rows`).
+pub(crate) const PG_WALK_INDEXES: &str = "SELECT set_config('enable_seqscan', 'off', true), \
+     set_config('enable_bitmapscan', 'off', true), set_config('enable_sort', 'off', true)";
+
 #[derive(Clone)]
 pub struct Store {
     pool: AnyPool,
@@ -1191,12 +1196,7 @@ impl Store {
             return self.all_rows(query, keys, map).await;
         }
         let mut tx = self.begin_with("BEGIN READ ONLY").await?;
-        sqlx::query(
-            "SELECT set_config('enable_seqscan', 'off', true), \
-             set_config('enable_bitmapscan', 'off', true), set_config('enable_sort', 'off', true)",
-        )
-        .execute(&mut *tx)
-        .await?;
+        sqlx::query(PG_WALK_INDEXES).execute(&mut *tx).await?;
         let query = self.sql(query);
         let mut bound = sqlx::query(&query);
         for key in keys {

@@ -2,12 +2,9 @@
 //! snapshot while its row is locked, after the order writers holding batches read from
 //! Redis have written them (the writer fence they share-lock, and a rebuild locks alone).
 
-use std::collections::HashMap;
-
 use sqlx::Row;
 
 use super::{Dialect, Store, StoreError, WriteTx};
-use crate::model::OrderStatus;
 
 /// Whether the database gave up waiting for a lock (PostgreSQL's lock_timeout, MySQL's
 /// innodb_lock_wait_timeout).
@@ -69,9 +66,29 @@ fn text_at(row: &sqlx::any::AnyRow, i: usize) -> Result<Option<String>, StoreErr
     }
 }
 
-fn parse_pair(pair: &str) -> Option<(i64, i64)> {
-    let (user, units) = pair.split_once(' ')?;
-    Some((user.parse().ok()?, units.parse().ok()?))
+/// An order that holds its units (`OrderStatus::LIVE`).
+const LIVE: &str = "status IN ('pending_payment', 'paid')";
+
+/// What [`Store::every_order`] reads.
+#[derive(Default)]
+struct EveryOrder {
+    held: Vec<(i64, i64)>,
+    counted: Vec<i64>,
+    released: Vec<i64>,
+}
+
+/// The buyers of `part`, one pair each: a buyer of several orders has their units summed.
+fn one_pair_per_buyer(mut held: Vec<(i64, i64)>, part: Part) -> Vec<(i64, i64)> {
+    held.retain(|(user, _)| part.holds(*user));
+    held.sort_unstable_by_key(|(user, _)| *user);
+    held.dedup_by(|next, kept| {
+        let same = next.0 == kept.0;
+        if same {
+            kept.1 += next.1;
+        }
+        same
+    });
+    held
 }
 
 impl Store {
@@ -219,34 +236,11 @@ impl Store {
             Some(r) => (r.try_get(0)?, r.try_get(1)?),
             None => return Err(StoreError::UnknownSale(sale_id)),
         };
-        let mut counted = Vec::new();
         let mut released = Vec::new();
-        let buyers = if order_ids {
-            let mut held: HashMap<i64, i64> = HashMap::new();
-            // In the order of the sale's index (`orders_by_sale_id`): on SQLite, the table's
-            // own order too, so the rows are read in one sweep.
-            let q = self.sql(
-                "SELECT id, user_id, quantity, status FROM orders WHERE sale_id = ? ORDER BY id",
-            );
-            let mut rows = sqlx::query(&q).bind(sale_id).fetch(&mut *conn);
-            while let Some(r) = rows.try_next().await? {
-                let user: i64 = r.try_get(1)?;
-                if !part.holds(user) {
-                    continue;
-                }
-                let id: i64 = r.try_get(0)?;
-                let status: String = r.try_get(3)?;
-                counted.push(id);
-                if OrderStatus::LIVE.contains(&status.as_str()) {
-                    *held.entry(user).or_default() += r.try_get::<i64, _>(2)?;
-                } else {
-                    // Cancelled or expired: the stock counts its units back already, whether
-                    // or not its return reached a gate; a release of it later is a repeat.
-                    released.push(id);
-                }
-            }
-            drop(rows);
-            held.into_iter().collect()
+        let (buyers, counted) = if order_ids {
+            let orders = self.every_order(conn, sale_id, part).await?;
+            released = orders.released;
+            (orders.held, orders.counted)
         } else {
             let held = self.live_holdings(conn, sale_id, part).await?;
             // Returns the gate is still owed: the only releases of earlier orders that can
@@ -261,7 +255,7 @@ impl Store {
                 }
             }
             drop(owed);
-            held
+            (held, Vec::new())
         };
         let (stock, moves) = if part.segments > 1 {
             let (allocated, moves) = self
@@ -295,37 +289,148 @@ impl Store {
         sale_id: i64,
         part: Part,
     ) -> Result<Vec<(i64, i64)>, StoreError> {
-        let (ones, others) = match self.dialect {
-            Dialect::Sqlite => (
-                "group_concat(CASE WHEN quantity = 1 THEN user_id END)",
-                "group_concat(CASE WHEN quantity <> 1 THEN user_id || ' ' || quantity END)",
+        let columns = [
+            (
+                format!(
+                    "CASE WHEN quantity = 1 THEN {} END",
+                    self.joined(&["user_id"])
+                ),
+                1,
             ),
-            Dialect::Postgres => (
-                "string_agg(CASE WHEN quantity = 1 THEN user_id::text END, ',')",
-                "string_agg(CASE WHEN quantity <> 1 THEN user_id::text || ' ' || quantity::text END, ',')",
+            (
+                format!(
+                    "CASE WHEN quantity <> 1 THEN {} END",
+                    self.joined(&["user_id", "quantity"])
+                ),
+                2,
             ),
-            Dialect::MySql => (
-                "GROUP_CONCAT(CASE WHEN quantity = 1 THEN user_id END)",
-                "GROUP_CONCAT(CASE WHEN quantity <> 1 THEN CONCAT(user_id, ' ', quantity) END)",
+        ];
+        let mut held = Vec::new();
+        let filter = format!("AND {LIVE}");
+        self.packed_chunks(conn, sale_id, &filter, &columns, |column, fields| {
+            let units = if column == 0 { 1 } else { fields[1] };
+            held.push((fields[0], units));
+        })
+        .await?;
+        Ok(one_pair_per_buyer(held, part))
+    }
+
+    /// Every order of the sale in `part`, for a gate that keeps order ids: the units each
+    /// buyer holds in live orders, every order's id, and the cancelled or expired ones.
+    /// Read packed like [`Store::live_holdings`] ("id user" per live order of one unit,
+    /// "id user units" per other live order, "id user" per order gone), never a row per
+    /// order (issue 27: a distributed gate rebuilt from a 1M-order sale within 3 s).
+    async fn every_order(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        sale_id: i64,
+        part: Part,
+    ) -> Result<EveryOrder, StoreError> {
+        let columns = [
+            (
+                format!(
+                    "CASE WHEN {LIVE} AND quantity = 1 THEN {} END",
+                    self.joined(&["id", "user_id"])
+                ),
+                2,
             ),
-        };
-        if self.dialect == Dialect::MySql {
+            (
+                format!(
+                    "CASE WHEN {LIVE} AND quantity <> 1 THEN {} END",
+                    self.joined(&["id", "user_id", "quantity"])
+                ),
+                3,
+            ),
+            (
+                format!(
+                    "CASE WHEN NOT ({LIVE}) THEN {} END",
+                    self.joined(&["id", "user_id"])
+                ),
+                2,
+            ),
+        ];
+        let mut out = EveryOrder::default();
+        let mut held = Vec::new();
+        self.packed_chunks(conn, sale_id, "", &columns, |column, fields| {
+            let (id, user) = (fields[0], fields[1]);
+            if !part.holds(user) {
+                return;
+            }
+            out.counted.push(id);
+            match column {
+                0 => held.push((user, 1)),
+                1 => held.push((user, fields[2])),
+                // Cancelled or expired: the stock counts its units back already, whether
+                // or not its return reached a gate; a release of it later is a repeat.
+                _ => out.released.push(id),
+            }
+        })
+        .await?;
+        out.held = one_pair_per_buyer(held, part);
+        Ok(out)
+    }
+
+    /// `columns` joined into one text per order (`self.joined`), NULL where an order is
+    /// not theirs.
+    fn joined(&self, columns: &[&str]) -> String {
+        match self.dialect {
+            Dialect::MySql => format!("CONCAT({})", columns.join(", ' ', ")),
+            Dialect::Postgres => columns
+                .iter()
+                .map(|c| format!("{c}::text"))
+                .collect::<Vec<_>>()
+                .join(" || ' ' || "),
+            Dialect::Sqlite => columns.join(" || ' ' || "),
+        }
+    }
+
+    /// Reads the sale's orders (`filter`: an extra condition, starting with AND) by id,
+    /// `LIVE_CHUNK` to a row: each of `columns` (an expression of `n` integers joined by
+    /// spaces, and `n`) aggregated into one comma-separated text per chunk. `each` gets a
+    /// column's index and the `n` integers of one order.
+    async fn packed_chunks(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        sale_id: i64,
+        filter: &str,
+        columns: &[(String, usize)],
+        mut each: impl FnMut(usize, &[i64]),
+    ) -> Result<(), StoreError> {
+        let aggregated: Vec<String> = columns
+            .iter()
+            .map(|(c, _)| match self.dialect {
+                Dialect::Postgres => format!("string_agg({c}, ',')"),
+                Dialect::Sqlite => format!("group_concat({c})"),
+                Dialect::MySql => format!("GROUP_CONCAT({c})"),
+            })
+            .collect();
+        match self.dialect {
             // Its default (1,024 bytes) would cut a chunk short without an error.
-            sqlx::query("SET SESSION group_concat_max_len = 67108864")
-                .execute(&mut *conn)
-                .await?;
+            Dialect::MySql => {
+                sqlx::query("SET SESSION group_concat_max_len = 67108864")
+                    .execute(&mut *conn)
+                    .await?;
+            }
+            // A sale that grew since the last ANALYZE looks tiny to the planner: it read the
+            // whole sale and sorted it for each chunk (0.5 s a chunk at a million orders).
+            Dialect::Postgres => {
+                sqlx::query(super::PG_WALK_INDEXES)
+                    .execute(&mut *conn)
+                    .await?;
+            }
+            Dialect::Sqlite => {}
         }
         let q = self.sql(&format!(
-            "SELECT MAX(id), {ones}, {others} FROM (SELECT id, user_id, quantity FROM orders \
-             WHERE sale_id = ? AND id > ? AND status IN ('pending_payment', 'paid') \
-             ORDER BY id LIMIT {LIVE_CHUNK}) chunk"
+            "SELECT MAX(id), {} FROM (SELECT id, user_id, quantity, status FROM orders \
+             WHERE sale_id = ? AND id > ? {filter} ORDER BY id LIMIT {LIVE_CHUNK}) chunk",
+            aggregated.join(", ")
         ));
         let bad = |what: &str| {
             StoreError::Db(sqlx::Error::Decode(
-                format!("a live order read as {what:?}, not a buyer and units").into(),
+                format!("an order read as {what:?}, not integers").into(),
             ))
         };
-        let mut held = Vec::new();
+        let mut fields = Vec::with_capacity(3);
         let mut after = i64::MIN;
         loop {
             let row = sqlx::query(&q)
@@ -336,29 +441,24 @@ impl Store {
             let Some(last) = row.try_get::<Option<i64>, _>(0)? else {
                 break;
             };
-            if let Some(ones) = text_at(&row, 1)? {
-                for user in ones.split(',') {
-                    held.push((user.parse().map_err(|_| bad(user))?, 1));
-                }
-            }
-            if let Some(others) = text_at(&row, 2)? {
-                for pair in others.split(',') {
-                    held.push(parse_pair(pair).ok_or_else(|| bad(pair))?);
+            for (column, (_, n)) in columns.iter().enumerate() {
+                let Some(text) = text_at(&row, column + 1)? else {
+                    continue;
+                };
+                for order in text.split(',') {
+                    fields.clear();
+                    for field in order.split(' ') {
+                        fields.push(field.parse().map_err(|_| bad(order))?);
+                    }
+                    if fields.len() != *n {
+                        return Err(bad(order));
+                    }
+                    each(column, &fields);
                 }
             }
             after = last;
         }
-        held.retain(|(user, _)| part.holds(*user));
-        // One pair per buyer: a buyer of several orders has their units summed.
-        held.sort_unstable_by_key(|(user, _)| *user);
-        held.dedup_by(|next, kept| {
-            let same = next.0 == kept.0;
-            if same {
-                kept.1 += next.1;
-            }
-            same
-        });
-        Ok(held)
+        Ok(())
     }
 
     /// A segment's allocation from SQL (its share of the initial stock, plus moves in, less

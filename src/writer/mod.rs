@@ -98,9 +98,17 @@ impl Writer {
             } else {
                 None
             };
-            self.step(&mut last_reclaim, &mut stop).await;
+            let read_failed = self.step(&mut last_reclaim).await;
             if let Err(e) = Store::release_writer_fence(fence).await {
                 tracing::debug!(error = %e, "releasing the writer fence failed; its connection is dropped");
+            }
+            // Outside the fence: a rebuild (Redis lost its data, which is also what fails
+            // the read) must not wait out this pause.
+            if read_failed {
+                tokio::select! {
+                    _ = self.sleep(Duration::from_secs(1)) => {}
+                    _ = stop.changed() => {}
+                }
             }
         }
         tracing::info!("order writer stopped");
@@ -117,32 +125,31 @@ impl Writer {
     }
 
     /// One read of the log (and a reclaim every few seconds), written and settled.
-    async fn step(&self, last_reclaim: &mut i64, stop: &mut watch::Receiver<bool>) {
-        {
-            if self.now() - *last_reclaim >= RECLAIM_EVERY.as_millis() as i64 {
-                *last_reclaim = self.now();
-                match self.log.reclaim(self.batch_max).await {
-                    Ok(batch) if !batch.is_empty() => {
-                        tracing::info!(
-                            entries = batch.deliveries.len(),
-                            "reclaimed pending order entries"
-                        );
-                        self.process(batch).await;
-                    }
-                    Ok(_) => {}
-                    Err(e) => tracing::warn!(error = %e, "reclaim failed"),
+    /// Whether the read failed (the caller waits a while before the next).
+    async fn step(&self, last_reclaim: &mut i64) -> bool {
+        if self.now() - *last_reclaim >= RECLAIM_EVERY.as_millis() as i64 {
+            *last_reclaim = self.now();
+            match self.log.reclaim(self.batch_max).await {
+                Ok(batch) if !batch.is_empty() => {
+                    tracing::info!(
+                        entries = batch.deliveries.len(),
+                        "reclaimed pending order entries"
+                    );
+                    self.process(batch).await;
                 }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "reclaim failed"),
             }
-            match self.log.next_batch(self.batch_max).await {
-                Ok(batch) if batch.is_empty() => {}
-                Ok(batch) => self.process(batch).await,
-                Err(e) => {
-                    tracing::warn!(error = %e, "reading the order log failed; retrying");
-                    tokio::select! {
-                        _ = self.sleep(Duration::from_secs(1)) => {}
-                        _ = stop.changed() => {}
-                    }
-                }
+        }
+        match self.log.next_batch(self.batch_max).await {
+            Ok(batch) if batch.is_empty() => false,
+            Ok(batch) => {
+                self.process(batch).await;
+                false
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the order log failed; retrying");
+                true
             }
         }
     }
