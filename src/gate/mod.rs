@@ -209,13 +209,16 @@ pub enum LoadStart {
 }
 
 /// The right to load one sale, held from before the SQL read until the gate has the sale.
-/// A Redis gate renews the lock while the ticket lives and fences every write of the load
-/// with it: a loader that lost its lock (stalled past the lease) cannot write.
+/// A Redis gate renews the lock while the ticket lives and makes the load live only while
+/// it holds it: a loader that lost its lock (stalled past the lease) stages into keys of its
+/// own that nobody reads, and its install is refused.
 #[derive(Debug)]
 pub struct LoadTicket {
     pub sale_id: i64,
-    /// Unique per lock taken: names the loader's staging keys and marks what it loaded.
+    /// Increases with each lock taken (restarting when Redis loses its data): marks what
+    /// a load installed.
     pub fence: i64,
+    /// Unique per lock taken: the lock's value, and the name of the loader's staging keys.
     pub owner: String,
     /// The segment whose lock this is (0 for an unsegmented sale).
     pub segment: i64,

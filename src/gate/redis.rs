@@ -399,7 +399,6 @@ impl RedisGate {
     }
 }
 
-/// Whether Redis fsyncs its AOF before replying to every write.
 /// Sends a load's staging commands (each a chunk of one staged key), `STAGE_PIPELINE` to a
 /// round trip: a million buyers and order ids are two thousand chunks, whose round trips
 /// one at a time cost as much as Redis' own work (issue 27). Plain commands, no script
@@ -429,6 +428,7 @@ async fn stage(
     Ok(())
 }
 
+/// Whether Redis fsyncs its AOF before replying to every write.
 async fn fsyncs_every_write(conn: &mut RedisConn) -> Result<bool, GateError> {
     let get = |name: &'static str| {
         let mut conn = conn.clone();

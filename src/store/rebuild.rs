@@ -118,8 +118,8 @@ impl Store {
     ///
     /// `order_ids`: whether the gate keeps order ids (`Gate::keeps_order_ids`); without
     /// them the snapshot reads the live orders, a chunk of them per row (`live_holdings`),
-    /// and the outbox only; with them every order, streamed. Either way a million orders
-    /// cost what their buyers take, never a row held per order.
+    /// and the outbox only; with them every order, packed the same way (`every_order`).
+    /// Either way a million orders are read in fifty rows, never a row per order.
     pub async fn load_part_snapshot(
         &self,
         sale_id: i64,

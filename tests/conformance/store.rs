@@ -968,12 +968,13 @@ async fn kept_figures_equal_their_recount_and_a_wrong_one_is_corrected() {
     }
 }
 
-/// A gate that keeps no order ids (the memory gate) is loaded from the live orders read a
-/// chunk of thousands at a time as strings: each buyer's units, of one order or several,
-/// of one unit or more, across chunks, without cancelled or expired orders and in each
-/// segment only its own buyers, exactly as reading every order one by one finds them.
+/// A gate is loaded from the sale's orders read a chunk of thousands at a time as strings,
+/// whether it keeps order ids (the Redis gate: every order's id, the cancelled or expired
+/// ones apart) or not (the memory gate: live orders only): each buyer's units, of one order
+/// or several, of one unit or more, across chunks, without cancelled or expired orders and
+/// in each segment only its own buyers, exactly as every order read one by one finds them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn live_holdings_read_in_chunks_equal_every_order_read_one_by_one() {
+async fn a_load_read_in_chunks_equals_every_order_read_one_by_one() {
     use seckill::store::{Outcome, Part};
     for kind in ALL_SQL {
         let (store, _) = common::fresh_store(kind).await;
@@ -1002,22 +1003,47 @@ async fn live_holdings_read_in_chunks_equal_every_order_read_one_by_one() {
                 segment: 1,
             },
         ] {
+            // The reference: every order of the sale, a row each.
+            let (mut held, mut counted, mut released) =
+                (std::collections::BTreeMap::new(), Vec::new(), Vec::new());
+            for o in store.orders_of_sale(sale.id).await.unwrap() {
+                if seckill::model::segments::segment_of(o.user_id, part.segments) != part.segment {
+                    continue;
+                }
+                counted.push(o.id);
+                if OrderStatus::LIVE.contains(&o.status.as_str()) {
+                    *held.entry(o.user_id).or_insert(0) += o.quantity;
+                } else {
+                    released.push(o.id);
+                }
+            }
+            let held: Vec<(i64, i64)> = held.into_iter().collect();
+            counted.sort_unstable();
+            released.sort_unstable();
             let read = |order_ids| {
                 let store = store.clone();
                 async move {
-                    let snapshot = store
+                    let mut snapshot = store
                         .load_part_snapshot(sale.id, part, std::time::Duration::ZERO, order_ids)
                         .await
                         .unwrap();
-                    let mut buyers = snapshot.buyers;
-                    buyers.sort_unstable();
-                    (snapshot.stock, buyers)
+                    snapshot.buyers.sort_unstable();
+                    snapshot.counted.sort_unstable();
+                    snapshot.released.sort_unstable();
+                    snapshot
                 }
             };
-            let (chunked, one_by_one) = (read(false).await, read(true).await);
-            assert_eq!(chunked, one_by_one, "{kind:?} {part:?}");
+            let (live, every) = (read(false).await, read(true).await);
+            assert_eq!(live.buyers, held, "{kind:?} {part:?}: live orders only");
+            assert_eq!(every.buyers, held, "{kind:?} {part:?}: every order");
+            assert_eq!(every.counted, counted, "{kind:?} {part:?}");
+            assert_eq!(every.released, released, "{kind:?} {part:?}");
+            assert!(live.counted.is_empty(), "{kind:?} {part:?}");
+            assert_eq!(live.stock, every.stock, "{kind:?} {part:?}");
             if part == Part::WHOLE {
-                let (stock, buyers) = chunked;
+                assert_eq!(counted.len(), 45_000, "{kind:?}");
+                assert_eq!(released.len(), 300, "{kind:?}");
+                let (stock, buyers) = (live.stock, live.buyers);
                 assert_eq!(buyers.len(), 40_000 - 100, "{kind:?}");
                 let units: i64 = buyers.iter().map(|(_, n)| n).sum();
                 assert_eq!(units, 40_000 - 100 + 2 * (5_000 - 200), "{kind:?}");
