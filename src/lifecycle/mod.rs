@@ -77,7 +77,7 @@ pub async fn pump_returns(
             match release(gate, r).await {
                 // Being loaded: the rest of this sale's returns wait for the load too.
                 Ok(Released::Deferred) => skipped.push(r.sale_id),
-                Ok(_) => taken.push((r.sale_id, r.order_id)),
+                Ok(_) => taken.push(r.order_id),
                 Err(e) => {
                     skipped.push(r.sale_id);
                     first_error.get_or_insert(e.into());
@@ -85,11 +85,9 @@ pub async fn pump_returns(
             }
         }
         // Handed over but not cleared (a crash here) is handed over again: the gate takes
-        // each order's units back once. In sale order, as every transaction takes sales.
+        // each order's units back once.
         if !taken.is_empty() {
-            taken.sort_unstable();
-            let ids: Vec<i64> = taken.iter().map(|(_, id)| *id).collect();
-            store.mark_all_returned(&ids, store.now_ms()).await?;
+            store.mark_all_returned(&taken, store.now_ms()).await?;
         }
         handed += taken.len();
         if started.elapsed() >= budget {

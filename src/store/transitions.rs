@@ -110,6 +110,9 @@ impl Store {
     pub async fn expire_orders(&self, ids: &[i64], now: i64) -> Result<usize, TransitionError> {
         retry_transient(self.clock().as_ref(), || {
             self.in_write_tx(|mut conn| async move {
+                if let Err(e) = self.lock_orders(&mut conn, ids).await {
+                    return (conn, Err(e.into()));
+                }
                 let mut expired = 0;
                 for &id in ids {
                     let moved = self
@@ -133,6 +136,31 @@ impl Store {
             })
         })
         .await
+    }
+
+    /// Locks the rows of `ids` in id order before the batch takes any sale's row: a batch
+    /// that locked each order as it came to it, holding the sale's row since its first,
+    /// deadlocked with a buyer's cancel of a later one (that order's row held, waiting for
+    /// the sale's). SQLite's write transaction holds the whole file already.
+    async fn lock_orders(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        ids: &[i64],
+    ) -> Result<(), StoreError> {
+        if self.dialect == super::Dialect::Sqlite || ids.is_empty() {
+            return Ok(());
+        }
+        let q = self.sql(&format!(
+            "SELECT id FROM orders WHERE id IN ({}) ORDER BY id FOR UPDATE",
+            Self::placeholders(ids.len())
+        ));
+        // One statement shape per batch size: not worth a prepared statement each.
+        let mut query = sqlx::query(&q).persistent(false);
+        for id in ids {
+            query = query.bind(*id);
+        }
+        query.fetch_all(&mut *conn).await?;
+        Ok(())
     }
 
     pub(super) async fn transition_in_tx(
@@ -210,50 +238,77 @@ impl Store {
         .execute(&mut *conn)
         .await?;
         if outcome.returns_stock() {
-            // The sale's row lock first: the buyer's other orders are then read as every
-            // transaction before this one left them (see `store::counters`).
-            sqlx::query(
-                &self.sql("UPDATE sales SET stock = stock + ?, updated_at = ? WHERE id = ?"),
-            )
-            .bind(order.quantity)
-            .bind(now)
-            .bind(order.sale_id)
-            .execute(&mut *conn)
-            .await?;
-            let still_held = self
-                .live_units_of_buyer(conn, order.sale_id, order.user_id)
+            self.return_stock_in(conn, &order, outcome, now, &mut tallies)
                 .await?;
-            let bump = super::counters::Bump {
-                live_units: -order.quantity,
-                live_buyers: if still_held == 0 { -1 } else { 0 },
-                returns_owed_orders: 1,
-                returns_owed_units: order.quantity,
-                units_in_transit: 0,
-            };
-            self.bump_in(conn, order.sale_id, bump).await?;
-            tallies.holding_moved(order.sale_id, still_held + order.quantity, still_held);
-            sqlx::query(&self.sql(
-                "INSERT INTO stock_returns (order_id, sale_id, user_id, quantity, reason, created_at, gate_done_at) \
-                 VALUES (?, ?, ?, ?, ?, ?, NULL)",
-            ))
-            .bind(order_id)
-            .bind(order.sale_id)
-            .bind(order.user_id)
-            .bind(order.quantity)
-            .bind(outcome.status().as_str())
-            .bind(now)
-            .execute(&mut *conn)
-            .await?;
-            let cause = if outcome == Outcome::Cancelled {
-                Cause::Cancelled
-            } else {
-                Cause::Expired
-            };
-            let back = Movement::new(order.sale_id, order.quantity, cause).order(order_id);
-            self.journal_in(conn, &[back], now).await?;
         }
         self.tally_in(conn, &tallies).await?;
         Ok(order)
+    }
+
+    /// Puts a cancelled or expired order's units back: the outbox row, the journal row,
+    /// then the sale's row. Every transaction of a sale queues on that row (a storm of
+    /// cancels, the writer's batches, a rebuild's read), so it is taken last, by one
+    /// statement that moves the stock and every counter, and held only for the read of
+    /// the buyer's other orders (which must see every transaction that went before, see
+    /// `store::counters`), the buyer count and the tallies: four round trips where it was
+    /// eight.
+    async fn return_stock_in(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        order: &Order,
+        outcome: Outcome,
+        now: i64,
+        tallies: &mut super::tallies::Tallies,
+    ) -> Result<(), StoreError> {
+        sqlx::query(&self.sql(
+            "INSERT INTO stock_returns (order_id, sale_id, user_id, quantity, reason, created_at, gate_done_at) \
+             VALUES (?, ?, ?, ?, ?, ?, NULL)",
+        ))
+        .bind(order.id)
+        .bind(order.sale_id)
+        .bind(order.user_id)
+        .bind(order.quantity)
+        .bind(outcome.status().as_str())
+        .bind(now)
+        .execute(&mut *conn)
+        .await?;
+        let cause = if outcome == Outcome::Cancelled {
+            Cause::Cancelled
+        } else {
+            Cause::Expired
+        };
+        let back = Movement::new(order.sale_id, order.quantity, cause).order(order.id);
+        self.journal_rows_in(conn, &[back], now).await?;
+        let returned = super::counters::Bump {
+            live_units: -order.quantity,
+            live_buyers: 0,
+            returns_owed_orders: 1,
+            returns_owed_units: order.quantity,
+            units_in_transit: 0,
+        };
+        let q = self.sql(&format!(
+            "UPDATE sales SET stock = stock + ?, journal_sum = journal_sum + ?, {}, \
+             updated_at = ? WHERE id = ?",
+            super::counters::Bump::SET
+        ));
+        returned
+            .bind(sqlx::query(&q).bind(order.quantity).bind(order.quantity))
+            .bind(now)
+            .bind(order.sale_id)
+            .execute(&mut *conn)
+            .await?;
+        let still_held = self
+            .live_units_of_buyer(conn, order.sale_id, order.user_id)
+            .await?;
+        if still_held == 0 {
+            let gone = super::counters::Bump {
+                live_buyers: -1,
+                ..Default::default()
+            };
+            self.bump_in(conn, order.sale_id, gone).await?;
+        }
+        tallies.holding_moved(order.sale_id, still_held + order.quantity, still_held);
+        Ok(())
     }
 
     async fn order_in(
@@ -340,47 +395,73 @@ impl Store {
     /// Clears the returns of `order_ids` from the outbox in one transaction (one commit for
     /// a pass's worth, not one each). Returns already cleared are passed over.
     pub async fn mark_all_returned(&self, order_ids: &[i64], now: i64) -> Result<(), StoreError> {
+        let mut order_ids = order_ids.to_vec();
+        order_ids.sort_unstable();
+        order_ids.dedup();
         self.in_write_tx(|mut conn| async move {
-            for &order_id in order_ids {
-                if let Err(e) = self.mark_returned_in(&mut conn, order_id, now).await {
-                    return (conn, Err(e));
-                }
-            }
-            (conn, Ok(()))
+            let done = self.mark_all_returned_in(&mut conn, &order_ids, now).await;
+            (conn, done)
         })
         .await
     }
 
-    async fn mark_returned_in(
+    /// Every outbox row first, in order id order, then each sale's row once, in sale order.
+    /// A pass that took a sale's row after its first return and then queued for the next
+    /// return's row deadlocked with a buyer's cancel clearing that return (its row held,
+    /// waiting for the sale's): under a storm of cancels every pass and many cancels lost
+    /// a second to the deadlock detector, while the sale's row, held, stalled the rest.
+    async fn mark_all_returned_in(
         &self,
         conn: &mut sqlx::AnyConnection,
-        order_id: i64,
+        order_ids: &[i64],
         now: i64,
     ) -> Result<(), StoreError> {
-        let marked = sqlx::query(&self.sql(
+        let mark = self.sql(
             "UPDATE stock_returns SET gate_done_at = ? WHERE order_id = ? AND gate_done_at IS NULL",
-        ))
-        .bind(now)
-        .bind(order_id)
-        .execute(&mut *conn)
-        .await?;
-        if marked.rows_affected() == 0 {
-            return Ok(());
+        );
+        let mut marked = Vec::new();
+        for &order_id in order_ids {
+            let done = sqlx::query(&mark)
+                .bind(now)
+                .bind(order_id)
+                .execute(&mut *conn)
+                .await?;
+            if done.rows_affected() == 1 {
+                marked.push(order_id);
+            }
         }
-        let row = sqlx::query(
-            &self.sql("SELECT sale_id, quantity FROM stock_returns WHERE order_id = ?"),
-        )
-        .bind(order_id)
-        .fetch_one(&mut *conn)
-        .await?;
-        let (sale_id, quantity): (i64, i64) = (row.try_get(0)?, row.try_get(1)?);
-        let paid_back = super::counters::Bump {
-            returns_owed_orders: -1,
-            returns_owed_units: -quantity,
-            ..Default::default()
-        };
-        self.bump_in(conn, sale_id, paid_back).await?;
-        let handed = Movement::new(sale_id, 0, Cause::ReturnedToGate).order(order_id);
-        self.journal_in(conn, &[handed], now).await
+        let mut handed = Vec::with_capacity(marked.len());
+        let mut per_sale: std::collections::BTreeMap<i64, super::counters::Bump> =
+            Default::default();
+        for chunk in marked.chunks(500) {
+            let q = self.sql(&format!(
+                "SELECT order_id, sale_id, quantity FROM stock_returns WHERE order_id IN ({})",
+                Self::placeholders(chunk.len())
+            ));
+            // One statement shape per chunk size: not worth a prepared statement each.
+            let mut query = sqlx::query(&q).persistent(false);
+            for id in chunk {
+                query = query.bind(*id);
+            }
+            for row in query.fetch_all(&mut *conn).await? {
+                let (order_id, sale_id, quantity): (i64, i64, i64) =
+                    (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
+                handed.push((sale_id, order_id));
+                let paid_back = per_sale.entry(sale_id).or_default();
+                paid_back.returns_owed_orders -= 1;
+                paid_back.returns_owed_units -= quantity;
+            }
+        }
+        let rows: Vec<Movement> = handed
+            .iter()
+            .map(|(sale_id, order_id)| {
+                Movement::new(*sale_id, 0, Cause::ReturnedToGate).order(*order_id)
+            })
+            .collect();
+        self.journal_rows_in(conn, &rows, now).await?;
+        for (sale_id, paid_back) in per_sale {
+            self.bump_in(conn, sale_id, paid_back).await?;
+        }
+        Ok(())
     }
 }

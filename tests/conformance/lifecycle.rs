@@ -518,3 +518,97 @@ async fn a_mass_expiry_goes_in_batches_within_a_budget_and_keeps_the_counters() 
         );
     }
 }
+
+/// A pass clearing a sale's returns from the outbox while buyers' cancels clear their own
+/// (the same rows, met in the opposite order), and an expiry batch while buyers cancel
+/// its orders, never deadlock: every clearing succeeds the first time, each order ends
+/// cancelled or expired with one return, and the kept counters agree with a recount. A
+/// pass that took the sale's row after its first return deadlocked with such cancels.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn outbox_passes_and_expiry_batches_beside_cancels_never_deadlock() {
+    for kind in ALL_SQL {
+        let (store, _) = common::fresh_store(kind).await;
+        let clock = seckill::clock::SimClock::new(seckill::clock::wall_ms());
+        let store = store.with_clock(clock.clone());
+        let sale = common::sale(common::next_id(), 600, 1);
+        store.create_sale(&sale).await.unwrap();
+        let orders = written_orders(&store, sale.id, 600).await;
+        let (cancelled, unpaid) = orders.split_at(400);
+
+        for round in cancelled.chunks(100) {
+            for o in round {
+                store
+                    .transition(o.id, None, Outcome::Cancelled, store.now_ms(), "cancel")
+                    .await
+                    .unwrap();
+            }
+            let ids: Vec<i64> = round.iter().map(|o| o.id).collect();
+            let pass = {
+                let store = store.clone();
+                tokio::spawn(async move { store.mark_all_returned(&ids, store.now_ms()).await })
+            };
+            let singles: Vec<_> = round
+                .iter()
+                .rev()
+                .map(|o| {
+                    let (store, id) = (store.clone(), o.id);
+                    tokio::spawn(async move { store.mark_returned(id, store.now_ms()).await })
+                })
+                .collect();
+            pass.await
+                .unwrap()
+                .unwrap_or_else(|e| panic!("{kind:?}: the pass: {e}"));
+            for s in singles {
+                s.await
+                    .unwrap()
+                    .unwrap_or_else(|e| panic!("{kind:?}: a cancel's clearing: {e}"));
+            }
+        }
+        assert!(
+            store
+                .pending_returns(Some(sale.id), 1000)
+                .await
+                .unwrap()
+                .is_empty(),
+            "{kind:?}"
+        );
+
+        clock.advance(901_000);
+        let ids: Vec<i64> = unpaid.iter().map(|o| o.id).collect();
+        let batch = {
+            let store = store.clone();
+            tokio::spawn(async move { store.expire_orders(&ids, store.now_ms()).await })
+        };
+        let cancels: Vec<_> = unpaid
+            .iter()
+            .rev()
+            .map(|o| {
+                let (store, id) = (store.clone(), o.id);
+                tokio::spawn(async move {
+                    store
+                        .transition(id, None, Outcome::Cancelled, store.now_ms(), "cancel")
+                        .await
+                })
+            })
+            .collect();
+        let expired = batch.await.unwrap().unwrap();
+        let mut cancelled_late = 0;
+        for c in cancels {
+            match c.await.unwrap() {
+                Ok(_) => cancelled_late += 1,
+                Err(TransitionError::Illegal { .. }) => {}
+                Err(e) => panic!("{kind:?}: a cancel beside the expiry: {e}"),
+            }
+        }
+        assert_eq!(expired + cancelled_late, unpaid.len(), "{kind:?}");
+        let returns = store.pending_returns(Some(sale.id), 1000).await.unwrap();
+        assert_eq!(returns.len(), unpaid.len(), "{kind:?}: one return each");
+        let end = store
+            .recount_paced(sale.id, seckill::store::Pace::FULL, 10, &|_| {})
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(end.agrees(), "{kind:?}: {end:?}");
+        assert_eq!(end.kept.live_units, 0, "{kind:?}");
+    }
+}
