@@ -4,6 +4,7 @@
 //! decides a purchase (that is the gate's job) and is never called on the purchase path.
 
 pub mod counters;
+mod expiry;
 pub mod journal;
 
 use journal::{Cause, Movement};

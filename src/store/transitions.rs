@@ -66,6 +66,9 @@ pub struct StockReturn {
     pub quantity: i64,
 }
 
+/// Outbox rows named in one statement when a pass clears them.
+const OUTBOX_CHUNK: usize = 500;
+
 /// Returns not yet handed to the gate (the start of a query).
 const PENDING_RETURNS: &str =
     "SELECT order_id, sale_id, user_id, quantity FROM stock_returns WHERE gate_done_at IS NULL";
@@ -101,66 +104,6 @@ impl Store {
             })
         })
         .await
-    }
-
-    /// Expires the orders of `ids` that are still unpaid past their deadline, all in one
-    /// transaction: one commit (one fsync) for the lot, where a transaction each made a
-    /// mass expiry crawl at a few thousand orders a second. Orders paid or cancelled
-    /// meanwhile are passed over. Returns how many expired.
-    pub async fn expire_orders(&self, ids: &[i64], now: i64) -> Result<usize, TransitionError> {
-        retry_transient(self.clock().as_ref(), || {
-            self.in_write_tx(|mut conn| async move {
-                if let Err(e) = self.lock_orders(&mut conn, ids).await {
-                    return (conn, Err(e.into()));
-                }
-                let mut expired = 0;
-                for &id in ids {
-                    let moved = self
-                        .transition_in_tx(
-                            &mut conn,
-                            id,
-                            None,
-                            Outcome::Expired,
-                            now,
-                            "payment deadline passed",
-                        )
-                        .await;
-                    match moved {
-                        Ok(_) => expired += 1,
-                        // Paid or cancelled in the meantime: that transition won.
-                        Err(TransitionError::Illegal { .. } | TransitionError::NoSuchOrder(_)) => {}
-                        Err(e) => return (conn, Err(e)),
-                    }
-                }
-                (conn, Ok(expired))
-            })
-        })
-        .await
-    }
-
-    /// Locks the rows of `ids` in id order before the batch takes any sale's row: a batch
-    /// that locked each order as it came to it, holding the sale's row since its first,
-    /// deadlocked with a buyer's cancel of a later one (that order's row held, waiting for
-    /// the sale's). SQLite's write transaction holds the whole file already.
-    async fn lock_orders(
-        &self,
-        conn: &mut sqlx::AnyConnection,
-        ids: &[i64],
-    ) -> Result<(), StoreError> {
-        if self.dialect == super::Dialect::Sqlite || ids.is_empty() {
-            return Ok(());
-        }
-        let q = self.sql(&format!(
-            "SELECT id FROM orders WHERE id IN ({}) ORDER BY id FOR UPDATE",
-            Self::placeholders(ids.len())
-        ));
-        // One statement shape per batch size: not worth a prepared statement each.
-        let mut query = sqlx::query(&q).persistent(false);
-        for id in ids {
-            query = query.bind(*id);
-        }
-        query.fetch_all(&mut *conn).await?;
-        Ok(())
     }
 
     pub(super) async fn transition_in_tx(
@@ -410,33 +353,24 @@ impl Store {
     /// return's row deadlocked with a buyer's cancel clearing that return (its row held,
     /// waiting for the sale's): under a storm of cancels every pass and many cancels lost
     /// a second to the deadlock detector, while the sale's row, held, stalled the rest.
+    /// Rows are locked and cleared a chunk to a statement, not one each.
     async fn mark_all_returned_in(
         &self,
         conn: &mut sqlx::AnyConnection,
         order_ids: &[i64],
         now: i64,
     ) -> Result<(), StoreError> {
-        let mark = self.sql(
-            "UPDATE stock_returns SET gate_done_at = ? WHERE order_id = ? AND gate_done_at IS NULL",
-        );
-        let mut marked = Vec::new();
-        for &order_id in order_ids {
-            let done = sqlx::query(&mark)
-                .bind(now)
-                .bind(order_id)
-                .execute(&mut *conn)
-                .await?;
-            if done.rows_affected() == 1 {
-                marked.push(order_id);
-            }
-        }
-        let mut handed = Vec::with_capacity(marked.len());
-        let mut per_sale: std::collections::BTreeMap<i64, super::counters::Bump> =
-            Default::default();
-        for chunk in marked.chunks(500) {
+        let mut owed = Vec::new();
+        for chunk in order_ids.chunks(OUTBOX_CHUNK) {
             let q = self.sql(&format!(
-                "SELECT order_id, sale_id, quantity FROM stock_returns WHERE order_id IN ({})",
-                Self::placeholders(chunk.len())
+                "SELECT order_id, sale_id, quantity FROM stock_returns \
+                 WHERE order_id IN ({}) AND gate_done_at IS NULL ORDER BY order_id{}",
+                Self::placeholders(chunk.len()),
+                if self.dialect == super::Dialect::Sqlite {
+                    ""
+                } else {
+                    " FOR UPDATE"
+                }
             ));
             // One statement shape per chunk size: not worth a prepared statement each.
             let mut query = sqlx::query(&q).persistent(false);
@@ -446,11 +380,31 @@ impl Store {
             for row in query.fetch_all(&mut *conn).await? {
                 let (order_id, sale_id, quantity): (i64, i64, i64) =
                     (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
-                handed.push((sale_id, order_id));
-                let paid_back = per_sale.entry(sale_id).or_default();
-                paid_back.returns_owed_orders -= 1;
-                paid_back.returns_owed_units -= quantity;
+                owed.push((order_id, sale_id, quantity));
             }
+        }
+        for chunk in owed.chunks(OUTBOX_CHUNK) {
+            let q = self.sql(&format!(
+                "UPDATE stock_returns SET gate_done_at = ? WHERE gate_done_at IS NULL AND order_id IN ({})",
+                Self::placeholders(chunk.len())
+            ));
+            let mut clear = sqlx::query(&q).persistent(false).bind(now);
+            for (order_id, _, _) in chunk {
+                clear = clear.bind(*order_id);
+            }
+            if clear.execute(&mut *conn).await?.rows_affected() != chunk.len() as u64 {
+                // The rows are locked: nothing may have cleared them since they were read.
+                return Err(StoreError::ConcurrentWrite);
+            }
+        }
+        let mut handed = Vec::with_capacity(owed.len());
+        let mut per_sale: std::collections::BTreeMap<i64, super::counters::Bump> =
+            Default::default();
+        for (order_id, sale_id, quantity) in owed {
+            handed.push((sale_id, order_id));
+            let paid_back = per_sale.entry(sale_id).or_default();
+            paid_back.returns_owed_orders -= 1;
+            paid_back.returns_owed_units -= quantity;
         }
         let rows: Vec<Movement> = handed
             .iter()
