@@ -455,9 +455,9 @@ async fn a_mass_expiry_goes_in_batches_within_a_budget_and_keeps_the_counters() 
         let (store, _) = common::fresh_store(kind).await;
         let clock = seckill::clock::SimClock::new(seckill::clock::wall_ms());
         let store = store.with_clock(clock.clone());
-        let sale = common::sale(common::next_id(), 450, 1);
+        let sale = common::sale(common::next_id(), 1100, 1);
         store.create_sale(&sale).await.unwrap();
-        let orders = written_orders(&store, sale.id, 450).await;
+        let orders = written_orders(&store, sale.id, 1100).await;
         for o in &orders[..30] {
             store
                 .transition(o.id, None, Outcome::Paid, store.now_ms(), "paid")
@@ -475,7 +475,7 @@ async fn a_mass_expiry_goes_in_batches_within_a_budget_and_keeps_the_counters() 
             .await
             .unwrap();
         assert_eq!(
-            first, 100,
+            first, 500,
             "{kind:?}: a pass without budget expires one batch"
         );
         let recount = |store: Store| async move {
@@ -489,7 +489,7 @@ async fn a_mass_expiry_goes_in_batches_within_a_budget_and_keeps_the_counters() 
         let rest = seckill::lifecycle::expire_due(&store, Duration::from_secs(60))
             .await
             .unwrap();
-        assert_eq!(rest, 319, "{kind:?}: the next pass expires the rest");
+        assert_eq!(rest, 569, "{kind:?}: the next pass expires the rest");
         let again = seckill::lifecycle::expire_due(&store, Duration::from_secs(60))
             .await
             .unwrap();
@@ -497,14 +497,18 @@ async fn a_mass_expiry_goes_in_batches_within_a_budget_and_keeps_the_counters() 
         let stored = store.orders_of_sale(sale.id).await.unwrap();
         let count = |s: OrderStatus| stored.iter().filter(|o| o.status == s).count();
         assert_eq!(count(OrderStatus::Paid), 30, "{kind:?}");
-        assert_eq!(count(OrderStatus::Expired), 420, "{kind:?}");
-        let returns = store.pending_returns(Some(sale.id), 1000).await.unwrap();
-        assert_eq!(returns.len(), 420, "{kind:?}: one return per expired order");
+        assert_eq!(count(OrderStatus::Expired), 1070, "{kind:?}");
+        let returns = store.pending_returns(Some(sale.id), 2000).await.unwrap();
+        assert_eq!(
+            returns.len(),
+            1070,
+            "{kind:?}: one return per expired order"
+        );
         let ids: Vec<i64> = returns.iter().map(|r| r.order_id).collect();
         store.mark_all_returned(&ids, store.now_ms()).await.unwrap();
         store.mark_all_returned(&ids, store.now_ms()).await.unwrap();
         assert!(store
-            .pending_returns(Some(sale.id), 1000)
+            .pending_returns(Some(sale.id), 2000)
             .await
             .unwrap()
             .is_empty());
@@ -513,7 +517,7 @@ async fn a_mass_expiry_goes_in_batches_within_a_budget_and_keeps_the_counters() 
         assert_eq!(end.kept.live_units, 30, "{kind:?}");
         assert_eq!(
             store.sale(sale.id).await.unwrap().unwrap().stock,
-            420,
+            1070,
             "{kind:?}"
         );
     }
