@@ -125,8 +125,10 @@ pub async fn pump_returns_of(
 }
 
 /// How many overdue orders one transaction expires: one commit for them all. A batch
-/// takes its sales' rows only at its end (a statement or three each, then the commit), so
-/// a writer waits on them about as long as on another writer's batch.
+/// takes its sales' rows only at its end (three or four statements each, the journal's
+/// lines, then the commit), so a writer of a sale waits on it about as long as on another
+/// writer's batch (longer when the batch spans many sales: the first sale's row is held
+/// while the others are done).
 const EXPIRY_BATCH: i64 = 500;
 
 /// Expires orders past their payment deadline, a transaction per batch, until none is

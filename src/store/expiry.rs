@@ -67,19 +67,20 @@ impl Store {
         if due.is_empty() {
             return Ok(0);
         }
-        let due_ids: Vec<i64> = due.iter().map(|d| d.id).collect();
-        let q = self.sql(&format!(
-            "UPDATE orders SET status = 'expired', updated_at = ? \
-             WHERE status = 'pending_payment' AND id IN ({})",
-            Self::placeholders(due_ids.len())
-        ));
-        let mut update = sqlx::query(&q).persistent(false).bind(now);
-        for id in &due_ids {
-            update = update.bind(*id);
-        }
-        if update.execute(&mut *conn).await?.rows_affected() != due.len() as u64 {
-            // The rows are locked: nothing may have moved them since they were read.
-            return Err(StoreError::ConcurrentWrite);
+        for chunk in due.chunks(ROWS_PER_STATEMENT * 5) {
+            let q = self.sql(&format!(
+                "UPDATE orders SET status = 'expired', updated_at = ? \
+                 WHERE status = 'pending_payment' AND id IN ({})",
+                Self::placeholders(chunk.len())
+            ));
+            let mut update = sqlx::query(&q).persistent(false).bind(now);
+            for d in chunk {
+                update = update.bind(d.id);
+            }
+            if update.execute(&mut *conn).await?.rows_affected() != chunk.len() as u64 {
+                // The rows are locked: nothing may have moved them since they were read.
+                return Err(StoreError::ConcurrentWrite);
+            }
         }
         self.note_expired(conn, &due, now).await?;
         let mut tallies = Tallies::default();
@@ -99,6 +100,11 @@ impl Store {
             self.give_back_in(conn, *sale_id, share, now, &mut tallies)
                 .await?;
         }
+        let lines: Vec<Movement> = due
+            .iter()
+            .map(|d| Movement::new(d.sale_id, d.quantity, Cause::Expired).order(d.id))
+            .collect();
+        self.journal_rows_in(conn, &lines, now).await?;
         self.tally_in(conn, &tallies).await?;
         Ok(due.len())
     }
@@ -144,8 +150,9 @@ impl Store {
         Ok(due)
     }
 
-    /// The rows an expiry adds, before any sale's row is taken: the orders' events, their
-    /// returns in the outbox, and the journal's lines.
+    /// The rows an expiry adds before any sale's row is taken: the orders' events and their
+    /// returns in the outbox. (The journal's lines wait for the sales' rows: a sale's journal
+    /// ids count up in commit order, which a reader paging by `after` relies on.)
     async fn note_expired(
         &self,
         conn: &mut sqlx::AnyConnection,
@@ -178,11 +185,7 @@ impl Store {
             }
             returns.execute(&mut *conn).await?;
         }
-        let lines: Vec<Movement> = due
-            .iter()
-            .map(|d| Movement::new(d.sale_id, d.quantity, Cause::Expired).order(d.id))
-            .collect();
-        self.journal_rows_in(conn, &lines, now).await
+        Ok(())
     }
 
     /// One sale's share of the batch on its row: the stock and the counters in one

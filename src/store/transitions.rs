@@ -188,13 +188,13 @@ impl Store {
         Ok(order)
     }
 
-    /// Puts a cancelled or expired order's units back: the outbox row, the journal row,
-    /// then the sale's row. Every transaction of a sale queues on that row (a storm of
+    /// Puts a cancelled or expired order's units back: the outbox row, then the sale's row
+    /// and the journal's line. Every transaction of a sale queues on that row (a storm of
     /// cancels, the writer's batches, a rebuild's read), so it is taken last, by one
     /// statement that moves the stock and every counter, and held only for the read of
     /// the buyer's other orders (which must see every transaction that went before, see
-    /// `store::counters`), the buyer count and the tallies: four round trips where it was
-    /// eight.
+    /// `store::counters`), the journal's line, the buyer count and the tallies: five round
+    /// trips where it was eight.
     async fn return_stock_in(
         &self,
         conn: &mut sqlx::AnyConnection,
@@ -215,13 +215,6 @@ impl Store {
         .bind(now)
         .execute(&mut *conn)
         .await?;
-        let cause = if outcome == Outcome::Cancelled {
-            Cause::Cancelled
-        } else {
-            Cause::Expired
-        };
-        let back = Movement::new(order.sale_id, order.quantity, cause).order(order.id);
-        self.journal_rows_in(conn, &[back], now).await?;
         let returned = super::counters::Bump {
             live_units: -order.quantity,
             live_buyers: 0,
@@ -240,6 +233,15 @@ impl Store {
             .bind(order.sale_id)
             .execute(&mut *conn)
             .await?;
+        // Under the sale's row: a sale's journal ids count up in commit order, which a
+        // reader paging by `after` relies on.
+        let cause = if outcome == Outcome::Cancelled {
+            Cause::Cancelled
+        } else {
+            Cause::Expired
+        };
+        let back = Movement::new(order.sale_id, order.quantity, cause).order(order.id);
+        self.journal_rows_in(conn, &[back], now).await?;
         let still_held = self
             .live_units_of_buyer(conn, order.sale_id, order.user_id)
             .await?;
@@ -294,8 +296,7 @@ impl Store {
                 super::int_pair,
             )
             .await?;
-        // A batch locks its sales' rows in id order, as the writer does: two transactions
-        // taking two sales in opposite orders would deadlock.
+        // `expire_orders` orders its locks itself: the orders' rows by id, then the sales'.
         due.sort_unstable();
         Ok(due)
     }
@@ -412,10 +413,10 @@ impl Store {
                 Movement::new(*sale_id, 0, Cause::ReturnedToGate).order(*order_id)
             })
             .collect();
-        self.journal_rows_in(conn, &rows, now).await?;
         for (sale_id, paid_back) in per_sale {
             self.bump_in(conn, sale_id, paid_back).await?;
         }
-        Ok(())
+        // Under the sales' rows: a sale's journal ids count up in commit order.
+        self.journal_rows_in(conn, &rows, now).await
     }
 }

@@ -616,3 +616,81 @@ async fn outbox_passes_and_expiry_batches_beside_cancels_never_deadlock() {
         assert_eq!(end.kept.live_units, 0, "{kind:?}");
     }
 }
+
+/// One expiry batch over two sales, holding a buyer's two orders, an order of two units, a
+/// paid order and an order not yet due among its ids (given in no order): every figure as
+/// if each due order had expired alone (the recount, tallies included, agrees), and the
+/// others untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_expiry_batch_over_two_sales_keeps_every_figure() {
+    for kind in ALL_SQL {
+        let (store, _) = common::fresh_store(kind).await;
+        let clock = seckill::clock::SimClock::new(seckill::clock::wall_ms());
+        let store = store.with_clock(clock.clone());
+        let (a, b) = (
+            common::sale(common::next_id(), 100, 2),
+            common::sale(common::next_id(), 100, 2),
+        );
+        store.create_sale(&a).await.unwrap();
+        store.create_sale(&b).await.unwrap();
+        let now = seckill::clock::wall_ms();
+        let order = |sale_id, user_id, quantity, accepted_at| NewOrder {
+            id: common::next_id(),
+            sale_id,
+            user_id,
+            quantity,
+            price_cents: 999,
+            accepted_at,
+        };
+        let orders = [
+            order(a.id, 1, 1, now),
+            order(a.id, 1, 1, now),
+            order(a.id, 2, 2, now),
+            order(a.id, 3, 1, now),
+            order(a.id, 5, 1, now),
+            order(b.id, 1, 1, now),
+            order(b.id, 4, 1, now),
+        ];
+        let (late, early): (Vec<NewOrder>, Vec<NewOrder>) =
+            orders.iter().cloned().partition(|o| o.user_id == 5);
+        store.write_orders(&early).await.unwrap();
+        store
+            .transition(orders[3].id, None, Outcome::Paid, store.now_ms(), "paid")
+            .await
+            .unwrap();
+        clock.advance(901_000);
+        // Written now: its payment window has just begun.
+        store.write_orders(&late).await.unwrap();
+        let ids: Vec<i64> = orders.iter().rev().map(|o| o.id).collect();
+        let expired = store.expire_orders(&ids, store.now_ms()).await.unwrap();
+        assert_eq!(expired, 5, "{kind:?}");
+        let status = |id: i64| {
+            let store = store.clone();
+            async move { store.order(id).await.unwrap().unwrap().status }
+        };
+        assert_eq!(status(orders[3].id).await, OrderStatus::Paid, "{kind:?}");
+        assert_eq!(
+            status(orders[4].id).await,
+            OrderStatus::PendingPayment,
+            "{kind:?}: not due yet"
+        );
+        // (sale, live units, live buyers, stock, returns owed)
+        for (sale, units, buyers, stock, owed) in [(a.id, 2, 2, 98, 3), (b.id, 0, 0, 100, 2)] {
+            let end = store
+                .recount_paced(sale, seckill::store::Pace::FULL, 10, &|_| {})
+                .await
+                .unwrap()
+                .unwrap();
+            assert!(end.agrees(), "{kind:?}: {end:?}");
+            assert_eq!(end.kept.live_units, units, "{kind:?}");
+            assert_eq!(end.kept.live_buyers, buyers, "{kind:?}");
+            assert_eq!(
+                store.sale(sale).await.unwrap().unwrap().stock,
+                stock,
+                "{kind:?}"
+            );
+            let returns = store.pending_returns(Some(sale), 100).await.unwrap();
+            assert_eq!(returns.len(), owed, "{kind:?}");
+        }
+    }
+}
