@@ -218,7 +218,13 @@ impl Store {
             .execute(&mut *conn)
             .await?;
         let buyers: Vec<i64> = share.by_buyer.keys().copied().collect();
-        let still = self.live_units_of_buyers(conn, sale_id, &buyers).await?;
+        let mut still = std::collections::HashMap::new();
+        for chunk in buyers.chunks(ROWS_PER_STATEMENT * 5) {
+            // The writer's own lookup (a lookup per buyer on PostgreSQL, whose planner
+            // walked a whole big sale for `user_id IN (...)`), locking on MySQL: a batch
+            // over several sales reads the later ones long after its snapshot began.
+            still.extend(self.held_by_buyers(conn, sale_id, chunk, true).await?);
+        }
         let mut gone = 0;
         for (user, lost) in &share.by_buyer {
             let after = still.get(user).copied().unwrap_or(0);
@@ -232,37 +238,5 @@ impl Store {
             ..Default::default()
         };
         self.bump_in(conn, sale_id, left).await
-    }
-
-    /// The units each of `buyers` still holds in the sale (live orders), read as every
-    /// transaction before the caller's left them: the caller holds the sale's row, and
-    /// InnoDB's locking read sees past its snapshot. Buyers holding nothing are absent.
-    async fn live_units_of_buyers(
-        &self,
-        conn: &mut sqlx::AnyConnection,
-        sale_id: i64,
-        buyers: &[i64],
-    ) -> Result<BTreeMap<i64, i64>, StoreError> {
-        let mut held = BTreeMap::new();
-        for chunk in buyers.chunks(ROWS_PER_STATEMENT * 5) {
-            let q = self.sql(&format!(
-                "SELECT user_id, quantity FROM orders WHERE sale_id = ? AND user_id IN ({}) \
-                 AND status IN ('pending_payment', 'paid'){}",
-                Self::placeholders(chunk.len()),
-                if self.dialect == Dialect::MySql {
-                    " FOR UPDATE"
-                } else {
-                    ""
-                }
-            ));
-            let mut query = sqlx::query(&q).persistent(false).bind(sale_id);
-            for user in chunk {
-                query = query.bind(*user);
-            }
-            for r in query.fetch_all(&mut *conn).await? {
-                *held.entry(r.try_get::<i64, _>(0)?).or_default() += r.try_get::<i64, _>(1)?;
-            }
-        }
-        Ok(held)
     }
 }

@@ -1501,7 +1501,7 @@ impl Store {
             let limit = terms[&sale_id].1;
             let ids: Vec<i64> = users.keys().copied().collect();
             for chunk in ids.chunks(1000) {
-                let held = self.held_by_buyers(conn, sale_id, chunk).await?;
+                let held = self.held_by_buyers(conn, sale_id, chunk, false).await?;
                 for user in chunk {
                     let held = held.get(user).copied().unwrap_or(0);
                     if held == 0 {
@@ -1634,13 +1634,20 @@ impl Store {
         Ok(done.rows_affected())
     }
 
-    /// Live units each of `users` holds in the sale (absent: none).
-    async fn held_by_buyers(
+    /// Live units each of `users` holds in the sale (absent: none). `locking` on MySQL reads
+    /// past the transaction's snapshot (a locking read), for a caller whose snapshot may be
+    /// older than its hold on the sale's row; PostgreSQL reads what is committed at each
+    /// statement, SQLite's write transaction holds the whole file.
+    pub(crate) async fn held_by_buyers(
         &self,
         conn: &mut sqlx::AnyConnection,
         sale_id: i64,
         users: &[i64],
+        locking: bool,
     ) -> Result<HashMap<i64, i64>, StoreError> {
+        if locking && self.dialect == Dialect::MySql {
+            return self.held_by_buyers_locking(conn, sale_id, users).await;
+        }
         let rows = if self.dialect == Dialect::Postgres {
             // One lookup of (sale, buyer) per buyer, whatever the planner believes of the
             // table. With `user_id IN (...)` it read a sale's new rows as few (a sale's id
@@ -1672,6 +1679,30 @@ impl Store {
             .map(|r| Ok((r.try_get::<i64, _>(0)?, r.try_get::<i64, _>(1)?)))
             .collect::<Result<_, sqlx::Error>>()
             .map_err(StoreError::from)
+    }
+
+    /// [`Store::held_by_buyers`] as InnoDB's locking read (the rows, summed here: a
+    /// locking read takes no aggregate).
+    async fn held_by_buyers_locking(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        sale_id: i64,
+        users: &[i64],
+    ) -> Result<HashMap<i64, i64>, StoreError> {
+        let q = format!(
+            "SELECT user_id, quantity FROM orders WHERE sale_id = ? AND user_id IN ({}) \
+             AND status IN ('pending_payment', 'paid') FOR UPDATE",
+            Self::placeholders(users.len())
+        );
+        let mut query = sqlx::query(&q).persistent(false).bind(sale_id);
+        for user in users {
+            query = query.bind(*user);
+        }
+        let mut held = HashMap::new();
+        for r in query.fetch_all(&mut *conn).await? {
+            *held.entry(r.try_get::<i64, _>(0)?).or_default() += r.try_get::<i64, _>(1)?;
+        }
+        Ok(held)
     }
 
     const ORDER_COLS: &'static str =
