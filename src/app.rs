@@ -42,6 +42,8 @@ pub enum AppError {
     Ids(#[from] crate::ids::IdError),
     #[error("scheduler: {0}")]
     Scheduler(#[from] crate::scheduler::SchedulerError),
+    #[error("{what} took longer than {limit:?}; trying again")]
+    TimedOut { what: String, limit: Duration },
     #[error("{0}")]
     Other(String),
 }
@@ -70,6 +72,8 @@ impl AppError {
             AppError::Gate(e) => gate(e),
             AppError::Log(e) => log(e),
             AppError::Ids(crate::ids::IdError::Redis(e)) => redis_unreachable(e),
+            // A lease soon after Redis started afresh asks the database too.
+            AppError::Ids(crate::ids::IdError::Store(e)) => e.is_transient(),
             AppError::Scheduler(e) => match e {
                 SchedulerError::Store(e) => e.is_transient(),
                 SchedulerError::Gate(e) => gate(e),
@@ -77,6 +81,7 @@ impl AppError {
                 SchedulerError::Load(e) => load(e),
                 SchedulerError::Lifecycle(_) => true,
             },
+            AppError::TimedOut { .. } => true,
             _ => false,
         }
     }
@@ -101,9 +106,12 @@ pub fn redis_unreachable(e: &redis::RedisError) -> bool {
 
 /// Tries `attempt` until it succeeds or fails in a way retrying cannot fix, waiting with
 /// backoff and jitter between tries: a process started before its database or Redis (or
-/// while they restart) comes up by itself once they do. One log line when the wait
-/// starts, then one every 30 s, and one when it is over.
-pub async fn until_up<T, F, Fut>(what: &str, mut attempt: F) -> Result<T, AppError>
+/// while they restart) comes up by itself once they do. An attempt that has not ended
+/// after `limit` is abandoned and tried again: a start-up step waiting on a connection that
+/// went quiet (a half-open socket, a lock whose holder's connection stalled) would
+/// otherwise wait forever, silently. One log line when the wait starts, then one every
+/// 30 s, and one when it is over.
+pub async fn until_up<T, F, Fut>(what: &str, limit: Duration, mut attempt: F) -> Result<T, AppError>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, AppError>>,
@@ -113,7 +121,15 @@ where
     let started = std::time::Instant::now();
     let mut logged_at: Option<std::time::Instant> = None;
     loop {
-        match attempt().await {
+        let tried = tokio::time::timeout(limit, attempt())
+            .await
+            .unwrap_or_else(|_| {
+                Err(AppError::TimedOut {
+                    what: what.to_string(),
+                    limit,
+                })
+            });
+        match tried {
             Ok(v) => {
                 if logged_at.is_some() {
                     tracing::info!(
@@ -134,6 +150,13 @@ where
         }
     }
 }
+
+/// How long one try of a start-up step (connecting and migrating, leasing ids) may take:
+/// each is a few round trips, so far longer means a connection that went quiet.
+const START_STEP_LIMIT: Duration = Duration::from_secs(30);
+/// The first scheduler pass may rebuild a large sale's gate from SQL (8 s for a million
+/// buyers on a small box).
+const FIRST_PASS_LIMIT: Duration = Duration::from_secs(120);
 
 /// Which process is being assembled: ids are only minted where orders or users are made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -252,7 +275,6 @@ async fn open_order_log(
 
 async fn distributed_parts(config: &Config, store: &Store, url: &str) -> Result<Parts, AppError> {
     let (client, conn) = redis_manager(url).await?;
-    let ids = ids::lease_worker_id(conn.clone(), &config.redis_prefix, store.clone()).await?;
     let streams = Arc::new(StreamLog::connect(&client, conn.clone(), &config.redis_prefix).await?);
     let (gate, breaker): (Arc<dyn Gate>, _) = match config.gate {
         GateKind::SqlLock => (sql_gate(config, store, SqlDecision::Lock), None),
@@ -277,6 +299,9 @@ async fn distributed_parts(config: &Config, store: &Store, url: &str) -> Result<
             (Arc::new(rebalancer) as Arc<dyn Gate>, Some(breaker))
         }
     };
+    // Last: a lease is renewed by a task of its own from here on, so a failure after it
+    // would leave that task holding a worker id while start-up tries again with another.
+    let ids = ids::lease_worker_id(conn.clone(), &config.redis_prefix, store.clone()).await?;
     Ok(Parts {
         gate,
         log: streams.clone(),
@@ -380,9 +405,17 @@ pub async fn assemble(config: Config, role: Role) -> Result<App, AppError> {
             idle_timeout: config.idle_timeout,
         });
     let config = Arc::new(config);
-    let store = until_up("database", || connect_store(&config)).await?;
-    let tokens = token_signer(&config, &store).await?;
-    let payments = payment_provider(&config, &store).await?;
+    let store = until_up("database", START_STEP_LIMIT, || connect_store(&config)).await?;
+    // One line per start-up step: a process that does not come up shows where it stands.
+    tracing::info!("database ready (schema up to date)");
+    let tokens = until_up("database", START_STEP_LIMIT, || {
+        token_signer(&config, &store)
+    })
+    .await?;
+    let payments = until_up("database", START_STEP_LIMIT, || {
+        payment_provider(&config, &store)
+    })
+    .await?;
     // With Sentinel, every Redis client of this process goes through its master follower.
     let redis_url = match &config.redis_url {
         Some(url) if crate::redis_client::sentinel::is_sentinel_url(url) => {
@@ -392,7 +425,7 @@ pub async fn assemble(config: Config, role: Role) -> Result<App, AppError> {
                     .await
                     .map_err(AppError::from)
             };
-            Some(until_up("redis sentinel", follow).await?)
+            Some(until_up("redis sentinel", START_STEP_LIMIT, follow).await?)
         }
         other => other.clone(),
     };
@@ -400,7 +433,12 @@ pub async fn assemble(config: Config, role: Role) -> Result<App, AppError> {
         None => embedded_parts(&config, &store, role).await?,
         Some(url) => {
             let what = format!("redis at {}", crate::text::mask_url(url));
-            until_up(&what, || distributed_parts(&config, &store, url)).await?
+            let parts = until_up(&what, START_STEP_LIMIT, || {
+                distributed_parts(&config, &store, url)
+            })
+            .await?;
+            tracing::info!("redis ready (gate, order log and ids)");
+            parts
         }
     };
     let Parts {
@@ -536,7 +574,7 @@ impl App {
         // returns take one batch each: orders left unexpired are held in the gate, which
         // sells no more than SQL allows, and the next passes catch up while serving.
         let scheduler = self.scheduler();
-        until_up("first scheduler pass", || async {
+        until_up("first scheduler pass", FIRST_PASS_LIMIT, || async {
             scheduler.tick(Duration::ZERO).await.map_err(AppError::from)
         })
         .await?;

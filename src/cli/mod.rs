@@ -111,6 +111,9 @@ pub fn main() -> ExitCode {
 }
 
 async fn run(command: Command, config: Config) -> ExitCode {
+    // A server's or worker's log is often a file nobody watches stderr beside: the reason it
+    // stopped belongs in the log too.
+    let long_running = matches!(command, Command::Serve | Command::Worker);
     let result = match command {
         Command::Serve => serve(config).await,
         Command::Worker => worker(config).await,
@@ -143,6 +146,9 @@ async fn run(command: Command, config: Config) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
+            if long_running {
+                tracing::error!(error = %e, "seckill stops");
+            }
             eprintln!("seckill: {e}");
             ExitCode::FAILURE
         }

@@ -26,7 +26,7 @@ pub enum IdError {
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),
     #[error("database: {0}")]
-    Store(String),
+    Store(#[from] crate::store::StoreError),
 }
 
 pub struct IdGenerator {
@@ -225,11 +225,7 @@ impl Lessor {
             return Ok(0);
         }
         let key = format!("redis_epoch:{:016x}", fnv1a(self.prefix.as_bytes()));
-        let first = self
-            .store
-            .meta_get_or_init(&key, epoch)
-            .await
-            .map_err(|e| IdError::Store(e.to_string()))?;
+        let first = self.store.meta_get_or_init(&key, epoch).await?;
         Ok(if first == epoch { 0 } else { left })
     }
 

@@ -39,6 +39,20 @@ impl Store {
         nonce: u64,
         keep_until: i64,
     ) -> Result<bool, StoreError> {
+        // Twenty spends of one nonce at once on a busy SQLite file meet "database is
+        // locked"; each statement commits on its own, so a retry repeats nothing.
+        retry_transient(self.clock().as_ref(), || {
+            self.spend_nonce_once(sale_id, nonce, keep_until)
+        })
+        .await
+    }
+
+    async fn spend_nonce_once(
+        &self,
+        sale_id: i64,
+        nonce: u64,
+        keep_until: i64,
+    ) -> Result<bool, StoreError> {
         let now = self.now_ms();
         // Bit-for-bit: the column is signed, the nonce is not.
         let nonce = nonce as i64;

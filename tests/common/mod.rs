@@ -359,6 +359,22 @@ impl Drop for Worker {
     }
 }
 
+impl Worker {
+    /// Where this worker stands, for a failing test's report: "running", "exited (status)",
+    /// or "starting" with its last log line.
+    pub fn state(&mut self) -> String {
+        if let Ok(Some(status)) = self.0.try_wait() {
+            return format!("exited ({status})");
+        }
+        let text = std::fs::read_to_string(&self.1).unwrap_or_default();
+        if text.contains("seckill worker running") {
+            return "running".into();
+        }
+        let last = text.lines().last().unwrap_or("");
+        format!("starting; last log line: {last}")
+    }
+}
+
 /// Starts `seckill worker` with a deployment's settings.
 pub fn worker(env: &[(String, String)]) -> Worker {
     let mut worker_env = env.to_vec();

@@ -85,3 +85,26 @@ async fn leases_come_back_after_redis_forgets_them_without_reusing_an_id() {
     assert!(c.next().is_ok());
     assert!(waited < Duration::from_secs(8), "{waited:?}");
 }
+
+/// Soon after Redis started afresh a lease asks the database whether this deployment had
+/// holders before; the database away at that moment (a reset connection, a restart) is a
+/// failure start-up retries, not a reason to stop: CI's nemesis once stopped both order
+/// workers this way, and no order was written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_that_finds_the_database_away_fails_in_a_way_start_up_retries() {
+    let (store, _) = common::fresh_store(common::Sql::Sqlite).await;
+    // A prefix Redis has never seen: its epoch begins now, so the lease asks the database.
+    let prefix = common::unique("lease");
+    store.halt();
+    let failed = lease_worker_id(redis().await, &prefix, store.clone()).await;
+    let Err(e) = failed else {
+        panic!("a lease into a young epoch must ask the database, which is away");
+    };
+    assert!(
+        matches!(e, seckill::ids::IdError::Store(_)),
+        "the database's failure: {e}"
+    );
+    let e = seckill::app::AppError::from(e);
+    assert!(e.is_transient(), "start-up gives up on: {e}");
+    wipe(&prefix).await;
+}

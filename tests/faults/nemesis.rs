@@ -149,7 +149,7 @@ async fn one_run(seed: u64) {
         ("SECKILL_TOKEN_SECRET", &secret),
         ("SECKILL_DEV", "1"),
     ]);
-    let (instances, _workers) = common::storm::instances_and_workers(env).await;
+    let (instances, mut workers) = common::storm::instances_and_workers(env).await;
     let api = instances[0].api();
     const BUYERS: i64 = 3_000;
     const STOCK: i64 = 4_000;
@@ -191,7 +191,11 @@ async fn one_run(seed: u64) {
         async move { api.check_reconciled(sale_id).await }
     })
     .await;
-    assert!(audited.is_ok(), "the gate never matched SQL: {report}");
+    let states: Vec<String> = workers.iter_mut().map(|w| w.state()).collect();
+    assert!(
+        audited.is_ok(),
+        "the gate never matched SQL: {report}; workers: {states:?}"
+    );
     println!("reconciled {:?} after the storm began", began.elapsed());
     let store = Store::connect(&db, 4).await.unwrap();
     let checked = tokio::spawn({
