@@ -1,7 +1,8 @@
 //! A circuit breaker around a gate that lives in another process (Redis): after repeated
 //! connection failures it opens and answers `unavailable` at once, instead of letting every
-//! request wait out a dead Redis; after a cooldown it lets calls through again, and closes
-//! on the first success. Never decides a purchase itself, so it cannot oversell.
+//! request wait out a dead Redis; while open it lets one trial call through now and then,
+//! after the cooldown every call, and it closes on the first success. Never decides a
+//! purchase itself, so it cannot oversell.
 
 use crate::metrics::render_counter;
 use std::collections::HashMap;
@@ -37,6 +38,8 @@ enum Circuits {
 struct Circuit {
     failures: AtomicU32,
     open_until: AtomicI64,
+    /// While open, when the last trial call was let through.
+    tried_at: AtomicI64,
     /// Whether the last state logged is "open": one line per change, not per reopening.
     logged_open: AtomicBool,
 }
@@ -45,7 +48,23 @@ impl Circuit {
     fn is_open(&self) -> bool {
         crate::clock::wall_ms() < self.open_until.load(Ordering::Acquire)
     }
+
+    /// Whether the caller may make the open circuit's next trial call: one per
+    /// `TRIAL_EVERY_MS`. A Redis that blocked for a second (a FLUSHALL of a million keys,
+    /// a fork) then serves again within that, not a whole cooldown after it answers.
+    fn take_trial(&self, now: i64) -> bool {
+        let last = self.tried_at.load(Ordering::Acquire);
+        now - last >= TRIAL_EVERY_MS
+            && self
+                .tried_at
+                .compare_exchange(last, now, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+    }
 }
+
+/// How often an open circuit lets a trial call through. A trial that finds Redis dead
+/// costs a refused connection, or one call waiting out its time limit.
+const TRIAL_EVERY_MS: i64 = 100;
 
 impl Breaker {
     /// Its series in Prometheus text.
@@ -119,6 +138,9 @@ impl Breaker {
 
     fn guard(&self, circuit: &Circuit) -> Result<(), GateError> {
         if circuit.is_open() {
+            if circuit.take_trial(crate::clock::wall_ms()) {
+                return Ok(());
+            }
             self.refused.fetch_add(1, Ordering::Relaxed);
             return Err(GateError::Unavailable(
                 "the gate's Redis is failing; the circuit is open".into(),
@@ -136,6 +158,11 @@ impl Breaker {
         match &result {
             Ok(_) => {
                 circuit.failures.store(0, Ordering::Release);
+                // Redis answers: closed at once (a trial's success, or a call's that began
+                // before the circuit opened).
+                if circuit.open_until.load(Ordering::Acquire) != 0 {
+                    circuit.open_until.store(0, Ordering::Release);
+                }
                 if circuit.logged_open.load(Ordering::Relaxed)
                     && circuit.logged_open.swap(false, Ordering::AcqRel)
                 {
@@ -161,10 +188,11 @@ impl Breaker {
         let failures = circuit.failures.fetch_add(1, Ordering::AcqRel) + 1;
         if failures >= self.threshold {
             circuit.failures.store(0, Ordering::Release);
-            circuit.open_until.store(
-                crate::clock::wall_ms() + self.cooldown_ms,
-                Ordering::Release,
-            );
+            let now = crate::clock::wall_ms();
+            circuit.tried_at.store(now, Ordering::Release);
+            circuit
+                .open_until
+                .store(now + self.cooldown_ms, Ordering::Release);
             self.opened.fetch_add(1, Ordering::Relaxed);
             if !circuit.logged_open.swap(true, Ordering::AcqRel) {
                 tracing::error!(
@@ -371,5 +399,69 @@ impl Layer for Breaker {
             CALL_TIMEOUT,
         )
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    /// Opens after two failures, for a minute: only trials get through meanwhile.
+    fn breaker() -> Breaker {
+        let (log, _reader) = crate::orderlog::local::channel();
+        let inner = Arc::new(crate::gate::memory::MemoryGate::new(log));
+        Breaker::new(inner, 2, 60_000)
+    }
+
+    /// One call through the breaker, answered `ok` or not; counts the calls that reached Redis.
+    async fn call(b: &Breaker, redis_up: bool, reached: &AtomicUsize) -> Result<(), GateError> {
+        let redis = async {
+            reached.fetch_add(1, Ordering::Relaxed);
+            if redis_up {
+                Ok(())
+            } else {
+                Err(GateError::Timeout)
+            }
+        };
+        b.call(1, redis, CALL_TIMEOUT).await
+    }
+
+    #[tokio::test]
+    async fn an_open_circuit_lets_a_trial_through_now_and_then_and_closes_on_its_success() {
+        let (b, reached) = (breaker(), AtomicUsize::new(0));
+        for _ in 0..2 {
+            assert!(call(&b, false, &reached).await.is_err());
+        }
+        assert!(b.is_open());
+        // Right after opening: refused without a call to Redis, up or not.
+        for _ in 0..50 {
+            let refused = call(&b, true, &reached).await;
+            assert!(
+                matches!(refused, Err(GateError::Unavailable(_))),
+                "{refused:?}"
+            );
+        }
+        assert_eq!(reached.load(Ordering::Relaxed), 2);
+
+        // A trial that finds Redis still away leaves the circuit open.
+        tokio::time::sleep(Duration::from_millis(TRIAL_EVERY_MS as u64 + 20)).await;
+        assert!(matches!(
+            call(&b, false, &reached).await,
+            Err(GateError::Timeout)
+        ));
+        assert!(matches!(
+            call(&b, true, &reached).await,
+            Err(GateError::Unavailable(_))
+        ));
+        assert_eq!(reached.load(Ordering::Relaxed), 3, "one trial per interval");
+        assert!(b.is_open());
+
+        // The next trial finds it back: closed at once, long before the cooldown's end.
+        tokio::time::sleep(Duration::from_millis(TRIAL_EVERY_MS as u64 + 20)).await;
+        assert!(call(&b, true, &reached).await.is_ok());
+        assert!(!b.is_open());
+        assert!(call(&b, true, &reached).await.is_ok());
+        assert_eq!(reached.load(Ordering::Relaxed), 5);
     }
 }
