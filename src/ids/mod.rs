@@ -251,8 +251,13 @@ impl Lessor {
     async fn keep(self, mut worker: u16, ids: Arc<IdGenerator>) {
         let mut failing = false;
         let mut lost = false;
+        // Set when the lease was found lost: lease again at once, since no id is issued
+        // until then (after Redis lost its data, purchases waited a whole renewal interval).
+        let mut at_once = false;
         loop {
-            tokio::time::sleep(RENEW_EVERY).await;
+            if !std::mem::take(&mut at_once) {
+                tokio::time::sleep(RENEW_EVERY).await;
+            }
             let renewed = if lost {
                 self.acquire(Some(worker), &ids).await.map(|w| {
                     worker = w;
@@ -274,6 +279,7 @@ impl Lessor {
                     // The packed lease keeps its worker id but is no longer valid.
                     ids.set_lease(worker, 0);
                     tracing::error!(worker, "worker id lease lost; leasing again");
+                    at_once = !lost;
                     lost = true;
                 }
                 Err(e) => {

@@ -114,11 +114,7 @@ impl Store {
     pub(super) async fn correct_counters(&self, sale_id: i64) -> Result<SqlAccount, StoreError> {
         self.in_write_tx(|mut conn| async move {
             let done = async {
-                let lock = if self.dialect == Dialect::Sqlite {
-                    ""
-                } else {
-                    " FOR UPDATE"
-                };
+                let lock = self.for_update();
                 sqlx::query(&self.sql(&format!("SELECT id FROM sales WHERE id = ?{lock}")))
                     .bind(sale_id)
                     .fetch_one(&mut *conn)

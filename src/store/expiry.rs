@@ -12,7 +12,7 @@ use super::journal::{Cause, Movement};
 use super::retry::retry_transient;
 use super::tallies::Tallies;
 use super::transitions::TransitionError;
-use super::{Dialect, Store, StoreError};
+use super::{Store, StoreError};
 use crate::model::OrderStatus;
 
 /// Rows per multi-row statement: a few thousand bound values, well under every
@@ -123,11 +123,7 @@ impl Store {
                 "SELECT id, sale_id, user_id, quantity, status, pay_deadline FROM orders \
                  WHERE id IN ({}) ORDER BY id{}",
                 Self::placeholders(chunk.len()),
-                if self.dialect == Dialect::Sqlite {
-                    ""
-                } else {
-                    " FOR UPDATE"
-                }
+                self.for_update()
             ));
             // One statement shape per batch size: not worth a prepared statement each.
             let mut query = sqlx::query(&q).persistent(false);

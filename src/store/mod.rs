@@ -501,6 +501,15 @@ impl Store {
         }
     }
 
+    /// The row lock a read under a write transaction takes: none on SQLite, whose
+    /// `BEGIN IMMEDIATE` has locked the whole file already.
+    fn for_update(&self) -> &'static str {
+        match self.dialect {
+            Dialect::Sqlite => "",
+            _ => " FOR UPDATE",
+        }
+    }
+
     fn sum_int(&self, expr: &str) -> String {
         match self.dialect {
             Dialect::MySql => format!("CAST(COALESCE(SUM({expr}),0) AS SIGNED)"),
@@ -1046,11 +1055,7 @@ impl Store {
         conn: &mut sqlx::AnyConnection,
         id: i64,
     ) -> Result<Option<i64>, StoreError> {
-        let lock = if self.dialect == Dialect::Sqlite {
-            ""
-        } else {
-            " FOR UPDATE"
-        };
+        let lock = self.for_update();
         let row = sqlx::query(&self.sql(&format!(
             "SELECT stock FROM sales WHERE id = ? AND status = 'draft'{lock}"
         )))
@@ -1388,7 +1393,7 @@ impl Store {
         let q = format!(
             "SELECT id, payment_window_secs, per_user_limit FROM sales WHERE id IN ({}) ORDER BY id{}",
             Self::placeholders(sale_ids.len()),
-            if self.dialect == Dialect::Sqlite { "" } else { " FOR UPDATE" }
+            self.for_update()
         );
         let q = self.sql(&q);
         let mut query = sqlx::query(&q).persistent(false);

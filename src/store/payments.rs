@@ -103,11 +103,7 @@ impl Store {
         conn: &mut sqlx::AnyConnection,
         intent_id: i64,
     ) -> Result<Option<Payment>, StoreError> {
-        let lock = if self.dialect == super::Dialect::Sqlite {
-            ""
-        } else {
-            " FOR UPDATE"
-        };
+        let lock = self.for_update();
         let q = format!(
             "SELECT {} FROM payments WHERE intent_id = ?{lock}",
             Self::PAYMENT_COLS

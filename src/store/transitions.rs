@@ -367,11 +367,7 @@ impl Store {
                 "SELECT order_id, sale_id, quantity FROM stock_returns \
                  WHERE order_id IN ({}) AND gate_done_at IS NULL ORDER BY order_id{}",
                 Self::placeholders(chunk.len()),
-                if self.dialect == super::Dialect::Sqlite {
-                    ""
-                } else {
-                    " FOR UPDATE"
-                }
+                self.for_update()
             ));
             // One statement shape per chunk size: not worth a prepared statement each.
             let mut query = sqlx::query(&q).persistent(false);

@@ -51,19 +51,35 @@ async fn leases_come_back_after_redis_forgets_them_without_reusing_an_id() {
     assert_ne!(a.worker(), b.worker());
     let (wa, wb) = (a.worker(), b.worker());
 
-    // Redis loses everything. Both instances lease their own ids again and go on.
+    // Redis loses everything. Both instances lease their own ids again and go on, each
+    // as soon as its renewal finds the lease gone: purchases need ids.
     wipe(&prefix).await;
     let mut issued = std::collections::HashSet::new();
     let until = Instant::now() + Duration::from_secs(4);
+    let mut stopped_since: [Option<Instant>; 2] = [None, None];
+    let mut longest_stop = Duration::ZERO;
     while Instant::now() < until {
-        for ids in [&a, &b] {
-            if let Ok(id) = ids.next() {
-                assert!(issued.insert(id), "id {id} issued twice");
+        for (i, ids) in [&a, &b].into_iter().enumerate() {
+            match ids.next() {
+                Ok(id) => {
+                    assert!(issued.insert(id), "id {id} issued twice");
+                    if let Some(since) = stopped_since[i].take() {
+                        longest_stop = longest_stop.max(since.elapsed());
+                    }
+                }
+                Err(_) => {
+                    stopped_since[i].get_or_insert_with(Instant::now);
+                }
             }
         }
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     assert!(a.can_issue() && b.can_issue(), "both issue again");
+    // It was a whole renewal interval (1 s) before the lease was taken at once.
+    assert!(
+        longest_stop < Duration::from_millis(500),
+        "ids stopped for {longest_stop:?}"
+    );
     assert_eq!(
         (a.worker(), b.worker()),
         (wa, wb),
