@@ -2,7 +2,7 @@
 -- (it accepted it, or its load counted it) changes nothing; one it does not (the gate
 -- was rebuilt from SQL while the writer held it) takes its units now. While a load holds
 -- the lock, the orders are recorded for load_sale.lua, which reads SQL before their commit.
--- KEYS[1] sale hash  KEYS[2] buyers hash  KEYS[3] accepted hash  KEYS[4] counted set
+-- KEYS[1] sale hash  KEYS[2] buyers hash  KEYS[3] accepted hash  KEYS[4] counted (counted.lua)
 -- KEYS[5] released set  KEYS[6] load lock  KEYS[7] confirms made while loading
 -- ARGV: order_id, user_id, quantity per order
 -- Returns how many orders took units now.
@@ -11,10 +11,10 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
   for i = 1, #ARGV, 3 do
     local id = ARGV[i]
     if redis.call('HEXISTS', KEYS[3], id) == 0
-      and redis.call('SISMEMBER', KEYS[4], id) == 0
+      and not counted_has(KEYS[4], id)
       and redis.call('SISMEMBER', KEYS[5], id) == 0 then
       local qty = tonumber(ARGV[i + 2])
-      redis.call('SADD', KEYS[4], id)
+      counted_add(KEYS[4], id)
       redis.call('HINCRBY', KEYS[1], 'stock', -qty)
       redis.call('HINCRBY', KEYS[2], ARGV[i + 1], qty)
       applied = applied + 1

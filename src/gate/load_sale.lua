@@ -4,7 +4,7 @@
 -- (recorded by confirm_written.lua while the lock was held). Each order counts once.
 -- KEYS[1] sale hash  KEYS[2] buyers hash  KEYS[3] order stream  KEYS[4] accepted hash
 -- KEYS[5] staged buyers (hash)  KEYS[6] released set  KEYS[7] rate hash  KEYS[8] load lock
--- KEYS[9] staged counted orders (set)  KEYS[10] counted set
+-- KEYS[9] staged counted orders  KEYS[10] counted orders (both packed: counted.lua)
 -- KEYS[11] confirms made while loading (hash order_id -> 'user_id:quantity')
 -- KEYS[12] moves hash (move id -> taken | refused | given: moves between segments)
 -- KEYS[13] staged released orders (set): every order SQL cancelled or expired
@@ -41,11 +41,11 @@ local stock = tonumber(ARGV[2])
 
 -- An order SQL did not count: take its units and record its buyer, once.
 local function count(order_id, user, qty)
-  if redis.call('SISMEMBER', KEYS[10], order_id) == 1
+  if counted_has(KEYS[10], order_id)
     or redis.call('SISMEMBER', KEYS[6], order_id) == 1 then
     return
   end
-  redis.call('SADD', KEYS[10], order_id)
+  counted_add(KEYS[10], order_id)
   stock = stock - qty
   redis.call('HINCRBY', KEYS[2], user, qty)
 end

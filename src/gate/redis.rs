@@ -20,6 +20,9 @@ const KEEP_AFTER_END_MS: i64 = 7 * 86_400_000;
 const STAGE_CHUNK: usize = 1000;
 /// Staging chunks per round trip of a load.
 const STAGE_PIPELINE: usize = 16;
+/// Packed buckets of counted order ids to a staging command: at a million orders a bucket
+/// holds about a hundred ids (2 KB), a command 200 KB.
+const STAGE_COUNTED_FIELDS: usize = 100;
 /// How long a staged key outlives its last chunk (a loader that died leaves it behind).
 const STAGED_TTL_MS: u64 = 600_000;
 /// A load lock's lease; its holder renews it every third of it while it works.
@@ -69,14 +72,23 @@ impl RedisGate {
             prefix: prefix.to_string(),
             loader: format!("{}:", crate::text::hex(&rand::random::<[u8; 8]>())),
             purchase: Script::new(include_str!("purchase.lua")),
-            load: Script::new(include_str!("load_sale.lua")),
+            load: Script::new(concat!(
+                include_str!("counted.lua"),
+                include_str!("load_sale.lua")
+            )),
             pause: Script::new(include_str!("set_paused.lua")),
             end_early: Script::new(include_str!("end_early.lua")),
-            release: Script::new(include_str!("release.lua")),
+            release: Script::new(concat!(
+                include_str!("counted.lua"),
+                include_str!("release.lua")
+            )),
             lock_load: Script::new(include_str!("lock_load.lua")),
             renew_lock: Script::new(crate::redis_client::lease::RENEW_LUA),
             unlock: Script::new(crate::redis_client::lease::UNLOCK_LUA),
-            confirm: Script::new(include_str!("confirm_written.lua")),
+            confirm: Script::new(concat!(
+                include_str!("counted.lua"),
+                include_str!("confirm_written.lua")
+            )),
             forget_stale: Script::new(crate::redis_client::lease::FORGET_STALE_LUA),
             take_move: Script::new(include_str!("take_move.lua")),
             give_move: Script::new(include_str!("give_move.lua")),
@@ -349,15 +361,18 @@ impl RedisGate {
             }
             chunks.push((cmd, &staged_buyers));
         }
-        for (ids, staged) in [
-            (&load.counted, &staged_counted),
-            (&load.released, &staged_released),
-        ] {
-            for chunk in ids.chunks(STAGE_CHUNK) {
-                let mut cmd = redis::cmd("SADD");
-                cmd.arg(staged).arg(chunk);
-                chunks.push((cmd, staged));
+        for fields in pack_counted(&load.counted).chunks(STAGE_COUNTED_FIELDS) {
+            let mut cmd = redis::cmd("HSET");
+            cmd.arg(&staged_counted);
+            for (bucket, packed) in fields {
+                cmd.arg(bucket).arg(packed);
             }
+            chunks.push((cmd, &staged_counted));
+        }
+        for chunk in load.released.chunks(STAGE_CHUNK) {
+            let mut cmd = redis::cmd("SADD");
+            cmd.arg(&staged_released).arg(chunk);
+            chunks.push((cmd, &staged_released));
         }
         stage(&mut conn, &k.lock, &ticket.owner, chunks).await?;
         let s = &load.sale;
@@ -397,6 +412,21 @@ impl RedisGate {
             ))),
         }
     }
+}
+
+/// Order ids packed as counted.lua keeps them: (an id's last four digits, ",id,id,...,").
+fn pack_counted(ids: &[i64]) -> Vec<(String, String)> {
+    let mut buckets: std::collections::HashMap<String, String> = Default::default();
+    for id in ids {
+        let id = id.to_string();
+        let bucket = &id[id.len().saturating_sub(4)..];
+        let packed = buckets
+            .entry(bucket.to_string())
+            .or_insert_with(|| ",".to_string());
+        packed.push_str(&id);
+        packed.push(',');
+    }
+    buckets.into_iter().collect()
 }
 
 /// Sends a load's staging commands (each a chunk of one staged key), `STAGE_PIPELINE` to a
@@ -835,5 +865,24 @@ impl Gate for RedisGate {
         } else {
             MoveStep::Done
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pack_counted;
+
+    #[test]
+    fn counted_ids_are_packed_by_their_last_four_digits() {
+        let mut packed = pack_counted(&[1, 12345, 22345, -12345, 384284595967610880]);
+        packed.sort();
+        assert_eq!(
+            packed,
+            vec![
+                ("0880".to_string(), ",384284595967610880,".to_string()),
+                ("1".to_string(), ",1,".to_string()),
+                ("2345".to_string(), ",12345,22345,-12345,".to_string()),
+            ]
+        );
     }
 }

@@ -571,3 +571,81 @@ async fn a_late_release_of_what_the_rebuild_counted_changes_nothing() {
         "SQL agrees"
     );
 }
+
+/// The ids a load counted are packed in a hash by their last four digits (counted.lua):
+/// the scripts find the ones the loader staged from Rust, and a gate loaded by an earlier
+/// build, which kept them as a set, is still read and added to as one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counted_orders_are_found_packed_and_in_the_earlier_set_layout() {
+    let (store, _) = common::fresh_store(common::Sql::Postgres).await;
+    let prefix = common::unique("packed");
+    let sale = sale_with_buyers(&store, 100, 10).await;
+    let g = gate(&prefix).await;
+    let cache = SaleCache::default();
+    assert!(loader::load_sale(&store, g.as_ref(), &cache, &sale)
+        .await
+        .unwrap());
+    let keys = SaleKeys::new(&prefix, sale.id);
+    let ids: Vec<i64> = store
+        .orders_of_sale(sale.id)
+        .await
+        .unwrap()
+        .iter()
+        .map(|o| o.id)
+        .collect();
+    for id in &ids {
+        let id = id.to_string();
+        let packed: String = redis::cmd("HGET")
+            .arg(&keys.counted)
+            .arg(&id[id.len() - 4..])
+            .query_async(&mut redis().await)
+            .await
+            .unwrap();
+        assert!(packed.contains(&format!(",{id},")), "{id} in {packed}");
+    }
+    // A release of an order the load counted gives its unit back, once.
+    let r = cancel_in_sql(&store, sale.id, 3).await;
+    assert_eq!(g.release(release_of(&r)).await.unwrap(), Released::Now);
+    assert_eq!(g.release(release_of(&r)).await.unwrap(), Released::Before);
+
+    // The earlier layout: the same ids as set members.
+    let mut conn = redis().await;
+    let _: () = redis::cmd("DEL")
+        .arg(&keys.counted)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("SADD")
+        .arg(&keys.counted)
+        .arg(&ids)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let r = cancel_in_sql(&store, sale.id, 4).await;
+    assert_eq!(g.release(release_of(&r)).await.unwrap(), Released::Now);
+    // An order written after the load is added to the set by its confirm, once.
+    let late = order(sale.id, 20);
+    store
+        .write_orders(std::slice::from_ref(&late))
+        .await
+        .unwrap();
+    for _ in 0..2 {
+        g.confirm_written(std::slice::from_ref(&late))
+            .await
+            .unwrap();
+    }
+    let member: bool = redis::cmd("SISMEMBER")
+        .arg(&keys.counted)
+        .arg(late.id)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(member, "the late order joined the set");
+    let stock = g.stock(sale.id).await.unwrap().unwrap();
+    assert_eq!((stock.remaining, stock.buyers), (91, 9));
+    assert_eq!(
+        store.sale(sale.id).await.unwrap().unwrap().stock,
+        91,
+        "SQL agrees"
+    );
+}
