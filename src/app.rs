@@ -107,11 +107,14 @@ pub fn redis_unreachable(e: &redis::RedisError) -> bool {
 /// Tries `attempt` until it succeeds or fails in a way retrying cannot fix, waiting with
 /// backoff and jitter between tries: a process started before its database or Redis (or
 /// while they restart) comes up by itself once they do. An attempt that has not ended
-/// after `limit` is abandoned and tried again: a start-up step waiting on a connection that
-/// went quiet (a half-open socket, a lock whose holder's connection stalled) would
-/// otherwise wait forever, silently. One log line when the wait starts, then one every
-/// 30 s, and one when it is over.
-pub async fn until_up<T, F, Fut>(what: &str, limit: Duration, mut attempt: F) -> Result<T, AppError>
+/// after `limit` (if given) is abandoned and tried again: a start-up step waiting on a
+/// connection that went quiet (a half-open socket) would otherwise wait forever, silently.
+/// One log line when the wait starts, then one every 30 s, and one when it is over.
+pub async fn until_up<T, F, Fut>(
+    what: &str,
+    limit: Option<Duration>,
+    mut attempt: F,
+) -> Result<T, AppError>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, AppError>>,
@@ -121,14 +124,17 @@ where
     let started = std::time::Instant::now();
     let mut logged_at: Option<std::time::Instant> = None;
     loop {
-        let tried = tokio::time::timeout(limit, attempt())
-            .await
-            .unwrap_or_else(|_| {
-                Err(AppError::TimedOut {
-                    what: what.to_string(),
-                    limit,
-                })
-            });
+        let tried = match limit {
+            Some(limit) => tokio::time::timeout(limit, attempt())
+                .await
+                .unwrap_or_else(|_| {
+                    Err(AppError::TimedOut {
+                        what: what.to_string(),
+                        limit,
+                    })
+                }),
+            None => attempt().await,
+        };
         match tried {
             Ok(v) => {
                 if logged_at.is_some() {
@@ -151,8 +157,8 @@ where
     }
 }
 
-/// How long one try of a start-up step (connecting and migrating, leasing ids) may take:
-/// each is a few round trips, so far longer means a connection that went quiet.
+/// How long one try of a start-up step (connecting, reading a secret, leasing ids) may
+/// take: each is a few round trips, so far longer means a connection that went quiet.
 const START_STEP_LIMIT: Duration = Duration::from_secs(30);
 /// The first scheduler pass may rebuild a large sale's gate from SQL (8 s for a million
 /// buyers on a small box).
@@ -321,14 +327,20 @@ pub struct App {
 }
 
 pub async fn connect_store(config: &Config) -> Result<Store, AppError> {
-    let store = Store::connect(&config.database_url, config.db_max_connections)
-        .await?
-        .with_phone_region(config.phone_region());
+    Ok(
+        Store::connect(&config.database_url, config.db_max_connections)
+            .await?
+            .with_phone_region(config.phone_region()),
+    )
+}
+
+/// Applies the schema migrations not applied yet.
+async fn migrate(store: &Store) -> Result<(), AppError> {
     let applied = store.migrate().await?;
     if !applied.is_empty() {
         tracing::info!(?applied, "schema migrations applied");
     }
-    Ok(store)
+    Ok(())
 }
 
 /// The token secret: configured, or generated once and shared through the database.
@@ -405,14 +417,20 @@ pub async fn assemble(config: Config, role: Role) -> Result<App, AppError> {
             idle_timeout: config.idle_timeout,
         });
     let config = Arc::new(config);
-    let store = until_up("database", START_STEP_LIMIT, || connect_store(&config)).await?;
+    let store = until_up("database", Some(START_STEP_LIMIT), || {
+        connect_store(&config)
+    })
+    .await?;
+    // No time limit: a migration may rewrite a large table once (SQLite's would start over
+    // at each try), and another process's migration holds this one off under its lock.
+    until_up("schema migrations", None, || migrate(&store)).await?;
     // One line per start-up step: a process that does not come up shows where it stands.
     tracing::info!("database ready (schema up to date)");
-    let tokens = until_up("database", START_STEP_LIMIT, || {
+    let tokens = until_up("database", Some(START_STEP_LIMIT), || {
         token_signer(&config, &store)
     })
     .await?;
-    let payments = until_up("database", START_STEP_LIMIT, || {
+    let payments = until_up("database", Some(START_STEP_LIMIT), || {
         payment_provider(&config, &store)
     })
     .await?;
@@ -425,7 +443,7 @@ pub async fn assemble(config: Config, role: Role) -> Result<App, AppError> {
                     .await
                     .map_err(AppError::from)
             };
-            Some(until_up("redis sentinel", START_STEP_LIMIT, follow).await?)
+            Some(until_up("redis sentinel", Some(START_STEP_LIMIT), follow).await?)
         }
         other => other.clone(),
     };
@@ -433,7 +451,7 @@ pub async fn assemble(config: Config, role: Role) -> Result<App, AppError> {
         None => embedded_parts(&config, &store, role).await?,
         Some(url) => {
             let what = format!("redis at {}", crate::text::mask_url(url));
-            let parts = until_up(&what, START_STEP_LIMIT, || {
+            let parts = until_up(&what, Some(START_STEP_LIMIT), || {
                 distributed_parts(&config, &store, url)
             })
             .await?;
@@ -574,7 +592,7 @@ impl App {
         // returns take one batch each: orders left unexpired are held in the gate, which
         // sells no more than SQL allows, and the next passes catch up while serving.
         let scheduler = self.scheduler();
-        until_up("first scheduler pass", FIRST_PASS_LIMIT, || async {
+        until_up("first scheduler pass", Some(FIRST_PASS_LIMIT), || async {
             scheduler.tick(Duration::ZERO).await.map_err(AppError::from)
         })
         .await?;

@@ -20,6 +20,8 @@ pub struct Breaker {
     inner: Arc<dyn Gate>,
     threshold: u32,
     cooldown_ms: i64,
+    /// How often an open circuit lets a trial call through.
+    trial_every_ms: i64,
     circuits: Circuits,
     /// Times a circuit opened, for `/metrics`.
     pub opened: AtomicU64,
@@ -40,6 +42,9 @@ struct Circuit {
     open_until: AtomicI64,
     /// While open, when the last trial call was let through.
     tried_at: AtomicI64,
+    /// A trial call is under way: one at a time, so that a Redis that swallows calls
+    /// holds one caller, not one per interval.
+    trying: AtomicBool,
     /// Whether the last state logged is "open": one line per change, not per reopening.
     logged_open: AtomicBool,
 }
@@ -49,16 +54,33 @@ impl Circuit {
         crate::clock::wall_ms() < self.open_until.load(Ordering::Acquire)
     }
 
-    /// Whether the caller may make the open circuit's next trial call: one per
-    /// `TRIAL_EVERY_MS`. A Redis that blocked for a second (a FLUSHALL of a million keys,
-    /// a fork) then serves again within that, not a whole cooldown after it answers.
-    fn take_trial(&self, now: i64) -> bool {
+    /// Whether the caller may make the open circuit's next trial call: one every
+    /// `every_ms`, none while one is under way (the caller ends it with `end_trial`). A
+    /// Redis that blocked for a second (a FLUSHALL of a million keys, a fork) then serves
+    /// again within that, not a whole cooldown after it answers.
+    fn take_trial(&self, now: i64, every_ms: i64) -> bool {
         let last = self.tried_at.load(Ordering::Acquire);
-        now - last >= TRIAL_EVERY_MS
-            && self
-                .tried_at
-                .compare_exchange(last, now, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
+        if now - last < every_ms
+            || self
+                .trying
+                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+        {
+            return false;
+        }
+        if self
+            .tried_at
+            .compare_exchange(last, now, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            self.trying.store(false, Ordering::Release);
+            return false;
+        }
+        true
+    }
+
+    fn end_trial(&self) {
+        self.trying.store(false, Ordering::Release);
     }
 }
 
@@ -88,6 +110,7 @@ impl Breaker {
             inner,
             threshold: threshold.max(1),
             cooldown_ms,
+            trial_every_ms: TRIAL_EVERY_MS,
             circuits: Circuits::One(Circuit::default()),
             opened: AtomicU64::new(0),
             refused: AtomicU64::new(0),
@@ -136,17 +159,19 @@ impl Breaker {
         }
     }
 
-    fn guard(&self, circuit: &Circuit) -> Result<(), GateError> {
+    /// Refuses a call while the circuit is open, unless it is the circuit's next trial:
+    /// `Ok(true)` for a trial, `Ok(false)` for a call of a closed circuit.
+    fn guard(&self, circuit: &Circuit) -> Result<bool, GateError> {
         if circuit.is_open() {
-            if circuit.take_trial(crate::clock::wall_ms()) {
-                return Ok(());
+            if circuit.take_trial(crate::clock::wall_ms(), self.trial_every_ms) {
+                return Ok(true);
             }
             self.refused.fetch_add(1, Ordering::Relaxed);
             return Err(GateError::Unavailable(
                 "the gate's Redis is failing; the circuit is open".into(),
             ));
         }
-        Ok(())
+        Ok(false)
     }
 
     fn record<T>(
@@ -214,12 +239,17 @@ impl Breaker {
         call: impl std::future::Future<Output = Result<T, GateError>>,
         limit: Duration,
     ) -> Result<T, GateError> {
-        self.with_circuit(sale_id, |c| self.guard(c))?;
+        let trial = self.with_circuit(sale_id, |c| self.guard(c))?;
         let result = match tokio::time::timeout(limit, call).await {
             Ok(result) => result,
             Err(_) => Err(GateError::Timeout),
         };
-        self.with_circuit(sale_id, |c| self.record(c, sale_id, result))
+        self.with_circuit(sale_id, |c| {
+            if trial {
+                c.end_trial();
+            }
+            self.record(c, sale_id, result)
+        })
     }
 }
 
@@ -407,11 +437,17 @@ mod tests {
     use super::*;
     use std::sync::atomic::AtomicUsize;
 
+    /// Trials a second apart: the refusals right after opening are over long before the
+    /// first trial is due, even on a busy machine.
+    const EVERY: Duration = Duration::from_millis(1000);
+
     /// Opens after two failures, for a minute: only trials get through meanwhile.
     fn breaker() -> Breaker {
         let (log, _reader) = crate::orderlog::local::channel();
         let inner = Arc::new(crate::gate::memory::MemoryGate::new(log));
-        Breaker::new(inner, 2, 60_000)
+        let mut breaker = Breaker::new(inner, 2, 60_000);
+        breaker.trial_every_ms = EVERY.as_millis() as i64;
+        breaker
     }
 
     /// One call through the breaker, answered `ok` or not; counts the calls that reached Redis.
@@ -445,7 +481,7 @@ mod tests {
         assert_eq!(reached.load(Ordering::Relaxed), 2);
 
         // A trial that finds Redis still away leaves the circuit open.
-        tokio::time::sleep(Duration::from_millis(TRIAL_EVERY_MS as u64 + 20)).await;
+        tokio::time::sleep(EVERY + Duration::from_millis(50)).await;
         assert!(matches!(
             call(&b, false, &reached).await,
             Err(GateError::Timeout)
@@ -458,10 +494,50 @@ mod tests {
         assert!(b.is_open());
 
         // The next trial finds it back: closed at once, long before the cooldown's end.
-        tokio::time::sleep(Duration::from_millis(TRIAL_EVERY_MS as u64 + 20)).await;
+        tokio::time::sleep(EVERY + Duration::from_millis(50)).await;
         assert!(call(&b, true, &reached).await.is_ok());
         assert!(!b.is_open());
         assert!(call(&b, true, &reached).await.is_ok());
         assert_eq!(reached.load(Ordering::Relaxed), 5);
+    }
+
+    #[tokio::test]
+    async fn an_open_circuit_has_one_trial_under_way_at_most() {
+        let mut b = breaker();
+        b.trial_every_ms = 20;
+        let (b, reached) = (Arc::new(b), Arc::new(AtomicUsize::new(0)));
+        for _ in 0..2 {
+            assert!(call(&b, false, &reached).await.is_err());
+        }
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        // A trial that Redis does not answer yet.
+        let answer = Arc::new(tokio::sync::Notify::new());
+        let trial = tokio::spawn({
+            let (b, reached, answer) = (b.clone(), reached.clone(), answer.clone());
+            async move {
+                let redis = async {
+                    reached.fetch_add(1, Ordering::Relaxed);
+                    answer.notified().await;
+                    Ok(())
+                };
+                b.call(1, redis, CALL_TIMEOUT).await
+            }
+        });
+        while reached.load(Ordering::Relaxed) < 3 {
+            tokio::task::yield_now().await;
+        }
+        // Intervals pass; the trial is still under way: no second one.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        for _ in 0..5 {
+            assert!(matches!(
+                call(&b, true, &reached).await,
+                Err(GateError::Unavailable(_))
+            ));
+        }
+        assert_eq!(reached.load(Ordering::Relaxed), 3);
+        answer.notify_one();
+        assert!(trial.await.unwrap().is_ok());
+        assert!(!b.is_open(), "the trial's answer closed the circuit");
+        assert!(call(&b, true, &reached).await.is_ok());
     }
 }

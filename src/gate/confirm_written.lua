@@ -4,6 +4,7 @@
 -- the lock, the orders are recorded for load_sale.lua, which reads SQL before their commit.
 -- KEYS[1] sale hash  KEYS[2] buyers hash  KEYS[3] accepted hash  KEYS[4] counted (counted.lua)
 -- KEYS[5] released set  KEYS[6] load lock  KEYS[7] confirms made while loading
+-- KEYS[8] counted, as earlier builds kept it (a set)
 -- ARGV: order_id, user_id, quantity per order
 -- Returns how many orders took units now.
 local applied = 0
@@ -11,7 +12,7 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
   for i = 1, #ARGV, 3 do
     local id = ARGV[i]
     if redis.call('HEXISTS', KEYS[3], id) == 0
-      and not counted_has(KEYS[4], id)
+      and not counted_has(KEYS[4], KEYS[8], id)
       and redis.call('SISMEMBER', KEYS[5], id) == 0 then
       local qty = tonumber(ARGV[i + 2])
       counted_add(KEYS[4], id)

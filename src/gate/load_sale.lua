@@ -8,6 +8,7 @@
 -- KEYS[11] confirms made while loading (hash order_id -> 'user_id:quantity')
 -- KEYS[12] moves hash (move id -> taken | refused | given: moves between segments)
 -- KEYS[13] staged released orders (set): every order SQL cancelled or expired
+-- KEYS[14] counted, as earlier builds kept it (a set): deleted
 -- ARGV: owner, stock, limit, begins, ends, paused, price, expire_at_ms, group, fence,
 --       n_moves, then move id, mark pairs
 -- Returns 1 loaded, 0 already loaded, -2 the lock was lost (nothing written).
@@ -21,7 +22,7 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
   give_up()
   return 0
 end
-redis.call('DEL', KEYS[2], KEYS[10], KEYS[6], KEYS[4])
+redis.call('DEL', KEYS[2], KEYS[10], KEYS[6], KEYS[4], KEYS[14])
 if redis.call('EXISTS', KEYS[5]) == 1 then
   redis.call('RENAME', KEYS[5], KEYS[2])
 end
@@ -41,7 +42,7 @@ local stock = tonumber(ARGV[2])
 
 -- An order SQL did not count: take its units and record its buyer, once.
 local function count(order_id, user, qty)
-  if counted_has(KEYS[10], order_id)
+  if counted_has(KEYS[10], KEYS[14], order_id)
     or redis.call('SISMEMBER', KEYS[6], order_id) == 1 then
     return
   end

@@ -389,6 +389,7 @@ impl RedisGate {
             .key(&k.confirms)
             .key(&k.moves)
             .key(&staged_released)
+            .key(&k.counted_set)
             .arg(&ticket.owner)
             .arg(load.remaining)
             .arg(s.per_user_limit)
@@ -671,7 +672,8 @@ impl Gate for RedisGate {
                     .key(&k.counted)
                     .key(&k.released)
                     .key(&k.lock)
-                    .key(&k.confirms);
+                    .key(&k.confirms)
+                    .key(&k.counted_set);
                 for o in chunk {
                     call.arg(o.id).arg(o.user_id).arg(o.quantity);
                 }
@@ -700,6 +702,7 @@ impl Gate for RedisGate {
             .key(&k.lock)
             .key(&k.accepted)
             .key(&k.counted)
+            .key(&k.counted_set)
             .arg(r.order_id)
             .arg(r.user_id)
             .arg(r.quantity)

@@ -3,7 +3,7 @@
 -- a load fills it with every order SQL has cancelled or expired (the stock it loads
 -- counts them all), so a release that comes late to a rebuilt gate changes nothing.
 -- KEYS[1] sale hash  KEYS[2] buyers hash  KEYS[3] released set  KEYS[4] load lock
--- KEYS[5] accepted hash  KEYS[6] counted (counted.lua)
+-- KEYS[5] accepted hash  KEYS[6] counted (counted.lua)  KEYS[7] the earlier counted set
 -- ARGV[1] order_id  ARGV[2] user_id  ARGV[3] quantity  ARGV[4] stock channel  ARGV[5] sale_id
 -- Returns 1 released now; 0 released before; 2 an order this gate never counted (written
 -- after its load's snapshot and not confirmed yet: its confirm will skip it), nothing to
@@ -20,7 +20,7 @@ if redis.call('SADD', KEYS[3], ARGV[1]) == 0 then
   return 0
 end
 if redis.call('HEXISTS', KEYS[5], ARGV[1]) == 0
-  and not counted_has(KEYS[6], ARGV[1]) then
+  and not counted_has(KEYS[6], KEYS[7], ARGV[1]) then
   return 2
 end
 local qty = tonumber(ARGV[3])

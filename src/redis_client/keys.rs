@@ -23,7 +23,10 @@ pub struct SaleKeys {
     /// to SQL while a load held the lock.
     pub lock: String,
     pub fence: String,
+    /// The orders the gate counted without accepting them, packed (gate/counted.lua).
     pub counted: String,
+    /// The same as a set, as builds before the packing kept it: read, never written.
+    pub counted_set: String,
     pub confirms: String,
     /// Moves of stock between segments, as this segment took part in them.
     pub moves: String,
@@ -52,7 +55,8 @@ impl SaleKeys {
             rate: format!("{base}:rate"),
             lock: format!("{base}:load:lock"),
             fence: format!("{base}:load:fence"),
-            counted: format!("{base}:counted"),
+            counted: format!("{base}:counted_ids"),
+            counted_set: format!("{base}:counted"),
             confirms: format!("{base}:load:confirms"),
             moves: format!("{base}:moves"),
             segments: format!("{prefix}:{{{sale_id}}}:segments"),
@@ -190,6 +194,7 @@ mod tests {
             &k.lock,
             &k.fence,
             &k.counted,
+            &k.counted_set,
             &k.confirms,
             &k.moves,
             &k.staged("0a1b:2c3d", "buyers"),

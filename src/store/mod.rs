@@ -130,6 +130,14 @@ impl StoreError {
     }
 }
 
+impl StoreError {
+    /// Whether the database answered with an error (busy, a deadlock, a constraint): the
+    /// statement did not take effect. An I/O error may have come after a commit.
+    pub fn refused_by_database(&self) -> bool {
+        matches!(self, StoreError::Db(sqlx::Error::Database(_)))
+    }
+}
+
 /// A failure to open the database, with what to check.
 fn connect_error(dialect: Dialect, url: &str, source: sqlx::Error) -> StoreError {
     let hint = match (&source, dialect) {

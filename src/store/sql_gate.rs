@@ -40,11 +40,21 @@ impl Store {
         keep_until: i64,
     ) -> Result<bool, StoreError> {
         // Twenty spends of one nonce at once on a busy SQLite file meet "database is
-        // locked"; each statement commits on its own, so a retry repeats nothing.
-        retry_transient(self.clock().as_ref(), || {
-            self.spend_nonce_once(sale_id, nonce, keep_until)
-        })
-        .await
+        // locked". Tried again only when the database refused the statement: one whose
+        // answer was lost may have committed, and its retry would call the buyer's first
+        // spend a repeat.
+        let mut tries = 0;
+        loop {
+            match self.spend_nonce_once(sale_id, nonce, keep_until).await {
+                Err(e) if e.is_transient() && e.refused_by_database() && tries < 5 => {
+                    tries += 1;
+                    self.clock()
+                        .sleep(std::time::Duration::from_millis(5 << tries))
+                        .await;
+                }
+                other => return other,
+            }
+        }
     }
 
     async fn spend_nonce_once(

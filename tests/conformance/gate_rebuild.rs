@@ -573,8 +573,9 @@ async fn a_late_release_of_what_the_rebuild_counted_changes_nothing() {
 }
 
 /// The ids a load counted are packed in a hash by their last four digits (counted.lua):
-/// the scripts find the ones the loader staged from Rust, and a gate loaded by an earlier
-/// build, which kept them as a set, is still read and added to as one.
+/// the scripts find the ones the loader staged from Rust; a gate loaded by an earlier build,
+/// which kept them as a set under another key, is still read, and what is added after
+/// goes to the packed hash.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counted_orders_are_found_packed_and_in_the_earlier_set_layout() {
     let (store, _) = common::fresh_store(common::Sql::Postgres).await;
@@ -593,37 +594,44 @@ async fn counted_orders_are_found_packed_and_in_the_earlier_set_layout() {
         .iter()
         .map(|o| o.id)
         .collect();
+    let mut conn = redis().await;
+    let (packed_conn, packed_key) = (conn.clone(), keys.counted.clone());
+    let packed_holds = |id: i64| {
+        let (mut conn, key) = (packed_conn.clone(), packed_key.clone());
+        async move {
+            let id = id.to_string();
+            let packed: Option<String> = redis::cmd("HGET")
+                .arg(&key)
+                .arg(&id[id.len().saturating_sub(4)..])
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            packed.is_some_and(|p| p.contains(&format!(",{id},")))
+        }
+    };
     for id in &ids {
-        let id = id.to_string();
-        let packed: String = redis::cmd("HGET")
-            .arg(&keys.counted)
-            .arg(&id[id.len() - 4..])
-            .query_async(&mut redis().await)
-            .await
-            .unwrap();
-        assert!(packed.contains(&format!(",{id},")), "{id} in {packed}");
+        assert!(packed_holds(*id).await, "{id} staged packed");
     }
     // A release of an order the load counted gives its unit back, once.
     let r = cancel_in_sql(&store, sale.id, 3).await;
     assert_eq!(g.release(release_of(&r)).await.unwrap(), Released::Now);
     assert_eq!(g.release(release_of(&r)).await.unwrap(), Released::Before);
 
-    // The earlier layout: the same ids as set members.
-    let mut conn = redis().await;
+    // The earlier layout: the same ids as members of a set under the earlier key.
     let _: () = redis::cmd("DEL")
         .arg(&keys.counted)
         .query_async(&mut conn)
         .await
         .unwrap();
     let _: () = redis::cmd("SADD")
-        .arg(&keys.counted)
+        .arg(&keys.counted_set)
         .arg(&ids)
         .query_async(&mut conn)
         .await
         .unwrap();
     let r = cancel_in_sql(&store, sale.id, 4).await;
     assert_eq!(g.release(release_of(&r)).await.unwrap(), Released::Now);
-    // An order written after the load is added to the set by its confirm, once.
+    // An order written after the load is added by its confirm, once, to the packed hash.
     let late = order(sale.id, 20);
     store
         .write_orders(std::slice::from_ref(&late))
@@ -634,13 +642,7 @@ async fn counted_orders_are_found_packed_and_in_the_earlier_set_layout() {
             .await
             .unwrap();
     }
-    let member: bool = redis::cmd("SISMEMBER")
-        .arg(&keys.counted)
-        .arg(late.id)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert!(member, "the late order joined the set");
+    assert!(packed_holds(late.id).await, "the late order was packed");
     let stock = g.stock(sale.id).await.unwrap().unwrap();
     assert_eq!((stock.remaining, stock.buyers), (91, 9));
     assert_eq!(
@@ -648,4 +650,22 @@ async fn counted_orders_are_found_packed_and_in_the_earlier_set_layout() {
         91,
         "SQL agrees"
     );
+
+    // The next load keeps one layout: the earlier set is gone.
+    let _: () = redis::cmd("DEL")
+        .arg(&keys.sale)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(loader::load_sale(&store, g.as_ref(), &cache, &sale)
+        .await
+        .unwrap());
+    let earlier: bool = redis::cmd("EXISTS")
+        .arg(&keys.counted_set)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(!earlier, "the earlier set was deleted by the load");
+    assert!(packed_holds(late.id).await);
+    assert_eq!(g.stock(sale.id).await.unwrap().unwrap().remaining, 91);
 }
