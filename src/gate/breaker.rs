@@ -295,6 +295,16 @@ impl Layer for Breaker {
             .await
     }
 
+    async fn stage_buyers(
+        &self,
+        ticket: &super::LoadTicket,
+        segments: i64,
+        buyers: &[(i64, i64)],
+    ) -> Result<bool, GateError> {
+        let stage = self.inner.stage_buyers(ticket, segments, buyers);
+        self.call(ticket.sale_id, stage, LOAD_TIMEOUT).await
+    }
+
     async fn finish_load(
         &self,
         ticket: super::LoadTicket,

@@ -38,6 +38,15 @@ pub trait Layer: Send + Sync {
         self.inner().finish_load(ticket, load).await
     }
 
+    async fn stage_buyers(
+        &self,
+        ticket: &LoadTicket,
+        segments: i64,
+        buyers: &[(i64, i64)],
+    ) -> Result<bool, GateError> {
+        self.inner().stage_buyers(ticket, segments, buyers).await
+    }
+
     async fn abandon_load(&self, ticket: LoadTicket) {
         self.inner().abandon_load(ticket).await
     }
@@ -149,6 +158,15 @@ impl<T: Layer> Gate for T {
 
     async fn finish_load(&self, ticket: LoadTicket, load: &SaleLoad) -> Result<bool, GateError> {
         Layer::finish_load(self, ticket, load).await
+    }
+
+    async fn stage_buyers(
+        &self,
+        ticket: &LoadTicket,
+        segments: i64,
+        buyers: &[(i64, i64)],
+    ) -> Result<bool, GateError> {
+        Layer::stage_buyers(self, ticket, segments, buyers).await
     }
 
     async fn abandon_load(&self, ticket: LoadTicket) {

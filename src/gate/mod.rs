@@ -223,6 +223,9 @@ pub struct LoadTicket {
     /// The segment whose lock this is (0 for an unsegmented sale).
     pub segment: i64,
     renewal: Option<tokio::task::AbortHandle>,
+    /// The load's buyers went to the gate chunk by chunk while SQL was read
+    /// (`Gate::stage_buyers`).
+    buyers_staged: std::sync::atomic::AtomicBool,
 }
 
 impl LoadTicket {
@@ -234,6 +237,7 @@ impl LoadTicket {
             owner: String::new(),
             segment: 0,
             renewal: None,
+            buyers_staged: Default::default(),
         }
     }
 
@@ -245,6 +249,7 @@ impl LoadTicket {
             owner,
             segment,
             renewal: None,
+            buyers_staged: Default::default(),
         }
     }
 
@@ -253,6 +258,17 @@ impl LoadTicket {
         if let Some(r) = &self.renewal {
             r.abort();
         }
+    }
+
+    /// Records that the load's buyers were staged ahead of its install.
+    pub fn mark_buyers_staged(&self) {
+        self.buyers_staged
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    pub fn buyers_staged(&self) -> bool {
+        self.buyers_staged
+            .load(std::sync::atomic::Ordering::Acquire)
     }
 
     pub fn with_renewal(mut self, renewal: tokio::task::AbortHandle) -> Self {
@@ -374,6 +390,22 @@ pub trait Gate: Send + Sync {
     async fn finish_load(&self, ticket: LoadTicket, load: &SaleLoad) -> Result<bool, GateError> {
         drop(ticket);
         self.load(load).await
+    }
+
+    /// Takes one chunk of a load's buyers (units held, from SQL) while the rest is still
+    /// being read, so that the install does not wait for the whole read: at a million
+    /// buyers the read and the gate's work on them each take a second or more. A buyer
+    /// with several orders may come several times, with part of its units each time: the
+    /// install sets every buyer holding more than one unit to its total. False when this
+    /// gate takes its buyers whole at `finish_load` (then call no more).
+    async fn stage_buyers(
+        &self,
+        ticket: &LoadTicket,
+        segments: i64,
+        buyers: &[(i64, i64)],
+    ) -> Result<bool, GateError> {
+        let _ = (ticket, segments, buyers);
+        Ok(false)
     }
 
     /// Gives the lock back without loading (the SQL read failed).

@@ -352,14 +352,20 @@ impl RedisGate {
         let staged_buyers = k.staged(&ticket.owner, "buyers");
         let staged_counted = k.staged(&ticket.owner, "counted");
         let staged_released = k.staged(&ticket.owner, "released");
+        // Staged while SQL was read, a buyer of several orders holds the units of its last
+        // chunk's: set again to its total (a buyer of one unit had one order).
+        let buyers: Vec<(i64, i64)> = if ticket.buyers_staged() {
+            load.buyers
+                .iter()
+                .filter(|(_, units)| *units > 1)
+                .copied()
+                .collect()
+        } else {
+            load.buyers.clone()
+        };
         let mut chunks = Vec::new();
-        for chunk in load.buyers.chunks(STAGE_CHUNK) {
-            let mut cmd = redis::cmd("HSET");
-            cmd.arg(&staged_buyers);
-            for (user, units) in chunk {
-                cmd.arg(*user).arg(*units);
-            }
-            chunks.push((cmd, &staged_buyers));
+        for chunk in buyers.chunks(STAGE_CHUNK) {
+            chunks.push((hset_pairs(&staged_buyers, chunk), &staged_buyers));
         }
         for fields in pack_counted(&load.counted).chunks(STAGE_COUNTED_FIELDS) {
             let mut cmd = redis::cmd("HSET");
@@ -413,6 +419,16 @@ impl RedisGate {
             ))),
         }
     }
+}
+
+/// HSET of (user, units) pairs into `key`.
+fn hset_pairs(key: &str, pairs: &[(i64, i64)]) -> redis::Cmd {
+    let mut cmd = redis::cmd("HSET");
+    cmd.arg(key);
+    for (user, units) in pairs {
+        cmd.arg(*user).arg(*units);
+    }
+    cmd
 }
 
 /// Order ids packed as counted.lua keeps them: (an id's last four digits, ",id,id,...,").
@@ -565,6 +581,23 @@ impl Gate for RedisGate {
             self.abandon_load(ticket).await;
         }
         result
+    }
+
+    async fn stage_buyers(
+        &self,
+        ticket: &LoadTicket,
+        segments: i64,
+        buyers: &[(i64, i64)],
+    ) -> Result<bool, GateError> {
+        let k = self.segment_keys(ticket.sale_id, segments.max(1), ticket.segment);
+        let staged = k.staged(&ticket.owner, "buyers");
+        let chunks = buyers
+            .chunks(STAGE_CHUNK)
+            .map(|chunk| (hset_pairs(&staged, chunk), &staged))
+            .collect();
+        stage(&mut self.conn.clone(), &k.lock, &ticket.owner, chunks).await?;
+        ticket.mark_buyers_staged();
+        Ok(true)
     }
 
     async fn abandon_load(&self, ticket: LoadTicket) {

@@ -338,12 +338,14 @@ async fn snapshot_and_install(
         segment,
     };
     let read = std::time::Instant::now();
-    let snapshot = match store
-        .load_part_snapshot(sale.id, part, WAIT_FOR_WRITERS, gate.keeps_order_ids())
-        .await
-    {
-        Ok(snapshot) => snapshot,
-        Err(e) => {
+    let (snapshot, staged) = read_while_staging(store, gate, part, sale.id, &ticket).await;
+    let snapshot = match (snapshot, staged) {
+        (Ok(snapshot), Ok(())) => snapshot,
+        (Err(e), _) => {
+            gate.abandon_load(ticket).await;
+            return Err(e.into());
+        }
+        (_, Err(e)) => {
             gate.abandon_load(ticket).await;
             return Err(e.into());
         }
@@ -365,6 +367,50 @@ async fn snapshot_and_install(
         install_ms: started.elapsed().as_millis() as u64,
     };
     Ok((loaded, load, took))
+}
+
+/// Reads the part's snapshot from SQL and hands the gate each chunk's buyers as it comes
+/// (`Gate::stage_buyers`), so that the gate's work overlaps the read's. A snapshot not read
+/// chunk by chunk (embedded, unfenced) leaves the ticket unmarked: the install takes every
+/// buyer then.
+async fn read_while_staging(
+    store: &Store,
+    gate: &dyn Gate,
+    part: crate::store::Part,
+    sale_id: i64,
+    ticket: &LoadTicket,
+) -> (
+    Result<crate::store::LoadSnapshot, crate::store::StoreError>,
+    Result<(), GateError>,
+) {
+    let (chunks, mut arrive) = tokio::sync::mpsc::unbounded_channel::<Vec<(i64, i64)>>();
+    let read = async move {
+        let mut hand = |held: Vec<(i64, i64)>| {
+            // The gate stopped taking chunks (it takes them whole, or failed): dropped.
+            let _ = chunks.send(held);
+        };
+        store
+            .load_part_snapshot_streamed(
+                sale_id,
+                part,
+                WAIT_FOR_WRITERS,
+                gate.keeps_order_ids(),
+                Some(&mut hand),
+            )
+            .await
+    };
+    let stage = async {
+        while let Some(held) = arrive.recv().await {
+            if !gate.stage_buyers(ticket, part.segments, &held).await? {
+                break;
+            }
+        }
+        Ok(())
+    };
+    // A read that was not handed out chunk by chunk (embedded, or unfenced after a stalled
+    // writer) handed out nothing: the ticket stays unmarked and the install takes every buyer.
+    let (read, staged) = tokio::join!(read, stage);
+    (read.map(|(snapshot, _)| snapshot), staged)
 }
 
 /// How long a load's two steps took: the SQL snapshot (the wait for order writers

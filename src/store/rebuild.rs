@@ -32,6 +32,19 @@ pub struct LoadSnapshot {
     pub moves: Vec<(i64, super::moves::MoveMark)>,
 }
 
+/// Where a snapshot's read hands the live holdings of each chunk of orders as soon as it has
+/// read them, so that a gate can take them in while the next chunk is read. A buyer with
+/// several orders may appear more than once, in one chunk or several: only a buyer whose
+/// units in the snapshot's `buyers` is 1 had a single order, and so a single pair here.
+pub type HeldSink<'a> = &'a mut (dyn FnMut(Vec<(i64, i64)>) + Send);
+
+/// What one packed row of orders yields to its reader: an order's fields, then the end of
+/// the row.
+enum Packed<'a> {
+    Order(usize, &'a [i64]),
+    ChunkEnd,
+}
+
 /// Which part of a sale a snapshot is of: one segment of `segments` (0 of 1: all of it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Part {
@@ -127,28 +140,59 @@ impl Store {
         wait_for_writers: std::time::Duration,
         order_ids: bool,
     ) -> Result<LoadSnapshot, StoreError> {
+        Ok(self
+            .load_part_snapshot_streamed(sale_id, part, wait_for_writers, order_ids, None)
+            .await?
+            .0)
+    }
+
+    /// [`Store::load_part_snapshot`], handing each chunk's live holdings to `sink` as it
+    /// reads them (a snapshot with order ids, behind the writer fence: the distributed
+    /// rebuild); true when `sink` saw every chunk of the snapshot returned, false when it
+    /// saw none (an embedded or unfenced read).
+    pub async fn load_part_snapshot_streamed(
+        &self,
+        sale_id: i64,
+        part: Part,
+        wait_for_writers: std::time::Duration,
+        order_ids: bool,
+        mut sink: Option<HeldSink<'_>>,
+    ) -> Result<(LoadSnapshot, bool), StoreError> {
         if self.dialect != Dialect::Sqlite && !wait_for_writers.is_zero() {
-            match self
-                .load_snapshot_fenced(sale_id, part, wait_for_writers, order_ids)
-                .await
-            {
-                Err(e) if is_lock_timeout(&e) => {
+            let streams = order_ids && sink.is_some();
+            let mut chunks = 0usize;
+            let mut counting = |held: Vec<(i64, i64)>| {
+                chunks += 1;
+                if let Some(sink) = sink.as_mut() {
+                    sink(held);
+                }
+            };
+            let counted: Option<HeldSink<'_>> = if streams { Some(&mut counting) } else { None };
+            let fenced = self
+                .load_snapshot_fenced(sale_id, part, wait_for_writers, order_ids, counted)
+                .await;
+            match fenced {
+                // The locks come before any chunk: nothing was handed out yet.
+                Err(e) if is_lock_timeout(&e) && chunks == 0 => {
                     tracing::warn!(
                         sale = sale_id,
                         waited_ms = wait_for_writers.as_millis() as u64,
                         "an order writer has held a batch this long (stalled?): rebuilding without it; its orders join the gate when it writes them"
                     );
                 }
-                other => return other,
+                other => return other.map(|snapshot| (snapshot, streams)),
             }
         }
-        self.in_write_tx(|mut conn| async move {
-            let read = self
-                .load_snapshot_in_tx(&mut conn, sale_id, part, order_ids)
-                .await;
-            (conn, read)
-        })
-        .await
+        // Not streamed: a retried transaction would hand out its chunks twice.
+        let snapshot = self
+            .in_write_tx(|mut conn| async move {
+                let read = self
+                    .load_snapshot_in_tx(&mut conn, sale_id, part, order_ids, None)
+                    .await;
+                (conn, read)
+            })
+            .await?;
+        Ok((snapshot, false))
     }
 
     async fn load_snapshot_fenced(
@@ -157,6 +201,7 @@ impl Store {
         part: Part,
         wait: std::time::Duration,
         order_ids: bool,
+        sink: Option<HeldSink<'_>>,
     ) -> Result<LoadSnapshot, StoreError> {
         let mut conn = self.begin_write().await?;
         let read = async {
@@ -173,7 +218,7 @@ impl Store {
                 _ => "SELECT id FROM writer_fence WHERE id = 1 FOR UPDATE",
             };
             sqlx::query(exclusive).execute(&mut *conn).await?;
-            self.load_snapshot_in_tx(&mut conn, sale_id, part, order_ids)
+            self.load_snapshot_in_tx(&mut conn, sale_id, part, order_ids, sink)
                 .await
         }
         .await;
@@ -221,6 +266,7 @@ impl Store {
         sale_id: i64,
         part: Part,
         order_ids: bool,
+        sink: Option<HeldSink<'_>>,
     ) -> Result<LoadSnapshot, StoreError> {
         use futures_util::TryStreamExt;
         let lock = match self.dialect {
@@ -238,7 +284,7 @@ impl Store {
         };
         let mut released = Vec::new();
         let (buyers, counted) = if order_ids {
-            let orders = self.every_order(conn, sale_id, part).await?;
+            let orders = self.every_order(conn, sale_id, part, sink).await?;
             released = orders.released;
             (orders.held, orders.counted)
         } else {
@@ -307,9 +353,11 @@ impl Store {
         ];
         let mut held = Vec::new();
         let filter = format!("AND {LIVE}");
-        self.packed_chunks(conn, sale_id, &filter, &columns, |column, fields| {
-            let units = if column == 0 { 1 } else { fields[1] };
-            held.push((fields[0], units));
+        self.packed_chunks(conn, sale_id, &filter, &columns, |packed| {
+            if let Packed::Order(column, fields) = packed {
+                let units = if column == 0 { 1 } else { fields[1] };
+                held.push((fields[0], units));
+            }
         })
         .await?;
         Ok(one_pair_per_buyer(held, part))
@@ -325,6 +373,7 @@ impl Store {
         conn: &mut sqlx::AnyConnection,
         sale_id: i64,
         part: Part,
+        mut sink: Option<HeldSink<'_>>,
     ) -> Result<EveryOrder, StoreError> {
         let columns = [
             (
@@ -351,7 +400,18 @@ impl Store {
         ];
         let mut out = EveryOrder::default();
         let mut held = Vec::new();
-        self.packed_chunks(conn, sale_id, "", &columns, |column, fields| {
+        let mut handed = 0;
+        self.packed_chunks(conn, sale_id, "", &columns, |packed| {
+            let (column, fields) = match packed {
+                Packed::Order(column, fields) => (column, fields),
+                Packed::ChunkEnd => {
+                    if let Some(sink) = sink.as_mut() {
+                        sink(held[handed..].to_vec());
+                    }
+                    handed = held.len();
+                    return;
+                }
+            };
             let (id, user) = (fields[0], fields[1]);
             if !part.holds(user) {
                 return;
@@ -394,7 +454,7 @@ impl Store {
         sale_id: i64,
         filter: &str,
         columns: &[(String, usize)],
-        mut each: impl FnMut(usize, &[i64]),
+        mut each: impl FnMut(Packed<'_>),
     ) -> Result<(), StoreError> {
         let aggregated: Vec<String> = columns
             .iter()
@@ -453,9 +513,10 @@ impl Store {
                     if fields.len() != *n {
                         return Err(bad(order));
                     }
-                    each(column, &fields);
+                    each(Packed::Order(column, &fields));
                 }
             }
+            each(Packed::ChunkEnd);
             after = last;
         }
         Ok(())

@@ -669,3 +669,49 @@ async fn counted_orders_are_found_packed_and_in_the_earlier_set_layout() {
     assert!(packed_holds(late.id).await);
     assert_eq!(g.stock(sale.id).await.unwrap().unwrap().remaining, 91);
 }
+
+/// A rebuild hands the gate its buyers chunk by chunk while SQL is still read (20,000
+/// orders to a chunk): a buyer whose orders fall in different chunks, or twice in one,
+/// holds their sum once the sale is in, and every other buyer their one order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn buyers_handed_over_while_sql_is_read_hold_their_totals() {
+    let (store, _) = common::fresh_store(common::Sql::Postgres).await;
+    let prefix = common::unique("streamed");
+    let sale = common::sale(common::next_id(), 30_000, 3);
+    store.create_sale(&sale).await.unwrap();
+    // Buyer 1's first order comes first, its second after 25,000 others (another chunk);
+    // buyer 2's two orders are side by side (one chunk).
+    let mut orders = vec![order(sale.id, 1), order(sale.id, 2), order(sale.id, 2)];
+    orders.extend((100..25_100).map(|u| order(sale.id, u)));
+    orders.push(order(sale.id, 1));
+    for chunk in orders.chunks(2000) {
+        store.write_orders(chunk).await.unwrap();
+    }
+    let g = gate(&prefix).await;
+    let cache = SaleCache::default();
+    assert!(loader::load_sale(&store, g.as_ref(), &cache, &sale)
+        .await
+        .unwrap());
+    let holders: std::collections::HashMap<i64, i64> = g
+        .holders(sale.id, 100_000)
+        .await
+        .unwrap()
+        .expect("the gate's buyers")
+        .into_iter()
+        .collect();
+    assert_eq!(holders.len(), 25_002);
+    assert_eq!(holders[&1], 2, "across chunks");
+    assert_eq!(holders[&2], 2, "within a chunk");
+    assert!((100..25_100).all(|u| holders[&u] == 1));
+    let stock = g.stock(sale.id).await.unwrap().unwrap();
+    assert_eq!(stock.remaining, 30_000 - 25_004);
+    // Buyer 1 may buy one more unit (limit 3), not two.
+    assert!(matches!(
+        g.purchase(buy(sale.id, 1)).await.unwrap(),
+        Verdict::Accepted { .. }
+    ));
+    assert_eq!(
+        g.purchase(buy(sale.id, 1)).await.unwrap(),
+        Verdict::Rejected(Rejection::AlreadyPurchased)
+    );
+}
