@@ -10,8 +10,9 @@
 -- KEYS[13] staged released orders (set): every order SQL cancelled or expired
 -- KEYS[14] counted, as earlier builds kept it (a set): deleted
 -- ARGV: owner, stock, limit, begins, ends, paused, price, expire_at_ms, group, fence,
---       n_moves, then move id, mark pairs
--- Returns 1 loaded, 0 already loaded, -2 the lock was lost (nothing written).
+--       n_moves, then move id, mark pairs, then the number of buyers staged
+-- Returns 1 loaded, 0 already loaded, -2 the lock was lost or the staged buyers are not
+-- all there (nothing written).
 if redis.call('GET', KEYS[8]) ~= ARGV[1] then
   return -2
 end
@@ -21,6 +22,12 @@ end
 if redis.call('EXISTS', KEYS[1]) == 1 then
   give_up()
   return 0
+end
+-- Staging took many round trips, while SQL was read: a write Redis acknowledged and then
+-- lost (a restart between fsyncs) would leave buyers out, and their limits unguarded.
+if redis.call('HLEN', KEYS[5]) ~= tonumber(ARGV[12 + 2 * tonumber(ARGV[11])]) then
+  give_up()
+  return -2
 end
 redis.call('DEL', KEYS[2], KEYS[10], KEYS[6], KEYS[4], KEYS[14])
 if redis.call('EXISTS', KEYS[5]) == 1 then

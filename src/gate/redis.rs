@@ -352,16 +352,12 @@ impl RedisGate {
         let staged_buyers = k.staged(&ticket.owner, "buyers");
         let staged_counted = k.staged(&ticket.owner, "counted");
         let staged_released = k.staged(&ticket.owner, "released");
-        // Staged while SQL was read, a buyer of several orders holds the units of its last
-        // chunk's: set again to its total (a buyer of one unit had one order).
-        let buyers: Vec<(i64, i64)> = if ticket.buyers_staged() {
-            load.buyers
-                .iter()
-                .filter(|(_, units)| *units > 1)
-                .copied()
-                .collect()
+        // Staged while SQL was read (`stage_buyers`, the buyers of several orders set to
+        // their totals last), or now.
+        let buyers: &[(i64, i64)] = if ticket.buyers_staged() {
+            &[]
         } else {
-            load.buyers.clone()
+            &load.buyers
         };
         let mut chunks = Vec::new();
         for chunk in buyers.chunks(STAGE_CHUNK) {
@@ -380,6 +376,7 @@ impl RedisGate {
             cmd.arg(&staged_released).arg(chunk);
             chunks.push((cmd, &staged_released));
         }
+        // A lock that passed on is refused by the load script below.
         stage(&mut conn, &k.lock, &ticket.owner, chunks).await?;
         let s = &load.sale;
         let mut call = self.load.key(&k.sale);
@@ -410,6 +407,8 @@ impl RedisGate {
         for (id, mark) in &load.moves {
             call.arg(*id).arg(mark.as_str());
         }
+        // The script checks that every buyer reached the staged hash.
+        call.arg(distinct_buyers(&load.buyers));
         match call.invoke_async::<i64>(&mut conn).await? {
             1 => Ok(true),
             0 => Ok(false),
@@ -419,6 +418,15 @@ impl RedisGate {
             ))),
         }
     }
+}
+
+/// How many buyers `buyers` names (a snapshot's are sorted and distinct already).
+fn distinct_buyers(buyers: &[(i64, i64)]) -> usize {
+    if buyers.windows(2).all(|w| w[0].0 < w[1].0) {
+        return buyers.len();
+    }
+    let users: std::collections::HashSet<i64> = buyers.iter().map(|(user, _)| *user).collect();
+    users.len()
 }
 
 /// HSET of (user, units) pairs into `key`.
@@ -452,13 +460,14 @@ fn pack_counted(ids: &[i64]) -> Vec<(String, String)> {
 /// (a script's arguments cost Redis a third more): a staged key is its loader's own, so a
 /// loader that lost its lock writes where nobody reads. Each round trip reads the lock
 /// too and stops once it has passed to another loader (load_sale.lua then refuses this
-/// one); each chunk renews its key's expiry, so that nothing left behind lasts.
+/// one); each chunk renews its key's expiry, so that nothing left behind lasts. False
+/// when it stopped so.
 async fn stage(
     conn: &mut RedisConn,
     lock: &str,
     owner: &str,
     chunks: Vec<(redis::Cmd, &String)>,
-) -> Result<(), GateError> {
+) -> Result<bool, GateError> {
     let mut chunks = chunks.into_iter().peekable();
     while chunks.peek().is_some() {
         let mut pipe = redis::pipe();
@@ -469,10 +478,10 @@ async fn stage(
         pipe.cmd("GET").arg(lock);
         let (holder,): (Option<String>,) = pipe.query_async(conn).await?;
         if holder.as_deref() != Some(owner) {
-            break;
+            return Ok(false);
         }
     }
-    Ok(())
+    Ok(true)
 }
 
 /// Whether Redis fsyncs its AOF before replying to every write.
@@ -595,7 +604,12 @@ impl Gate for RedisGate {
             .chunks(STAGE_CHUNK)
             .map(|chunk| (hset_pairs(&staged, chunk), &staged))
             .collect();
-        stage(&mut self.conn.clone(), &k.lock, &ticket.owner, chunks).await?;
+        if !stage(&mut self.conn.clone(), &k.lock, &ticket.owner, chunks).await? {
+            return Err(GateError::Unavailable(format!(
+                "the load lock of sale {} passed to another loader while it staged buyers",
+                ticket.sale_id
+            )));
+        }
         ticket.mark_buyers_staged();
         Ok(true)
     }

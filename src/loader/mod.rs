@@ -338,16 +338,11 @@ async fn snapshot_and_install(
         segment,
     };
     let read = std::time::Instant::now();
-    let (snapshot, staged) = read_while_staging(store, gate, part, sale.id, &ticket).await;
-    let snapshot = match (snapshot, staged) {
-        (Ok(snapshot), Ok(())) => snapshot,
-        (Err(e), _) => {
+    let snapshot = match read_while_staging(store, gate, part, sale.id, &ticket).await {
+        Ok(snapshot) => snapshot,
+        Err(e) => {
             gate.abandon_load(ticket).await;
-            return Err(e.into());
-        }
-        (_, Err(e)) => {
-            gate.abandon_load(ticket).await;
-            return Err(e.into());
+            return Err(e);
         }
     };
     let load = SaleLoad {
@@ -379,14 +374,11 @@ async fn read_while_staging(
     part: crate::store::Part,
     sale_id: i64,
     ticket: &LoadTicket,
-) -> (
-    Result<crate::store::LoadSnapshot, crate::store::StoreError>,
-    Result<(), GateError>,
-) {
-    let (chunks, mut arrive) = tokio::sync::mpsc::unbounded_channel::<Vec<(i64, i64)>>();
+) -> Result<crate::store::LoadSnapshot, LoadError> {
+    let (chunks, arrive) = tokio::sync::mpsc::unbounded_channel::<Vec<(i64, i64)>>();
     let read = async move {
         let mut hand = |held: Vec<(i64, i64)>| {
-            // The gate stopped taking chunks (it takes them whole, or failed): dropped.
+            // Refused once the gate stopped taking chunks (it takes them whole, or failed).
             let _ = chunks.send(held);
         };
         store
@@ -399,18 +391,27 @@ async fn read_while_staging(
             )
             .await
     };
-    let stage = async {
+    let stage = async move {
+        // Owned here, so that the channel closes when staging stops.
+        let mut arrive = arrive;
         while let Some(held) = arrive.recv().await {
             if !gate.stage_buyers(ticket, part.segments, &held).await? {
                 break;
             }
         }
-        Ok(())
+        Ok::<(), GateError>(())
     };
     // A read that was not handed out chunk by chunk (embedded, or unfenced after a stalled
     // writer) handed out nothing: the ticket stays unmarked and the install takes every buyer.
     let (read, staged) = tokio::join!(read, stage);
-    (read.map(|(snapshot, _)| snapshot), staged)
+    let snapshot = read?;
+    staged?;
+    // The buyers of several orders were handed out once per order: now their totals.
+    if ticket.buyers_staged() && !snapshot.repeat_buyers.is_empty() {
+        gate.stage_buyers(ticket, part.segments, &snapshot.repeat_buyers)
+            .await?;
+    }
+    Ok(snapshot)
 }
 
 /// How long a load's two steps took: the SQL snapshot (the wait for order writers

@@ -28,14 +28,17 @@ pub struct LoadSnapshot {
     pub buyers: Vec<(i64, i64)>,
     /// Every order of the sale in SQL, for a gate that keeps order ids; else empty.
     pub counted: Vec<i64>,
+    /// The buyers of more than one live order, with their totals: what a `HeldSink` handed
+    /// out of them is not their units (with order ids only; else empty).
+    pub repeat_buyers: Vec<(i64, i64)>,
     /// Moves between segments this snapshot's stock counts (segmented sales only).
     pub moves: Vec<(i64, super::moves::MoveMark)>,
 }
 
 /// Where a snapshot's read hands the live holdings of each chunk of orders as soon as it has
 /// read them, so that a gate can take them in while the next chunk is read. A buyer with
-/// several orders may appear more than once, in one chunk or several: only a buyer whose
-/// units in the snapshot's `buyers` is 1 had a single order, and so a single pair here.
+/// several orders appears once per order, in one chunk or several: the snapshot's
+/// `repeat_buyers` lists them with their totals.
 pub type HeldSink<'a> = &'a mut (dyn FnMut(Vec<(i64, i64)>) + Send);
 
 /// What one packed row of orders yields to its reader: an order's fields, then the end of
@@ -88,6 +91,18 @@ struct EveryOrder {
     held: Vec<(i64, i64)>,
     counted: Vec<i64>,
     released: Vec<i64>,
+    repeat_buyers: Vec<(i64, i64)>,
+}
+
+/// The buyers with more than one pair in `held` (sorted by buyer), with their totals.
+fn repeat_buyers(held: &[(i64, i64)]) -> Vec<(i64, i64)> {
+    let mut repeats = Vec::new();
+    for same in held.chunk_by(|a, b| a.0 == b.0) {
+        if same.len() > 1 {
+            repeats.push((same[0].0, same.iter().map(|(_, units)| units).sum()));
+        }
+    }
+    repeats
 }
 
 /// The buyers of `part`, one pair each: a buyer of several orders has their units summed.
@@ -140,16 +155,13 @@ impl Store {
         wait_for_writers: std::time::Duration,
         order_ids: bool,
     ) -> Result<LoadSnapshot, StoreError> {
-        Ok(self
-            .load_part_snapshot_streamed(sale_id, part, wait_for_writers, order_ids, None)
-            .await?
-            .0)
+        self.load_part_snapshot_streamed(sale_id, part, wait_for_writers, order_ids, None)
+            .await
     }
 
     /// [`Store::load_part_snapshot`], handing each chunk's live holdings to `sink` as it
-    /// reads them (a snapshot with order ids, behind the writer fence: the distributed
-    /// rebuild); true when `sink` saw every chunk of the snapshot returned, false when it
-    /// saw none (an embedded or unfenced read).
+    /// reads them: a snapshot with order ids behind the writer fence (the distributed
+    /// rebuild). An embedded or unfenced read hands out nothing.
     pub async fn load_part_snapshot_streamed(
         &self,
         sale_id: i64,
@@ -157,7 +169,7 @@ impl Store {
         wait_for_writers: std::time::Duration,
         order_ids: bool,
         mut sink: Option<HeldSink<'_>>,
-    ) -> Result<(LoadSnapshot, bool), StoreError> {
+    ) -> Result<LoadSnapshot, StoreError> {
         if self.dialect != Dialect::Sqlite && !wait_for_writers.is_zero() {
             let streams = order_ids && sink.is_some();
             let mut chunks = 0usize;
@@ -180,19 +192,19 @@ impl Store {
                         "an order writer has held a batch this long (stalled?): rebuilding without it; its orders join the gate when it writes them"
                     );
                 }
-                other => return other.map(|snapshot| (snapshot, streams)),
+                // Chunks handed out, then a lock timeout (a segment's planned moves): the
+                // load fails rather than mixing chunks of two reads.
+                other => return other,
             }
         }
-        // Not streamed: a retried transaction would hand out its chunks twice.
-        let snapshot = self
-            .in_write_tx(|mut conn| async move {
-                let read = self
-                    .load_snapshot_in_tx(&mut conn, sale_id, part, order_ids, None)
-                    .await;
-                (conn, read)
-            })
-            .await?;
-        Ok((snapshot, false))
+        // Not handed out: a retried transaction would hand out its chunks twice.
+        self.in_write_tx(|mut conn| async move {
+            let read = self
+                .load_snapshot_in_tx(&mut conn, sale_id, part, order_ids, None)
+                .await;
+            (conn, read)
+        })
+        .await
     }
 
     async fn load_snapshot_fenced(
@@ -283,9 +295,11 @@ impl Store {
             None => return Err(StoreError::UnknownSale(sale_id)),
         };
         let mut released = Vec::new();
+        let mut repeats = Vec::new();
         let (buyers, counted) = if order_ids {
             let orders = self.every_order(conn, sale_id, part, sink).await?;
             released = orders.released;
+            repeats = orders.repeat_buyers;
             (orders.held, orders.counted)
         } else {
             let held = self.live_holdings(conn, sale_id, part).await?;
@@ -319,6 +333,7 @@ impl Store {
             released,
             buyers,
             counted,
+            repeat_buyers: repeats,
             moves,
         })
     }
@@ -405,7 +420,7 @@ impl Store {
             let (column, fields) = match packed {
                 Packed::Order(column, fields) => (column, fields),
                 Packed::ChunkEnd => {
-                    if let Some(sink) = sink.as_mut() {
+                    if let Some(sink) = sink.as_mut().filter(|_| handed < held.len()) {
                         sink(held[handed..].to_vec());
                     }
                     handed = held.len();
@@ -426,6 +441,9 @@ impl Store {
             }
         })
         .await?;
+        held.retain(|(user, _)| part.holds(*user));
+        held.sort_unstable_by_key(|(user, _)| *user);
+        out.repeat_buyers = repeat_buyers(&held);
         out.held = one_pair_per_buyer(held, part);
         Ok(out)
     }

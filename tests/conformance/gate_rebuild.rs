@@ -670,9 +670,34 @@ async fn counted_orders_are_found_packed_and_in_the_earlier_set_layout() {
     assert_eq!(g.stock(sale.id).await.unwrap().unwrap().remaining, 91);
 }
 
+/// A Redis gate that counts the chunks of buyers handed to it during a load.
+struct CountingStages {
+    inner: Arc<RedisGate>,
+    stages: std::sync::atomic::AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl seckill::gate::layer::Layer for CountingStages {
+    fn inner(&self) -> &dyn Gate {
+        self.inner.as_ref()
+    }
+
+    async fn stage_buyers(
+        &self,
+        ticket: &seckill::gate::LoadTicket,
+        segments: i64,
+        buyers: &[(i64, i64)],
+    ) -> Result<bool, seckill::gate::GateError> {
+        self.stages
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.inner.stage_buyers(ticket, segments, buyers).await
+    }
+}
+
 /// A rebuild hands the gate its buyers chunk by chunk while SQL is still read (20,000
 /// orders to a chunk): a buyer whose orders fall in different chunks, or twice in one,
-/// holds their sum once the sale is in, and every other buyer their one order.
+/// holds their sum once the sale is in, a buyer of one order of two units holds two, a
+/// cancelled order counts for nothing, and every other buyer holds their one order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn buyers_handed_over_while_sql_is_read_hold_their_totals() {
     let (store, _) = common::fresh_store(common::Sql::Postgres).await;
@@ -680,18 +705,34 @@ async fn buyers_handed_over_while_sql_is_read_hold_their_totals() {
     let sale = common::sale(common::next_id(), 30_000, 3);
     store.create_sale(&sale).await.unwrap();
     // Buyer 1's first order comes first, its second after 25,000 others (another chunk);
-    // buyer 2's two orders are side by side (one chunk).
-    let mut orders = vec![order(sale.id, 1), order(sale.id, 2), order(sale.id, 2)];
+    // buyer 2's two orders are side by side (one chunk); buyer 3 has one order of two
+    // units; buyer 4's order is cancelled.
+    let two_units = NewOrder {
+        quantity: 2,
+        ..order(sale.id, 3)
+    };
+    let mut orders = vec![
+        order(sale.id, 1),
+        order(sale.id, 2),
+        order(sale.id, 2),
+        two_units,
+        order(sale.id, 4),
+    ];
     orders.extend((100..25_100).map(|u| order(sale.id, u)));
     orders.push(order(sale.id, 1));
     for chunk in orders.chunks(2000) {
         store.write_orders(chunk).await.unwrap();
     }
-    let g = gate(&prefix).await;
+    cancel_in_sql(&store, sale.id, 4).await;
+    let g = CountingStages {
+        inner: gate(&prefix).await,
+        stages: Default::default(),
+    };
     let cache = SaleCache::default();
-    assert!(loader::load_sale(&store, g.as_ref(), &cache, &sale)
-        .await
-        .unwrap());
+    assert!(loader::load_sale(&store, &g, &cache, &sale).await.unwrap());
+    let stages = g.stages.load(std::sync::atomic::Ordering::Relaxed);
+    // Two chunks, then the totals of the buyers of several orders.
+    assert_eq!(stages, 3, "buyers handed over while SQL was read");
     let holders: std::collections::HashMap<i64, i64> = g
         .holders(sale.id, 100_000)
         .await
@@ -699,12 +740,14 @@ async fn buyers_handed_over_while_sql_is_read_hold_their_totals() {
         .expect("the gate's buyers")
         .into_iter()
         .collect();
-    assert_eq!(holders.len(), 25_002);
+    assert_eq!(holders.len(), 25_003);
     assert_eq!(holders[&1], 2, "across chunks");
     assert_eq!(holders[&2], 2, "within a chunk");
+    assert_eq!(holders[&3], 2, "one order of two units");
+    assert!(!holders.contains_key(&4), "a cancelled order holds nothing");
     assert!((100..25_100).all(|u| holders[&u] == 1));
     let stock = g.stock(sale.id).await.unwrap().unwrap();
-    assert_eq!(stock.remaining, 30_000 - 25_004);
+    assert_eq!(stock.remaining, 30_000 - 25_006);
     // Buyer 1 may buy one more unit (limit 3), not two.
     assert!(matches!(
         g.purchase(buy(sale.id, 1)).await.unwrap(),
