@@ -94,29 +94,37 @@ struct EveryOrder {
     repeat_buyers: Vec<(i64, i64)>,
 }
 
-/// The buyers with more than one pair in `held` (sorted by buyer), with their totals.
-fn repeat_buyers(held: &[(i64, i64)]) -> Vec<(i64, i64)> {
-    let mut repeats = Vec::new();
-    for same in held.chunk_by(|a, b| a.0 == b.0) {
-        if same.len() > 1 {
-            repeats.push((same[0].0, same.iter().map(|(_, units)| units).sum()));
-        }
-    }
-    repeats
+/// The buyers of `part`, one pair each: a buyer of several orders has their units summed.
+fn one_pair_per_buyer(held: Vec<(i64, i64)>, part: Part) -> Vec<(i64, i64)> {
+    buyers_and_repeats(held, part).0
 }
 
-/// The buyers of `part`, one pair each: a buyer of several orders has their units summed.
-fn one_pair_per_buyer(mut held: Vec<(i64, i64)>, part: Part) -> Vec<(i64, i64)> {
+/// A buyer and the units they hold.
+type Held = (i64, i64);
+
+/// [`one_pair_per_buyer`], and the buyers of more than one pair with their totals.
+fn buyers_and_repeats(mut held: Vec<Held>, part: Part) -> (Vec<Held>, Vec<Held>) {
     held.retain(|(user, _)| part.holds(*user));
     held.sort_unstable_by_key(|(user, _)| *user);
+    let mut repeats = Vec::new();
+    let mut pairs = 1;
     held.dedup_by(|next, kept| {
         let same = next.0 == kept.0;
         if same {
             kept.1 += next.1;
+            pairs += 1;
+        } else {
+            if pairs > 1 {
+                repeats.push(*kept);
+            }
+            pairs = 1;
         }
         same
     });
-    held
+    if pairs > 1 {
+        repeats.extend(held.last().copied());
+    }
+    (held, repeats)
 }
 
 impl Store {
@@ -441,10 +449,7 @@ impl Store {
             }
         })
         .await?;
-        held.retain(|(user, _)| part.holds(*user));
-        held.sort_unstable_by_key(|(user, _)| *user);
-        out.repeat_buyers = repeat_buyers(&held);
-        out.held = one_pair_per_buyer(held, part);
+        (out.held, out.repeat_buyers) = buyers_and_repeats(held, part);
         Ok(out)
     }
 
@@ -592,4 +597,19 @@ impl Store {
     }
 
     // ---- payments -----------------------------------------------------------------------
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{buyers_and_repeats, Part};
+
+    #[test]
+    fn buyers_are_summed_once_and_the_buyers_of_several_orders_named() {
+        let held = vec![(7, 1), (3, 2), (7, 1), (5, 1), (9, 1), (9, 2), (9, 1)];
+        let (buyers, repeats) = buyers_and_repeats(held, Part::WHOLE);
+        assert_eq!(buyers, vec![(3, 2), (5, 1), (7, 2), (9, 4)]);
+        assert_eq!(repeats, vec![(7, 2), (9, 4)]);
+        let (buyers, repeats) = buyers_and_repeats(vec![(4, 1)], Part::WHOLE);
+        assert_eq!((buyers, repeats), (vec![(4, 1)], vec![]));
+    }
 }

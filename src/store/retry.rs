@@ -25,12 +25,21 @@ pub(super) async fn retry_transient<
     Fut: std::future::Future<Output = Result<T, E>>,
 >(
     clock: &dyn crate::clock::Clock,
+    attempt: impl FnMut() -> Fut,
+) -> Result<T, E> {
+    retry_while(clock, E::is_transient, attempt).await
+}
+
+/// [`retry_transient`] for the errors `again` names.
+pub(super) async fn retry_while<T, E, Fut: std::future::Future<Output = Result<T, E>>>(
+    clock: &dyn crate::clock::Clock,
+    again: impl Fn(&E) -> bool,
     mut attempt: impl FnMut() -> Fut,
 ) -> Result<T, E> {
     let mut tries = 0;
     loop {
         match attempt().await {
-            Err(e) if e.is_transient() && tries < RETRIES => tries += 1,
+            Err(e) if again(&e) && tries < RETRIES => tries += 1,
             other => return other,
         }
         clock

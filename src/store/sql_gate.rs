@@ -4,7 +4,7 @@
 use sqlx::Row;
 
 use super::journal::{Cause, Movement};
-use super::retry::retry_transient;
+use super::retry::{retry_transient, retry_while};
 use super::{Dialect, Store, StoreError};
 
 /// How a purchase decided in SQL serializes buyers of the same sale.
@@ -43,18 +43,11 @@ impl Store {
         // locked". Tried again only when the database refused the statement: one whose
         // answer was lost may have committed, and its retry would call the buyer's first
         // spend a repeat.
-        let mut tries = 0;
-        loop {
-            match self.spend_nonce_once(sale_id, nonce, keep_until).await {
-                Err(e) if e.is_transient() && e.refused_by_database() && tries < 5 => {
-                    tries += 1;
-                    self.clock()
-                        .sleep(std::time::Duration::from_millis(5 << tries))
-                        .await;
-                }
-                other => return other,
-            }
-        }
+        let refused = |e: &StoreError| e.is_transient() && e.refused_by_database();
+        retry_while(self.clock().as_ref(), refused, || {
+            self.spend_nonce_once(sale_id, nonce, keep_until)
+        })
+        .await
     }
 
     async fn spend_nonce_once(
