@@ -574,6 +574,7 @@ impl App {
             batch_max: self.state.config.writer_batch,
             stats: self.state.writer_stats.clone(),
             fenced: self.log.shared(),
+            turn: Default::default(),
         }
     }
 
@@ -615,8 +616,13 @@ impl App {
             } else {
                 1
             };
+            let turn = Arc::new(tokio::sync::Mutex::new(()));
             for _ in 0..loops {
-                handles.push(tokio::spawn(self.writer().run(stop_rx.clone())));
+                let writer = Writer {
+                    turn: turn.clone(),
+                    ..self.writer()
+                };
+                handles.push(tokio::spawn(writer.run(stop_rx.clone())));
             }
         }
         Ok((stop_tx, handles))

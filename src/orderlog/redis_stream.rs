@@ -24,9 +24,10 @@ use crate::redis_client::{RedisClient, RedisConn};
 /// Entries idle this long in some consumer's pending list are taken over (default).
 pub const RECLAIM_IDLE_MS: u64 = 10_000;
 /// How long a writer's read waits for new entries. Short, because a writer holds its
-/// fence while it waits (and the loops of a process share one reader, so they wait in
-/// turn): a gate rebuild waits for every fence, up to this times the writer loops
-/// (measured: 2 s with 500 ms and 4 loops). An idle reader costs Redis ten calls a second.
+/// fence while it waits, and a gate rebuild waits for every fence. (The loops of a process
+/// share one reader and take turns before they take their fences, so a rebuild waits for
+/// one read, not for one per loop: it waited 2 s with 500 ms and 4 loops queued inside
+/// their fences.) An idle reader costs Redis ten calls a second.
 const BLOCK_MS: u64 = 100;
 /// A blocking read's answer: its BLOCK, plus a Redis busy with a storm.
 const READ_RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);

@@ -72,6 +72,11 @@ pub struct Writer {
     /// Hold the writer fence while a batch is in hand (the log is in Redis, which a
     /// rebuild must not outrun; see `Store::hold_writer_fence`).
     pub fenced: bool,
+    /// Shared by the loops of a process, taken before the fence and let go once the read
+    /// has returned: the loops read in turn (the log has one blocking reader), and a loop
+    /// waiting for its turn holds no fence, so a rebuild waits for one read, not for a
+    /// queue of them.
+    pub turn: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl Writer {
@@ -82,11 +87,17 @@ impl Writer {
             if *stop.borrow_and_update() || self.log.finished() {
                 break;
             }
+            let turn = if self.fenced {
+                Some(self.turn.clone().lock_owned().await)
+            } else {
+                None
+            };
             // From before the read until the batch is in SQL (or given up).
             let fence = if self.fenced {
                 match self.store.hold_writer_fence().await {
                     Ok(fence) => fence,
                     Err(e) => {
+                        drop(turn);
                         tracing::warn!(error = %e, "the database is unavailable; the order writer waits");
                         tokio::select! {
                             _ = self.sleep(Duration::from_secs(1)) => {}
@@ -98,7 +109,7 @@ impl Writer {
             } else {
                 None
             };
-            let read_failed = self.step(&mut last_reclaim).await;
+            let read_failed = self.step(&mut last_reclaim, turn).await;
             if let Err(e) = Store::release_writer_fence(fence).await {
                 tracing::debug!(error = %e, "releasing the writer fence failed; its connection is dropped");
             }
@@ -124,12 +135,19 @@ impl Writer {
         self.store.clock().sleep(d)
     }
 
-    /// One read of the log (and a reclaim every few seconds), written and settled.
-    /// Whether the read failed (the caller waits a while before the next).
-    async fn step(&self, last_reclaim: &mut i64) -> bool {
+    /// One read of the log (a reclaim every few seconds, a new batch otherwise), written
+    /// and settled; the turn is let go once the read has returned. Whether the read failed
+    /// (the caller waits a while before the next).
+    async fn step(
+        &self,
+        last_reclaim: &mut i64,
+        turn: Option<tokio::sync::OwnedMutexGuard<()>>,
+    ) -> bool {
         if self.now() - *last_reclaim >= RECLAIM_EVERY.as_millis() as i64 {
             *last_reclaim = self.now();
-            match self.log.reclaim(self.batch_max).await {
+            let reclaimed = self.log.reclaim(self.batch_max).await;
+            drop(turn);
+            match reclaimed {
                 Ok(batch) if !batch.is_empty() => {
                     tracing::info!(
                         entries = batch.deliveries.len(),
@@ -140,8 +158,11 @@ impl Writer {
                 Ok(_) => {}
                 Err(e) => tracing::warn!(error = %e, "reclaim failed"),
             }
+            return false;
         }
-        match self.log.next_batch(self.batch_max).await {
+        let read = self.log.next_batch(self.batch_max).await;
+        drop(turn);
+        match read {
             Ok(batch) if batch.is_empty() => false,
             Ok(batch) => {
                 self.process(batch).await;

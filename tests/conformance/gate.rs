@@ -42,6 +42,7 @@ impl Harness {
             batch_max: 500,
             stats: Arc::new(WriterStats::default()),
             fenced: false,
+            turn: Default::default(),
         };
         tokio::spawn(writer.run(stop_rx));
         Harness {
@@ -443,6 +444,7 @@ async fn a_user_firing_requests_is_throttled_before_touching_the_stock() {
         batch_max: 100,
         stats: Arc::new(WriterStats::default()),
         fenced: false,
+        turn: Default::default(),
     };
     tokio::spawn(writer.run(stop_rx));
     let (_, conn) = seckill::app::redis_manager(&common::redis_url())

@@ -335,6 +335,7 @@ async fn gates_take_each_order_back_once_and_skip_what_their_load_counted() {
         batch_max: 100,
         stats: Default::default(),
         fenced: false,
+        turn: Default::default(),
     };
     let (_stop, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(writer.run(stop_rx));

@@ -65,6 +65,7 @@ impl Setup {
             batch_max: 100,
             stats: Arc::new(WriterStats::default()),
             fenced: false,
+            turn: Default::default(),
         }
     }
 

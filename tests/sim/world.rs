@@ -118,6 +118,7 @@ impl World {
             batch_max: machine.batch_max,
             stats: Arc::new(WriterStats::default()),
             fenced: false,
+            turn: Default::default(),
         };
         let scheduler = Scheduler {
             store: store.clone(),
