@@ -21,9 +21,9 @@ const MI_OPTION_PURGE_DELAY: std::ffi::c_int = 15;
 
 /// mimalloc hands freed pages back to the system only after a delay, and only when the
 /// thread that freed them allocates again: a storm's buffers stayed resident after it
-/// (RSS 92-134 MB right after a 1M-buyer storm, 46 MB with no delay, the same CPU per
-/// order; issue 27 asks at most 100 MB). `MIMALLOC_PURGE_DELAY` in the environment
-/// still wins.
+/// (RSS 92-134 MB right after a 1M-buyer storm, 64-71 MB with no delay, the same CPU per
+/// order; issue 27 asks at most 100 MB). `MIMALLOC_PURGE_DELAY` in the environment (so
+/// spelled) still wins.
 fn purge_freed_memory_at_once() {
     if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
         // SAFETY: a plain setter of an option value, called before any other thread runs.

@@ -11,7 +11,8 @@ pub const LATENCY_BUCKETS: &[f64] = &[
 ];
 /// Batch-size buckets (orders per SQL transaction).
 pub const BATCH_BUCKETS: &[f64] = &[
-    1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0,
+    1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0, 20000.0,
+    50000.0,
 ];
 /// Order-log lag buckets in seconds (accepted by the gate -> committed in SQL).
 pub const LAG_BUCKETS: &[f64] = &[

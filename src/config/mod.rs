@@ -140,8 +140,8 @@ pub struct ConfigArgs {
     #[arg(long, env = "SECKILL_NO_WRITER", global = true, num_args = 0..=1, default_missing_value = "true",
           value_parser = clap::builder::BoolishValueParser::new())]
     pub no_writer: Option<bool>,
-    /// Most orders the writer puts in one SQL transaction [default: 20000 embedded, 1000
-    /// distributed].
+    /// Most orders the writer puts in one SQL transaction [default: 20000 on SQLite, 5000
+    /// on a single server's PostgreSQL or MySQL, 1000 distributed].
     #[arg(long, env = "SECKILL_WRITER_BATCH", global = true)]
     pub writer_batch: Option<usize>,
     /// Order-writer loops per process; several overlap their database round trips [default: 4].
@@ -466,9 +466,11 @@ impl Config {
             // SQLite pays per index page a commit touches: at a million orders, 20,000 to a
             // commit cost 0.8x the CPU per order of 5,000 and kept the writer ahead of the
             // gate (p99.9 14-28x the mean wait, not 66x; BENCHMARKS, session 18).
-            writer_batch: c
-                .writer_batch
-                .unwrap_or(if embedded { 20_000 } else { 1000 }),
+            writer_batch: c.writer_batch.unwrap_or(match (embedded, sqlite) {
+                (true, true) => 20_000,
+                (true, false) => 5000,
+                (false, _) => 1000,
+            }),
             writer_concurrency: c.writer_concurrency.unwrap_or(4),
             rate_user: RateLimit {
                 per_sec: c.rate_user_per_sec.unwrap_or(5.0),

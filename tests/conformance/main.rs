@@ -11,3 +11,4 @@ mod lifecycle;
 mod orderlog_redis;
 mod room;
 mod store;
+mod writer;

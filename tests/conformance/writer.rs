@@ -1,0 +1,78 @@
+//! The order writer against a real database: what it does with a batch SQL refuses.
+
+use crate::common;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use seckill::model::NewOrder;
+use seckill::orderlog::{local, Batch, Delivery, Receipt};
+use seckill::writer::{Writer, WriterStats};
+
+fn order(sale_id: i64, user_id: i64) -> NewOrder {
+    NewOrder {
+        id: common::next_id(),
+        sale_id,
+        user_id,
+        quantity: 1,
+        price_cents: 100,
+        accepted_at: seckill::clock::wall_ms(),
+    }
+}
+
+/// A batch of 4,000 orders with two SQL refuses (a sale it does not know, a buyer over the
+/// limit): every other order is written, the two are dead-lettered, and the batch is found
+/// out by halving, in a few dozen transactions rather than one per order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_order_is_found_by_halving_and_the_rest_written() {
+    for kind in [common::Sql::Sqlite, common::Sql::Postgres] {
+        let (store, _) = common::fresh_store(kind).await;
+        let sale = common::sale(common::next_id(), 10_000, 1);
+        store.create_sale(&sale).await.unwrap();
+        // Buyer 7 holds their one unit already.
+        store.write_orders(&[order(sale.id, 7)]).await.unwrap();
+        let mut orders: Vec<NewOrder> = (100..4_098).map(|u| order(sale.id, u)).collect();
+        orders.insert(1_234, order(common::next_id(), 5));
+        orders.insert(3_000, order(sale.id, 7));
+        let (_, reader) = local::channel();
+        let writer = Writer {
+            log: Arc::new(reader),
+            store: store.clone(),
+            gate: Arc::new(seckill::gate::memory::MemoryGate::new(local::channel().0)),
+            batch_max: 5_000,
+            stats: Arc::new(WriterStats::default()),
+            fenced: false,
+            turn: Default::default(),
+        };
+        let deliveries = orders
+            .iter()
+            .map(|o| Delivery {
+                order: o.clone(),
+                receipt: Receipt::Local {
+                    order: o.clone(),
+                    segment: 0,
+                },
+            })
+            .collect();
+        writer
+            .process(Batch {
+                deliveries,
+                malformed: Vec::new(),
+            })
+            .await;
+        let stats = &writer.stats;
+        assert_eq!(stats.dead_letters.load(Ordering::Relaxed), 2, "{kind:?}");
+        assert_eq!(stats.over_limit.load(Ordering::Relaxed), 1, "{kind:?}");
+        assert_eq!(
+            stats.written.load(Ordering::Relaxed),
+            3_998,
+            "{kind:?}: every order but the two"
+        );
+        assert_eq!(store.orders_of_sale(sale.id).await.unwrap().len(), 3_999);
+        let commits = stats.batches.load(Ordering::Relaxed);
+        assert!(
+            commits <= 2 * 13,
+            "{kind:?}: {commits} commits for 4,000 orders with two refused"
+        );
+    }
+}
