@@ -12,7 +12,7 @@ pub mod storm;
 
 pub use api::Api;
 
-use seckill::model::Sale;
+use seckill::model::{NewOrder, Sale};
 use seckill::store::Store;
 
 pub fn pg_admin_url() -> String {
@@ -585,4 +585,16 @@ pub fn reconcile_cli(env: &[(String, String)], args: &[&str]) -> (i32, String) {
         String::from_utf8_lossy(&out.stderr)
     );
     (out.status.code().unwrap_or(-1), text)
+}
+
+/// A new order of one unit at 100 cents by `user_id`, accepted now.
+pub fn order(sale_id: i64, user_id: i64) -> NewOrder {
+    NewOrder {
+        id: next_id(),
+        sale_id,
+        user_id,
+        quantity: 1,
+        price_cents: 100,
+        accepted_at: seckill::clock::wall_ms(),
+    }
 }

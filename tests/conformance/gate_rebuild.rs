@@ -4,6 +4,7 @@
 //! Each "process" here is a gate with its own Redis connection and its own sale cache.
 
 use crate::common;
+use crate::common::order;
 
 use std::sync::Arc;
 
@@ -29,17 +30,6 @@ async fn redis() -> seckill::redis_client::RedisConn {
         .await
         .unwrap()
         .1
-}
-
-fn order(sale_id: i64, user_id: i64) -> NewOrder {
-    NewOrder {
-        id: common::next_id(),
-        sale_id,
-        user_id,
-        quantity: 1,
-        price_cents: 100,
-        accepted_at: seckill::clock::wall_ms(),
-    }
 }
 
 /// A sale with `buyers` users holding one unit each in SQL.

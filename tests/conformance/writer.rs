@@ -1,6 +1,7 @@
 //! The order writer against a real database: what it does with a batch SQL refuses.
 
 use crate::common;
+use crate::common::order;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -8,17 +9,6 @@ use std::sync::Arc;
 use seckill::model::NewOrder;
 use seckill::orderlog::{local, Batch, Delivery, Receipt};
 use seckill::writer::{Writer, WriterStats};
-
-fn order(sale_id: i64, user_id: i64) -> NewOrder {
-    NewOrder {
-        id: common::next_id(),
-        sale_id,
-        user_id,
-        quantity: 1,
-        price_cents: 100,
-        accepted_at: seckill::clock::wall_ms(),
-    }
-}
 
 /// A batch of 4,000 orders with two SQL refuses (a sale it does not know, a buyer over the
 /// limit): every other order is written, the two are dead-lettered, and the batch is found
