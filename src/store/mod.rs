@@ -1588,13 +1588,22 @@ impl Store {
         for chunk in fresh.chunks(500) {
             let values =
                 vec!["(?, ?, ?, ?, ?, 'pending_payment', ?, ?, ?, ?)"; chunk.len()].join(",");
-            let q = format!(
-                "{} VALUES {values}{}",
-                self.insert_ignore(
-                    "orders (id, sale_id, user_id, quantity, price_cents, status, accepted_at, written_at, pay_deadline, updated_at)"
-                ),
-                self.on_conflict_nothing()
-            );
+            let cols = "orders (id, sale_id, user_id, quantity, price_cents, status, \
+                        accepted_at, written_at, pay_deadline, updated_at)";
+            let q = if self.dialect == Dialect::Sqlite {
+                // `OR IGNORE` rather than `ON CONFLICT DO NOTHING`: SQLite gives a multi-row
+                // statement that may abort half-way (a NOT NULL column, here never null) a
+                // statement journal, a copy of every page it touches, spilled to a temporary
+                // file. At a million orders that is a page per order in each buyer-keyed
+                // index; `OR IGNORE` leaves nothing to undo, so there is no journal.
+                format!("INSERT OR IGNORE INTO {cols} VALUES {values}")
+            } else {
+                format!(
+                    "{} VALUES {values}{}",
+                    self.insert_ignore(cols),
+                    self.on_conflict_nothing()
+                )
+            };
             let q = self.sql(&q);
             // One statement shape per batch size: caching each would hold thousands of
             // prepared statements per connection.
