@@ -236,7 +236,24 @@ pub fn migrations(d: Dialect) -> Vec<(i64, Vec<String>)> {
                 format!("ALTER TABLE sales ADD COLUMN room_prequeue_secs {int}"),
             ],
         ),
+        (13, narrow_orders_by_user(d)),
     ]
+}
+
+/// On SQLite, a buyer's orders indexed by `(user_id)` alone: an index entry of a rowid
+/// table ends with the rowid, which is the order's id, so `(user_id)` orders a buyer's
+/// orders by id as `(user_id, id)` did, in entries 8 bytes narrower. Each writer batch
+/// writes back every page of this index it touched (a page per order or so at a million
+/// orders), so fewer pages are less CPU and less I/O per order (issue 27). PostgreSQL's
+/// index does not hold the id unless it names it; MySQL's would, but is left as it is.
+fn narrow_orders_by_user(d: Dialect) -> Vec<String> {
+    match d {
+        Dialect::Sqlite => vec![
+            "DROP INDEX IF EXISTS orders_by_user".to_string(),
+            "CREATE INDEX orders_by_user ON orders (user_id)".to_string(),
+        ],
+        _ => Vec::new(),
+    }
 }
 
 /// The sale's tallies (see `store::tallies`): orders and payment intents by status, buyers

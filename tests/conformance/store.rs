@@ -274,7 +274,7 @@ async fn migrations_are_idempotent_and_safe_to_race() {
         applied.sort();
         assert_eq!(
             applied,
-            vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12],
+            vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13],
             "{kind:?}: each version applied by exactly one process"
         );
         let store = Store::connect(&url, 2).await.unwrap();
@@ -450,7 +450,7 @@ async fn sqlite_is_created_on_first_use() {
     let store = Store::connect(&url, 2).await.unwrap();
     assert_eq!(
         store.migrate().await.unwrap(),
-        vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
+        vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]
     );
 }
 
@@ -724,6 +724,65 @@ async fn recount(store: &Store, sale_id: i64) -> seckill::store::Recount {
         .await
         .unwrap()
         .unwrap()
+}
+
+/// On SQLite a buyer's orders are indexed by the buyer alone (the rowid, the order's id,
+/// ends every entry): a buyer's list is still a walk of that index, newest first, with
+/// nothing sorted, in entries that no longer repeat the id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_lists_a_buyers_orders_from_a_one_column_index_without_sorting() {
+    use sqlx::Row;
+    let (store, _) = common::fresh_store(Sql::Sqlite).await;
+    let columns: Vec<String> = sqlx::query("SELECT name FROM pragma_index_info('orders_by_user')")
+        .fetch_all(store.pool())
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.try_get::<String, _>(0).unwrap())
+        .collect();
+    assert_eq!(columns, vec!["user_id".to_string()]);
+    let plan: Vec<String> = sqlx::query(
+        "EXPLAIN QUERY PLAN SELECT * FROM orders WHERE user_id = ? ORDER BY id DESC LIMIT ?",
+    )
+    .bind(1i64)
+    .bind(10i64)
+    .fetch_all(store.pool())
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| r.try_get::<String, _>(3).unwrap())
+    .collect();
+    assert!(
+        plan.iter().any(|step| step.contains("orders_by_user")),
+        "{plan:?}"
+    );
+    assert!(
+        !plan.iter().any(|step| step.contains("TEMP B-TREE")),
+        "SQLite sorts: {plan:?}"
+    );
+
+    // And the list is newest first: two sales, the buyer's orders written in two batches.
+    let buyer = common::next_id();
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let sale = common::sale(common::next_id(), 10, 5);
+        store.create_sale(&sale).await.unwrap();
+        let batch: Vec<_> = (0..3)
+            .map(|_| common::order(sale.id, buyer))
+            .chain((0..3).map(|_| common::order(sale.id, common::next_id())))
+            .collect();
+        ids.extend(batch[..3].iter().map(|o| o.id));
+        store.write_orders(&batch).await.unwrap();
+    }
+    ids.sort_unstable_by(|a, b| b.cmp(a));
+    let listed: Vec<i64> = store
+        .orders_of_user(buyer, 10)
+        .await
+        .unwrap()
+        .iter()
+        .map(|o| o.id)
+        .collect();
+    assert_eq!(listed, ids);
 }
 
 /// A page of a sale's order ids is a walk of an index from its cursor: nothing sorts the
