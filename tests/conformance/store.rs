@@ -741,25 +741,13 @@ async fn sqlite_lists_a_buyers_orders_from_a_one_column_index_without_sorting() 
         .map(|r| r.try_get::<String, _>(0).unwrap())
         .collect();
     assert_eq!(columns, vec!["user_id".to_string()]);
-    let plan: Vec<String> = sqlx::query(
-        "EXPLAIN QUERY PLAN SELECT * FROM orders WHERE user_id = ? ORDER BY id DESC LIMIT ?",
+    sqlite_walks_index_unsorted(
+        &store,
+        "SELECT * FROM orders WHERE user_id = ? ORDER BY id DESC LIMIT ?",
+        &[1, 10],
+        "orders_by_user",
     )
-    .bind(1i64)
-    .bind(10i64)
-    .fetch_all(store.pool())
-    .await
-    .unwrap()
-    .iter()
-    .map(|r| r.try_get::<String, _>(3).unwrap())
-    .collect();
-    assert!(
-        plan.iter().any(|step| step.contains("orders_by_user")),
-        "{plan:?}"
-    );
-    assert!(
-        !plan.iter().any(|step| step.contains("TEMP B-TREE")),
-        "SQLite sorts: {plan:?}"
-    );
+    .await;
 
     // And the list is newest first: two sales, the buyer's orders written in two batches.
     let buyer = common::next_id();
@@ -785,33 +773,44 @@ async fn sqlite_lists_a_buyers_orders_from_a_one_column_index_without_sorting() 
     assert_eq!(listed, ids);
 }
 
+/// Asserts that SQLite's plan for `sql` (bound to `args`) walks `index` and sorts nothing.
+async fn sqlite_walks_index_unsorted(store: &Store, sql: &str, args: &[i64], index: &str) {
+    use sqlx::Row;
+    let q = format!("EXPLAIN QUERY PLAN {sql}");
+    let mut query = sqlx::query(&q);
+    for arg in args {
+        query = query.bind(*arg);
+    }
+    let plan: Vec<String> = query
+        .fetch_all(store.pool())
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.try_get::<String, _>(3).unwrap())
+        .collect();
+    assert!(
+        plan.iter().any(|step| step.contains(index)),
+        "SQLite, not on {index}: {plan:?}"
+    );
+    assert!(
+        !plan.iter().any(|step| step.contains("TEMP B-TREE")),
+        "SQLite sorts: {plan:?}"
+    );
+}
+
 /// A page of a sale's order ids is a walk of an index from its cursor: nothing sorts the
 /// sale's orders, however many it holds (at a million, that sort took seconds a page).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_page_of_order_ids_walks_an_index_and_sorts_nothing() {
     use sqlx::Row;
     let (store, _) = common::fresh_store(Sql::Sqlite).await;
-    let plan: Vec<String> = sqlx::query(&format!(
-        "EXPLAIN QUERY PLAN {}",
-        seckill::store::LIVE_ORDER_IDS
-    ))
-    .bind(1i64)
-    .bind(0i64)
-    .bind(100i64)
-    .fetch_all(store.pool())
-    .await
-    .unwrap()
-    .iter()
-    .map(|r| r.try_get::<String, _>(3).unwrap())
-    .collect();
-    assert!(
-        plan.iter().any(|step| step.contains("orders_by_sale_id")),
-        "SQLite: {plan:?}"
-    );
-    assert!(
-        !plan.iter().any(|step| step.contains("TEMP B-TREE")),
-        "SQLite sorts: {plan:?}"
-    );
+    sqlite_walks_index_unsorted(
+        &store,
+        seckill::store::LIVE_ORDER_IDS,
+        &[1, 0, 100],
+        "orders_by_sale_id",
+    )
+    .await;
 
     // PostgreSQL's planner may scan a small table whole; told to avoid sorts and scans
     // (as `Store::keyset_rows` tells it for this read), it still sorts unless an index
