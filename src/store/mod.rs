@@ -223,6 +223,11 @@ async fn switch_to_wal(options: &AnyConnectOptions) -> Result<(), StoreError> {
 pub const LIVE_ORDER_IDS: &str = "SELECT id FROM orders WHERE sale_id = ? AND id > ? \
      AND status IN ('pending_payment', 'paid') ORDER BY id LIMIT ?";
 
+/// A buyer's orders, newest first (see `Store::orders_of_user`): a walk of
+/// `orders_by_user` from the buyer's newest entry. Its columns are `Store::ORDER_COLS`.
+pub const ORDERS_OF_USER: &str = "SELECT id, sale_id, user_id, quantity, price_cents, status, \
+     accepted_at, pay_deadline, written_at FROM orders WHERE user_id = ? ORDER BY id DESC LIMIT ?";
+
 /// The writer's guard on PostgreSQL: live units of each buyer of an array (`$1`, text) in
 /// a sale (`$2`), a lookup of (sale, buyer) per buyer (see `Store::held_by_buyers`).
 pub const PG_HELD_BY_BUYERS: &str = "SELECT u.id, h.units \
@@ -1761,11 +1766,7 @@ impl Store {
 
     /// A user's orders, newest first.
     pub async fn orders_of_user(&self, user_id: i64, limit: i64) -> Result<Vec<Order>, StoreError> {
-        let q = format!(
-            "SELECT {} FROM orders WHERE user_id = ? ORDER BY id DESC LIMIT ?",
-            Self::ORDER_COLS
-        );
-        self.all_rows(&q, &[user_id, limit], Self::order_from_row)
+        self.all_rows(ORDERS_OF_USER, &[user_id, limit], Self::order_from_row)
             .await
     }
 

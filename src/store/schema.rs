@@ -32,6 +32,9 @@ pub fn migrations(d: Dialect) -> Vec<(i64, Vec<String>)> {
                 CONSTRAINT sales_stock_not_negative CHECK (stock >= 0)
             ){tail}"
         ),
+        // No CHECK, UNIQUE, foreign key or trigger on orders: SQLite's writer inserts with
+        // `OR IGNORE`, which would skip a row breaking one and retry the batch forever
+        // (`sqlite_orders_hold_no_constraint_an_ignored_insert_could_hide`).
         format!(
             "CREATE TABLE IF NOT EXISTS orders (
                 id {int} PRIMARY KEY,

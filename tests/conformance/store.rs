@@ -743,7 +743,7 @@ async fn sqlite_lists_a_buyers_orders_from_a_one_column_index_without_sorting() 
     assert_eq!(columns, vec!["user_id".to_string()]);
     sqlite_walks_index_unsorted(
         &store,
-        "SELECT * FROM orders WHERE user_id = ? ORDER BY id DESC LIMIT ?",
+        seckill::store::ORDERS_OF_USER,
         &[1, 10],
         "orders_by_user",
     )
@@ -771,6 +771,42 @@ async fn sqlite_lists_a_buyers_orders_from_a_one_column_index_without_sorting() 
         .map(|o| o.id)
         .collect();
     assert_eq!(listed, ids);
+}
+
+/// SQLite's writer inserts with `OR IGNORE` (no statement journal), which skips a row
+/// that breaks any constraint, not only a duplicate id. The writer treats a short row count
+/// as a concurrent write and retries, so a row skipped for another reason would be retried
+/// forever instead of refused. The table must keep no constraint a fresh order could break:
+/// a new one needs the insert changed first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_orders_hold_no_constraint_an_ignored_insert_could_hide() {
+    use sqlx::Row;
+    let (store, _) = common::fresh_store(Sql::Sqlite).await;
+    let strings = |sql: &'static str| {
+        let pool = store.pool().clone();
+        async move {
+            sqlx::query(sql)
+                .fetch_all(&pool)
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| r.try_get::<String, _>(0).unwrap())
+                .collect::<Vec<String>>()
+        }
+    };
+    let table = strings("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'orders'")
+        .await
+        .concat()
+        .to_uppercase();
+    for word in ["CHECK", "UNIQUE", "REFERENCES"] {
+        assert!(!table.contains(word), "orders has a {word}: {table}");
+    }
+    let unique = strings("SELECT name FROM pragma_index_list('orders') WHERE \"unique\" = 1").await;
+    assert!(unique.is_empty(), "unique indexes on orders: {unique:?}");
+    let triggers =
+        strings("SELECT name FROM sqlite_master WHERE type = 'trigger' AND tbl_name = 'orders'")
+            .await;
+    assert!(triggers.is_empty(), "triggers on orders: {triggers:?}");
 }
 
 /// Asserts that SQLite's plan for `sql` (bound to `args`) walks `index` and sorts nothing.
