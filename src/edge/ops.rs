@@ -155,6 +155,7 @@ pub async fn metrics(_: MetricsReader, State(st): State<Arc<AppState>>) -> Respo
     st.sold_out.render(&mut out);
     st.rooms.render(&mut out);
     crate::gate::batch::render_metrics(&mut out);
+    crate::orderlog::local::render_metrics(&mut out);
     crate::store::render_metrics(&mut out);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
 }

@@ -23,7 +23,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, LazyLock, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -32,6 +32,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::disk::{Disk, DiskFile, RealDisk};
 use super::{Batch, Delivery, LogError, OrderLog, Receipt};
 use crate::clock::SharedClock;
+use crate::metrics::Histogram;
 use crate::model::NewOrder;
 
 /// A segment takes no more records once it is this large (about 80,000 orders). Settled
@@ -678,6 +679,20 @@ impl Pump {
     }
 }
 
+/// How long each group commit (write and sync) of this process's order logs took: every
+/// purchase of the group waited that long, so a disk's stalls show here first.
+static COMMIT_SECONDS: LazyLock<Histogram> =
+    LazyLock::new(|| Histogram::new(crate::metrics::LATENCY_BUCKETS));
+
+/// The order log's group commits, in Prometheus text.
+pub fn render_metrics(out: &mut String) {
+    COMMIT_SECONDS.render(
+        "seckill_order_log_commit_seconds",
+        "Embedded order log group commits (write and fsync), each answering every purchase in its group.",
+        out,
+    );
+}
+
 /// The segment being appended to.
 struct Segment {
     number: u64,
@@ -709,7 +724,9 @@ impl Segment {
                     .map_err(|e| Failure::NotWritten(format!("cannot start a segment: {e}")))?;
             }
         }
+        let started = std::time::Instant::now();
         let written = self.file.append(records).and_then(|()| self.file.sync());
+        COMMIT_SECONDS.observe(started.elapsed().as_secs_f64());
         match written {
             Ok(()) => {
                 self.len += records.len() as u64;

@@ -505,6 +505,7 @@ async fn catalogue_is_cacheable_and_orders_are_private() {
         "seckill_gate_seconds_count 1\n",
         "seckill_writer_batch_orders_count 1\n",
         "seckill_order_log_lag_seconds_bucket",
+        "seckill_order_log_commit_seconds_count 1\n",
     ] {
         assert!(metrics.contains(series), "{series} in {metrics}");
     }
