@@ -718,13 +718,14 @@ impl Segment {
         disk: &dyn Disk,
         dir: Option<&Path>,
     ) -> Result<u64, Failure> {
+        // A new segment's creation (a directory sync) is waited for by the group too.
+        let started = std::time::Instant::now();
         if self.len >= SEGMENT_BYTES {
             if let Some(dir) = dir {
                 *self = Segment::create(disk, dir, self.number + 1)
                     .map_err(|e| Failure::NotWritten(format!("cannot start a segment: {e}")))?;
             }
         }
-        let started = std::time::Instant::now();
         let written = self.file.append(records).and_then(|()| self.file.sync());
         COMMIT_SECONDS.observe(started.elapsed().as_secs_f64());
         match written {
