@@ -223,10 +223,17 @@ async fn switch_to_wal(options: &AnyConnectOptions) -> Result<(), StoreError> {
 pub const LIVE_ORDER_IDS: &str = "SELECT id FROM orders WHERE sale_id = ? AND id > ? \
      AND status IN ('pending_payment', 'paid') ORDER BY id LIMIT ?";
 
-/// A buyer's orders, newest first (see `Store::orders_of_user`): a walk of
-/// `orders_by_user` from the buyer's newest entry. Its columns are `Store::ORDER_COLS`.
+/// A buyer's orders, newest first (see `Store::orders_of_user`), on PostgreSQL and MySQL: a
+/// walk of `orders_by_user` from the buyer's newest entry. Its columns are `Store::ORDER_COLS`.
 pub const ORDERS_OF_USER: &str = "SELECT id, sale_id, user_id, quantity, price_cents, status, \
      accepted_at, pay_deadline, written_at FROM orders WHERE user_id = ? ORDER BY id DESC LIMIT ?";
+
+/// The same list on SQLite, which keeps no index by buyer alone (migration 14): one seek of
+/// `orders_by_sale_user` per sale, then a sort of this buyer's orders only. Its cost grows
+/// with the number of sales, by a seek each, never with the orders of other buyers.
+pub const SQLITE_ORDERS_OF_USER: &str = "SELECT id, sale_id, user_id, quantity, price_cents, \
+     status, accepted_at, pay_deadline, written_at FROM orders \
+     WHERE user_id = ? AND sale_id IN (SELECT id FROM sales) ORDER BY id DESC LIMIT ?";
 
 /// The writer's guard on PostgreSQL: live units of each buyer of an array (`$1`, text) in
 /// a sale (`$2`), a lookup of (sale, buyer) per buyer (see `Store::held_by_buyers`).
@@ -1766,7 +1773,11 @@ impl Store {
 
     /// A user's orders, newest first.
     pub async fn orders_of_user(&self, user_id: i64, limit: i64) -> Result<Vec<Order>, StoreError> {
-        self.all_rows(ORDERS_OF_USER, &[user_id, limit], Self::order_from_row)
+        let q = match self.dialect {
+            Dialect::Sqlite => SQLITE_ORDERS_OF_USER,
+            _ => ORDERS_OF_USER,
+        };
+        self.all_rows(q, &[user_id, limit], Self::order_from_row)
             .await
     }
 
@@ -1891,5 +1902,15 @@ mod tests {
             numbered_placeholders("a = ? AND b IN (?, ?)"),
             "a = $1 AND b IN ($2, $3)"
         );
+    }
+
+    /// `order_from_row` reads columns by position: a buyer's list must select them as
+    /// every other order read does.
+    #[test]
+    fn a_buyers_list_selects_the_columns_an_order_is_read_from() {
+        let prefix = format!("SELECT {} FROM orders ", Store::ORDER_COLS);
+        for q in [ORDERS_OF_USER, SQLITE_ORDERS_OF_USER] {
+            assert!(q.starts_with(&prefix), "{q}");
+        }
     }
 }
