@@ -230,7 +230,9 @@ pub const ORDERS_OF_USER: &str = "SELECT id, sale_id, user_id, quantity, price_c
 
 /// The same list on SQLite, which keeps no index by buyer alone (migration 14): one seek of
 /// `orders_by_sale_user` per sale, then a sort of this buyer's orders only. Its cost grows
-/// with the number of sales, by a seek each, never with the orders of other buyers.
+/// with the number of sales ever created (drafts and ended ones too; none is pruned), by a
+/// seek each, never with the orders of other buyers. An order is listed only while its
+/// sale's row exists: only drafts, which hold no orders, are ever deleted.
 pub const SQLITE_ORDERS_OF_USER: &str = "SELECT id, sale_id, user_id, quantity, price_cents, \
      status, accepted_at, pay_deadline, written_at FROM orders \
      WHERE user_id = ? AND sale_id IN (SELECT id FROM sales) ORDER BY id DESC LIMIT ?";
@@ -1773,12 +1775,20 @@ impl Store {
 
     /// A user's orders, newest first.
     pub async fn orders_of_user(&self, user_id: i64, limit: i64) -> Result<Vec<Order>, StoreError> {
-        let q = match self.dialect {
+        self.all_rows(
+            self.orders_of_user_query(),
+            &[user_id, limit],
+            Self::order_from_row,
+        )
+        .await
+    }
+
+    /// The query `orders_of_user` runs on this store's database.
+    pub fn orders_of_user_query(&self) -> &'static str {
+        match self.dialect {
             Dialect::Sqlite => SQLITE_ORDERS_OF_USER,
             _ => ORDERS_OF_USER,
-        };
-        self.all_rows(q, &[user_id, limit], Self::order_from_row)
-            .await
+        }
     }
 
     /// Ids of a sale's live orders above `after`, ascending, at most `limit` of them: a

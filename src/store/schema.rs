@@ -247,9 +247,9 @@ pub fn migrations(d: Dialect) -> Vec<(i64, Vec<String>)> {
 /// On SQLite, no index of orders by buyer alone: a buyer's list seeks `orders_by_sale_user`
 /// once per sale instead (`store::SQLITE_ORDERS_OF_USER`; 0.4 ms at 1,000 sales). A writer's
 /// batch of a million-order sale rewrote nearly every page of each index keyed by buyer,
-/// on the disk the order log syncs to. Without this one, in one sitting, a 1M-order storm's
-/// p99.9 fell from 7.6-11.3x the mean wait to 5.5-7.1x, its slow log commits by a fifth,
-/// and SQLite's CPU per order from 27-31 to 19-25 µs (BENCHMARKS.md, session 21).
+/// on the disk the order log syncs to. Without this one, over two sittings, a 1M-order
+/// storm's p99.9 fell from 7.6-11.3x the mean wait to 5.5-7.1x, its slow log commits by
+/// about 30%, and SQLite's CPU per order from 27-31 to 19-26 µs (BENCHMARKS.md, session 21).
 /// PostgreSQL and MySQL keep it: their costs at a million orders were flat already, and a
 /// buyer's list there is one walk of it.
 fn buyers_indexed_by_sale_only(d: Dialect) -> Vec<String> {

@@ -744,7 +744,7 @@ async fn a_buyers_list_is_newest_first_across_sales_and_sqlite_seeks_it_per_sale
     assert!(by_buyer.is_empty(), "SQLite still indexes orders by buyer");
     let plan: Vec<String> = sqlx::query(&format!(
         "EXPLAIN QUERY PLAN {}",
-        seckill::store::SQLITE_ORDERS_OF_USER
+        store.orders_of_user_query()
     ))
     .bind(1_i64)
     .bind(10_i64)
@@ -766,12 +766,18 @@ async fn a_buyers_list_is_newest_first_across_sales_and_sqlite_seeks_it_per_sale
         } else {
             common::fresh_store(kind).await.0
         };
-        // Three sales, the buyer's orders written in three batches among other buyers'.
+        // Two sales, the buyer's orders written in three batches among other buyers', the
+        // first sale's last: newest first is not the order of the sales.
         let buyer = common::next_id();
+        let sales = [
+            common::sale(common::next_id(), 20, 10),
+            common::sale(common::next_id(), 20, 10),
+        ];
+        for sale in &sales {
+            store.create_sale(sale).await.unwrap();
+        }
         let mut ids = Vec::new();
-        for _ in 0..3 {
-            let sale = common::sale(common::next_id(), 10, 5);
-            store.create_sale(&sale).await.unwrap();
+        for sale in [&sales[0], &sales[1], &sales[0]] {
             let batch: Vec<_> = (0..3)
                 .map(|_| common::order(sale.id, buyer))
                 .chain((0..3).map(|_| common::order(sale.id, common::next_id())))
