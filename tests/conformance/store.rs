@@ -742,18 +742,7 @@ async fn a_buyers_list_is_newest_first_across_sales_and_sqlite_seeks_it_per_sale
             .map(|r| r.try_get::<String, _>(0).unwrap())
             .collect();
     assert!(by_buyer.is_empty(), "SQLite still indexes orders by buyer");
-    let plan: Vec<String> = sqlx::query(&format!(
-        "EXPLAIN QUERY PLAN {}",
-        store.orders_of_user_query()
-    ))
-    .bind(1_i64)
-    .bind(10_i64)
-    .fetch_all(store.pool())
-    .await
-    .unwrap()
-    .iter()
-    .map(|r| r.try_get::<String, _>(3).unwrap())
-    .collect();
+    let plan = sqlite_plan(&store, store.orders_of_user_query(), &[1, 10]).await;
     assert!(
         plan.iter()
             .any(|step| step.contains("orders_by_sale_user (sale_id=? AND user_id=?)")),
@@ -847,21 +836,26 @@ async fn sqlite_orders_hold_no_constraint_an_ignored_insert_could_hide() {
     assert!(triggers.is_empty(), "triggers on orders: {triggers:?}");
 }
 
-/// Asserts that SQLite's plan for `sql` (bound to `args`) walks `index` and sorts nothing.
-async fn sqlite_walks_index_unsorted(store: &Store, sql: &str, args: &[i64], index: &str) {
+/// SQLite's plan for `sql` bound to `args`: the detail of each step.
+async fn sqlite_plan(store: &Store, sql: &str, args: &[i64]) -> Vec<String> {
     use sqlx::Row;
     let q = format!("EXPLAIN QUERY PLAN {sql}");
     let mut query = sqlx::query(&q);
     for arg in args {
         query = query.bind(*arg);
     }
-    let plan: Vec<String> = query
+    query
         .fetch_all(store.pool())
         .await
         .unwrap()
         .iter()
         .map(|r| r.try_get::<String, _>(3).unwrap())
-        .collect();
+        .collect()
+}
+
+/// Asserts that SQLite's plan for `sql` (bound to `args`) walks `index` and sorts nothing.
+async fn sqlite_walks_index_unsorted(store: &Store, sql: &str, args: &[i64], index: &str) {
+    let plan = sqlite_plan(store, sql, args).await;
     assert!(
         plan.iter().any(|step| step.contains(index)),
         "SQLite, not on {index}: {plan:?}"
