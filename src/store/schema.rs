@@ -247,8 +247,8 @@ pub fn migrations(d: Dialect) -> Vec<(i64, Vec<String>)> {
 /// On SQLite, no index of orders by buyer alone: a buyer's list seeks `orders_by_sale_user`
 /// once per sale instead (`store::SQLITE_ORDERS_OF_USER`; 0.4 ms at 1,000 sales). A writer's
 /// batch of a million-order sale rewrote nearly every page of each index keyed by buyer,
-/// on the disk the order log syncs to. Without this one, over two sittings, a 1M-order
-/// storm's p99.9 fell from 7.6-11.3x the mean wait to 5.5-7.1x, its slow log commits by
+/// on the disk the order log syncs to. Without this one, over three sittings, a 1M-order
+/// storm's p99.9 fell from 7.6-11.3x the mean wait to 5.5-7.5x, its slow log commits by
 /// about 30%, and SQLite's CPU per order from 27-31 to 19-26 µs (BENCHMARKS.md, session 21).
 /// PostgreSQL and MySQL keep it: their costs at a million orders were flat already, and a
 /// buyer's list there is one walk of it.
@@ -259,9 +259,10 @@ fn buyers_indexed_by_sale_only(d: Dialect) -> Vec<String> {
     }
 }
 
-/// On SQLite, a buyer's orders indexed by `(user_id)` alone: an index entry of a rowid
-/// table ends with the rowid, which is the order's id, so `(user_id)` orders a buyer's
-/// orders by id as `(user_id, id)` did, in entries 8 bytes narrower. Each writer batch
+/// On SQLite, a buyer's orders indexed by `(user_id)` alone (until migration 14 dropped the
+/// index): an index entry of a rowid table ends with the rowid, which is the order's id, so
+/// `(user_id)` orders a buyer's orders by id as `(user_id, id)` did, in entries 8 bytes
+/// narrower. Each writer batch
 /// writes back every page of this index it touched (a page per order or so at a million
 /// orders), so fewer pages are less CPU and less I/O per order (issue 27). PostgreSQL's
 /// index does not hold the id unless it names it; MySQL's would, but is left as it is.
