@@ -177,13 +177,12 @@ impl Store {
         if self.dialect == Dialect::Postgres && plain && !rows.is_empty() {
             return self.journal_rows_pg(conn, rows, at).await;
         }
-        for chunk in rows.chunks(400) {
+        for chunk in super::fixed_chunks(rows, 400) {
             let values = vec!["(?, ?, ?, ?, ?, ?, ?, ?)"; chunk.len()].join(",");
             let q = self.sql(&format!(
                 "INSERT INTO stock_journal ({COLS}) VALUES {values}"
             ));
-            // One statement shape per batch size: not worth a prepared statement each.
-            let mut query = sqlx::query(&q).persistent(false);
+            let mut query = sqlx::query(&q).persistent(self.keeps_shape(chunk.len(), 400));
             for m in chunk {
                 query = query
                     .bind(m.sale_id)

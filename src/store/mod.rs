@@ -259,6 +259,11 @@ pub(crate) const PG_WALK_INDEXES: &str = "SELECT set_config('enable_seqscan', 'o
 #[derive(Clone)]
 pub struct Store {
     pool: AnyPool,
+    /// Where write transactions run (`Store::begin_write`): on SQLite, one connection of
+    /// their own. SQLite lets one writer in at a time anyway, and on one connection the
+    /// writer's batch statements are prepared once (see `fixed_chunks`) and held once,
+    /// not once per pooled connection. Elsewhere, the pool itself.
+    writes: AnyPool,
     dialect: Dialect,
     /// The process's clock: rows are stamped by it, and the parts that hold the store (the
     /// writer, lifecycle, loader, scheduler) read time from it (see `clock`).
@@ -391,17 +396,20 @@ impl Store {
                 Err(_) => {}
             }
         }
-        let mut pool = AnyPoolOptions::new()
-            .max_connections(max_connections.max(2))
-            .min_connections(1)
-            .acquire_timeout(wait);
-        if dialect == Dialect::Sqlite {
+        let pool_of = |size: u32| {
+            let pool = AnyPoolOptions::new()
+                .max_connections(size)
+                .min_connections(1)
+                .acquire_timeout(wait);
+            if dialect != Dialect::Sqlite {
+                return pool;
+            }
             let busy_ms = sqlite_busy.unwrap_or(wait).as_millis() as u64;
             // A commit of a writer's batch dirties thousands of index pages (buyers' ids are
             // random), past SQLite's default checkpoint of 1,000 WAL pages: each commit was
             // followed by a checkpoint writing every page a second time. Checkpointing every
             // 16,000 pages (64 MB of WAL) writes a page dirtied by many commits back once.
-            pool = pool.after_connect(move |conn, _| {
+            pool.after_connect(move |conn, _| {
                 Box::pin(async move {
                     sqlx::query("PRAGMA wal_autocheckpoint = 16000")
                         .execute(&mut *conn)
@@ -411,11 +419,20 @@ impl Store {
                         .await
                         .map(|_| ())
                 })
-            });
-        }
-        let pool = pool.connect_with(options).await.map_err(failed)?;
+            })
+        };
+        let pool = pool_of(max_connections.max(2))
+            .connect_with(options.clone())
+            .await
+            .map_err(failed)?;
+        let writes = if dialect == Dialect::Sqlite {
+            pool_of(1).connect_with(options).await.map_err(failed)?
+        } else {
+            pool.clone()
+        };
         Ok(Store {
             pool,
+            writes,
             dialect,
             clock: crate::clock::wall(),
             faults: None,
@@ -475,8 +492,9 @@ impl Store {
     /// Stops this store at once, as the death of its process would: every call from now on
     /// fails (`PoolClosed`), and transactions still open roll back when dropped.
     pub fn halt(&self) {
-        // Marks the pool closed when called; the closing of idle connections is left.
+        // Marks the pools closed when called; the closing of idle connections is left.
         drop(self.pool.close());
+        drop(self.writes.close());
     }
 
     /// The process's clock.
@@ -507,6 +525,14 @@ impl Store {
 
     fn placeholders(n: usize) -> String {
         vec!["?"; n].join(",")
+    }
+
+    /// Whether a statement of `rows` rows, cut by [`fixed_chunks`] at `max`, is worth
+    /// preparing once and keeping: on SQLite, whose batches all run on the one write
+    /// connection, a statement of a shape it sees again. The other servers prepare each
+    /// on their side, per connection; they keep the one-use statements they had.
+    fn keeps_shape(&self, rows: usize, max: usize) -> bool {
+        self.dialect == Dialect::Sqlite && (rows == max || rows.is_power_of_two())
     }
 
     fn insert_ignore(&self, table_and_cols: &str) -> String {
@@ -1374,14 +1400,18 @@ impl Store {
         } else {
             "BEGIN"
         };
-        self.begin_with(begin).await
+        Self::begin_on(&self.writes, begin).await
     }
 
     /// A pooled connection inside a transaction opened by `begin`, guarded from the moment
     /// it leaves the pool (see [`WriteTx`]).
     pub(crate) async fn begin_with(&self, begin: &str) -> Result<WriteTx, StoreError> {
+        Self::begin_on(&self.pool, begin).await
+    }
+
+    async fn begin_on(pool: &AnyPool, begin: &str) -> Result<WriteTx, StoreError> {
         let mut tx = WriteTx {
-            conn: self.pool.acquire().await?,
+            conn: pool.acquire().await?,
             finished: false,
         };
         sqlx::query(begin).execute(&mut *tx).await?;
@@ -1438,7 +1468,7 @@ impl Store {
         }
 
         let mut existing = HashSet::new();
-        for chunk in batch.chunks(1000) {
+        for chunk in fixed_chunks(batch, 1000) {
             existing.extend(self.written_already(conn, chunk).await?);
         }
         let mut seen = HashSet::new();
@@ -1535,7 +1565,7 @@ impl Store {
             // In order along the (sale, buyer) index, like the inserts after it.
             let mut ids: Vec<i64> = users.keys().copied().collect();
             ids.sort_unstable();
-            for chunk in ids.chunks(1000) {
+            for chunk in fixed_chunks(&ids, 1000) {
                 let held = self.held_by_buyers(conn, sale_id, chunk, false).await?;
                 for user in chunk {
                     let held = held.get(user).copied().unwrap_or(0);
@@ -1576,9 +1606,8 @@ impl Store {
                 "SELECT id FROM orders WHERE id IN ({})",
                 Self::placeholders(chunk.len())
             );
-            // One statement shape per batch size: caching each would hold thousands of
-            // prepared statements per connection.
-            let mut query = sqlx::query(&q).persistent(false);
+            let keep = self.keeps_shape(chunk.len(), 1000);
+            let mut query = sqlx::query(&q).persistent(keep);
             for o in chunk {
                 query = query.bind(o.id);
             }
@@ -1599,7 +1628,7 @@ impl Store {
         now: i64,
     ) -> Result<u64, StoreError> {
         let mut inserted = 0u64;
-        for chunk in fresh.chunks(500) {
+        for chunk in fixed_chunks(fresh, 500) {
             let values =
                 vec!["(?, ?, ?, ?, ?, 'pending_payment', ?, ?, ?, ?)"; chunk.len()].join(",");
             let cols = "orders (id, sale_id, user_id, quantity, price_cents, status, \
@@ -1619,9 +1648,7 @@ impl Store {
                 )
             };
             let q = self.sql(&q);
-            // One statement shape per batch size: caching each would hold thousands of
-            // prepared statements per connection.
-            let mut query = sqlx::query(&q).persistent(false);
+            let mut query = sqlx::query(&q).persistent(self.keeps_shape(chunk.len(), 500));
             for o in chunk {
                 let deadline = now + terms[&o.sale_id].0 * 1000;
                 query = query
@@ -1713,7 +1740,8 @@ impl Store {
                 Self::placeholders(users.len())
             );
             let q = self.sql(&q);
-            let mut query = sqlx::query(&q).persistent(false).bind(sale_id);
+            let keep = self.keeps_shape(users.len(), 1000);
+            let mut query = sqlx::query(&q).persistent(keep).bind(sale_id);
             for user in users {
                 query = query.bind(*user);
             }
@@ -1814,6 +1842,28 @@ impl Store {
 }
 
 /// A row's first column, an integer (an id).
+/// `items` cut into statements of `max` rows, and what is left over into rows of powers of
+/// two (1,000 and 733: 1,000, then 512, 128, 64, 16, 8, 4, 1), so that a batch of any size
+/// runs statements of a dozen shapes, each prepared once (see `Store::keeps_shape`), not a
+/// statement of a new shape, parsed anew, at the end of every batch.
+pub(crate) fn fixed_chunks<T>(items: &[T], max: usize) -> impl Iterator<Item = &[T]> {
+    let max = max.max(1);
+    let mut rest = items;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let take = if rest.len() >= max {
+            max
+        } else {
+            1 << rest.len().ilog2()
+        };
+        let (chunk, after) = rest.split_at(take);
+        rest = after;
+        Some(chunk)
+    })
+}
+
 pub(crate) fn first_int(row: &AnyRow) -> Result<i64, sqlx::Error> {
     row.try_get(0)
 }
@@ -1892,6 +1942,31 @@ fn is_already_exists(e: &sqlx::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_batch_of_any_size_is_cut_into_a_few_repeating_statement_shapes() {
+        let mut shapes = HashSet::new();
+        for n in (0..3000).chain([7_400, 19_999, 20_000]) {
+            let items: Vec<usize> = (0..n).collect();
+            let chunks: Vec<&[usize]> = fixed_chunks(&items, 500).collect();
+            // Every row once, in order, none empty.
+            assert_eq!(chunks.concat(), items, "{n}");
+            assert!(chunks.iter().all(|c| !c.is_empty()));
+            // Whole statements first, then at most one of each smaller power of two.
+            let sizes: Vec<usize> = chunks.iter().map(|c| c.len()).collect();
+            let whole = sizes.iter().take_while(|&&s| s == 500).count();
+            assert_eq!(whole, n / 500, "{sizes:?}");
+            let rest = &sizes[whole..];
+            assert!(rest.windows(2).all(|w| w[0] > w[1]), "{sizes:?}");
+            assert!(
+                rest.iter().all(|s| s.is_power_of_two() && *s < 500),
+                "{sizes:?}"
+            );
+            shapes.extend(sizes);
+        }
+        // 500 and 256, 128, ..., 1: ten statements ever, where there were 500.
+        assert_eq!(shapes.len(), 10, "{shapes:?}");
+    }
 
     #[test]
     fn a_sibling_database_keeps_server_credentials_and_options() {
