@@ -177,7 +177,7 @@ impl Store {
         if self.dialect == Dialect::Postgres && plain && !rows.is_empty() {
             return self.journal_rows_pg(conn, rows, at).await;
         }
-        for chunk in super::fixed_chunks(rows, 400) {
+        for chunk in self.statement_chunks(rows, 400) {
             let values = vec!["(?, ?, ?, ?, ?, ?, ?, ?)"; chunk.len()].join(",");
             let q = self.sql(&format!(
                 "INSERT INTO stock_journal ({COLS}) VALUES {values}"

@@ -489,6 +489,12 @@ impl Store {
         self
     }
 
+    /// Closes both pools and waits until every connection is closed (no lock left held).
+    pub async fn close(&self) {
+        self.pool.close().await;
+        self.writes.close().await;
+    }
+
     /// Stops this store at once, as the death of its process would: every call from now on
     /// fails (`PoolClosed`), and transactions still open roll back when dropped.
     pub fn halt(&self) {
@@ -533,6 +539,11 @@ impl Store {
     /// on their side, per connection; they keep the one-use statements they had.
     fn keeps_shape(&self, rows: usize, max: usize) -> bool {
         self.dialect == Dialect::Sqlite && (rows == max || rows.is_power_of_two())
+    }
+
+    /// `items` cut into statements of at most `max` rows: of the shapes kept, on SQLite.
+    fn statement_chunks<'a, T>(&self, items: &'a [T], max: usize) -> impl Iterator<Item = &'a [T]> {
+        fixed_chunks(items, max, self.dialect == Dialect::Sqlite)
     }
 
     fn insert_ignore(&self, table_and_cols: &str) -> String {
@@ -1468,7 +1479,7 @@ impl Store {
         }
 
         let mut existing = HashSet::new();
-        for chunk in fixed_chunks(batch, 1000) {
+        for chunk in self.statement_chunks(batch, 1000) {
             existing.extend(self.written_already(conn, chunk).await?);
         }
         let mut seen = HashSet::new();
@@ -1565,7 +1576,7 @@ impl Store {
             // In order along the (sale, buyer) index, like the inserts after it.
             let mut ids: Vec<i64> = users.keys().copied().collect();
             ids.sort_unstable();
-            for chunk in fixed_chunks(&ids, 1000) {
+            for chunk in self.statement_chunks(&ids, 1000) {
                 let held = self.held_by_buyers(conn, sale_id, chunk, false).await?;
                 for user in chunk {
                     let held = held.get(user).copied().unwrap_or(0);
@@ -1628,7 +1639,7 @@ impl Store {
         now: i64,
     ) -> Result<u64, StoreError> {
         let mut inserted = 0u64;
-        for chunk in fixed_chunks(fresh, 500) {
+        for chunk in self.statement_chunks(fresh, 500) {
             let values =
                 vec!["(?, ?, ?, ?, ?, 'pending_payment', ?, ?, ?, ?)"; chunk.len()].join(",");
             let cols = "orders (id, sale_id, user_id, quantity, price_cents, status, \
@@ -1841,12 +1852,12 @@ impl Store {
     }
 }
 
-/// A row's first column, an integer (an id).
 /// `items` cut into statements of `max` rows, and what is left over into rows of powers of
 /// two (1,000 and 733: 1,000, then 512, 128, 64, 16, 8, 4, 1), so that a batch of any size
 /// runs statements of a dozen shapes, each prepared once (see `Store::keeps_shape`), not a
-/// statement of a new shape, parsed anew, at the end of every batch.
-pub(crate) fn fixed_chunks<T>(items: &[T], max: usize) -> impl Iterator<Item = &[T]> {
+/// statement of a new shape, parsed anew, at the end of every batch. With `fixed` false,
+/// plain chunks of `max`: where no shape is kept, a leftover is one statement, not several.
+pub(crate) fn fixed_chunks<T>(items: &[T], max: usize, fixed: bool) -> impl Iterator<Item = &[T]> {
     let max = max.max(1);
     let mut rest = items;
     std::iter::from_fn(move || {
@@ -1855,8 +1866,10 @@ pub(crate) fn fixed_chunks<T>(items: &[T], max: usize) -> impl Iterator<Item = &
         }
         let take = if rest.len() >= max {
             max
-        } else {
+        } else if fixed {
             1 << rest.len().ilog2()
+        } else {
+            rest.len()
         };
         let (chunk, after) = rest.split_at(take);
         rest = after;
@@ -1864,6 +1877,7 @@ pub(crate) fn fixed_chunks<T>(items: &[T], max: usize) -> impl Iterator<Item = &
     })
 }
 
+/// A row's first column, an integer (an id).
 pub(crate) fn first_int(row: &AnyRow) -> Result<i64, sqlx::Error> {
     row.try_get(0)
 }
@@ -1948,7 +1962,9 @@ mod tests {
         let mut shapes = HashSet::new();
         for n in (0..3000).chain([7_400, 19_999, 20_000]) {
             let items: Vec<usize> = (0..n).collect();
-            let chunks: Vec<&[usize]> = fixed_chunks(&items, 500).collect();
+            let chunks: Vec<&[usize]> = fixed_chunks(&items, 500, true).collect();
+            let plain: Vec<&[usize]> = fixed_chunks(&items, 500, false).collect();
+            assert_eq!(plain, items.chunks(500).collect::<Vec<_>>(), "{n}");
             // Every row once, in order, none empty.
             assert_eq!(chunks.concat(), items, "{n}");
             assert!(chunks.iter().all(|c| !c.is_empty()));

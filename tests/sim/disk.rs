@@ -46,7 +46,7 @@ impl Crash {
     pub async fn bury(&self) {
         let halted = self.halted.lock().unwrap().take();
         if let Some(store) = halted {
-            store.pool().close().await;
+            store.close().await;
         }
     }
 

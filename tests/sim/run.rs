@@ -221,7 +221,7 @@ impl Sim {
         self.machine.crash.strike();
         self.world = None;
         self.machine.crash.bury().await;
-        self.observer.pool().close().await;
+        self.observer.close().await;
         let _ = std::fs::remove_dir_all(&self.dir);
         Ok(Report {
             tally: self.tally.clone(),
@@ -736,7 +736,7 @@ async fn migrated_template(base: &std::path::Path) -> std::path::PathBuf {
                 .execute(store.pool())
                 .await
                 .expect("checkpoint");
-            store.pool().close().await;
+            store.close().await;
             dir.join("sim.db")
         })
         .await
