@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use redis::aio::MultiplexedConnection;
-use redis::Value;
+use redis::{Script, Value};
 
 use super::{Batch, Delivery, LogError, Malformed, OrderLog, Receipt};
 use crate::model::NewOrder;
@@ -47,6 +47,8 @@ pub struct StreamLog {
     reclaim_idle_ms: u64,
     /// Per-stream read failures in a cluster, logged at most every 30 s.
     read_failures: crate::logline::Every,
+    /// ack.lua: acknowledges and deletes a writer's entries in one step.
+    ack: Script,
 }
 
 impl StreamLog {
@@ -65,6 +67,7 @@ impl StreamLog {
             streams: RwLock::new(Vec::new()),
             reclaim_idle_ms: RECLAIM_IDLE_MS,
             read_failures: crate::logline::Every::new(30_000),
+            ack: Script::new(include_str!("ack.lua")),
         })
     }
 
@@ -327,6 +330,31 @@ fn collect_reply(reply: Value, batch: &mut Batch) {
     }
 }
 
+/// Most entries acknowledged by one call of ack.lua (its ids are unpacked onto Lua's stack).
+const ACK_CHUNK: usize = 1000;
+
+/// A stream entry id as (milliseconds, sequence); `None` for any other text.
+fn entry_id(id: &str) -> Option<(u64, u64)> {
+    let (ms, seq) = id.split_once('-')?;
+    Some((ms.parse().ok()?, seq.parse().ok()?))
+}
+
+/// The newest of `ids` and the id right after it, for ack.lua's trim; empty when an id is
+/// not a stream id (then the script deletes the ids one by one).
+fn trim_bounds(ids: &[String]) -> (String, String) {
+    let parsed: Option<Vec<(u64, u64)>> = ids.iter().map(|id| entry_id(id)).collect();
+    match parsed.and_then(|ids| ids.into_iter().max()) {
+        Some((ms, seq)) => {
+            let (next_ms, next_seq) = match seq.checked_add(1) {
+                Some(next) => (ms, next),
+                None => (ms.saturating_add(1), 0),
+            };
+            (format!("{ms}-{seq}"), format!("{next_ms}-{next_seq}"))
+        }
+        None => (String::new(), String::new()),
+    }
+}
+
 fn by_stream(receipts: Vec<Receipt>) -> HashMap<String, Vec<String>> {
     let mut map: HashMap<String, Vec<String>> = HashMap::new();
     for r in receipts {
@@ -429,20 +457,21 @@ impl OrderLog for StreamLog {
 
     async fn ack(&self, receipts: Vec<Receipt>) -> Result<(), LogError> {
         let mut conn = self.conn.clone();
-        for (stream, ids) in by_stream(receipts) {
-            // XDEL before XACK: a connection cut between the two (the pipeline is no
-            // transaction) must leave an entry pending, which a reclaim settles (Redis drops
-            // a deleted entry from the pending list when XAUTOCLAIM meets it), never acked but
-            // still in the stream, where no read delivers it again and it counts as
-            // unwritten for ever.
-            let mut pipe = redis::pipe();
-            pipe.cmd("XDEL").arg(&stream).arg(&ids).ignore();
-            pipe.cmd("XACK")
-                .arg(&stream)
-                .arg(WRITER_GROUP)
-                .arg(&ids)
-                .ignore();
-            let _: () = pipe.query_async(&mut conn).await?;
+        for (stream, mut ids) in by_stream(receipts) {
+            // Oldest first, so that each call after the first finds the older entries gone
+            // and trims its own.
+            ids.sort_by_key(|id| entry_id(id));
+            ids.dedup();
+            for chunk in ids.chunks(ACK_CHUNK) {
+                let (newest, after) = trim_bounds(chunk);
+                let mut call = self.ack.prepare_invoke();
+                call.key(&stream)
+                    .arg(WRITER_GROUP)
+                    .arg(newest)
+                    .arg(after)
+                    .arg(chunk);
+                let _: i64 = call.invoke_async(&mut conn).await?;
+            }
         }
         Ok(())
     }
@@ -485,7 +514,8 @@ impl OrderLog for StreamLog {
             }
         }
         let mut pipe = redis::pipe();
-        // XDEL before XACK, as in `ack`.
+        // XDEL before XACK: a connection cut between the two must leave the entry pending,
+        // where a reclaim settles it, never acknowledged but still in the stream.
         pipe.add_command(add).ignore();
         pipe.cmd("XDEL").arg(&stream).arg(&id).ignore();
         pipe.cmd("XACK")
@@ -746,6 +776,21 @@ async fn stream_backlog(conn: &mut RedisConn, k: &SaleKeys) -> Result<(i64, i64,
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_acknowledgement_trims_up_to_its_newest_id_only_when_every_id_reads() {
+        let ids = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let bounds = |v: &[&str]| trim_bounds(&ids(v));
+        assert_eq!(
+            bounds(&["5-2", "17-0", "9-9"]),
+            ("17-0".into(), "17-1".into())
+        );
+        assert_eq!(bounds(&["17-3", "17-12"]), ("17-12".into(), "17-13".into()));
+        let last = format!("5-{}", u64::MAX);
+        assert_eq!(bounds(&[&last]), (last.clone(), "6-0".into()));
+        assert_eq!(bounds(&["5-2", "x"]), (String::new(), String::new()));
+        assert_eq!(bounds(&["5"]), (String::new(), String::new()));
+    }
 
     #[test]
     fn malformed_entries_are_set_aside_not_dropped() {
