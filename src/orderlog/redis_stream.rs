@@ -294,8 +294,8 @@ fn collect_entries(stream: &str, entries: &Value, batch: &mut Batch) {
         };
         let fields = match parts.get(1) {
             Some(Value::Array(kv)) => &kv[..],
-            // Deleted while pending (its ack cut short after the XDEL): written already,
-            // nothing left to write or to set aside.
+            // Deleted while pending (a dead letter cut short after its XDEL, or an ack of an
+            // earlier build): written or set aside already, nothing left to do.
             Some(Value::Nil) => continue,
             _ => &[],
         };
@@ -343,12 +343,13 @@ fn entry_id(id: &str) -> Option<(u64, u64)> {
 /// not a stream id (then the script deletes the ids one by one).
 fn trim_bounds(ids: &[String]) -> (String, String) {
     let parsed: Option<Vec<(u64, u64)>> = ids.iter().map(|id| entry_id(id)).collect();
-    match parsed.and_then(|ids| ids.into_iter().max()) {
-        Some((ms, seq)) => {
-            let (next_ms, next_seq) = match seq.checked_add(1) {
-                Some(next) => (ms, next),
-                None => (ms.saturating_add(1), 0),
-            };
+    let newest = parsed.and_then(|ids| ids.into_iter().max());
+    let next = |(ms, seq): (u64, u64)| match seq.checked_add(1) {
+        Some(seq) => Some((ms, seq)),
+        None => ms.checked_add(1).map(|ms| (ms, 0)),
+    };
+    match newest.and_then(|id| Some((id, next(id)?))) {
+        Some(((ms, seq), (next_ms, next_seq))) => {
             (format!("{ms}-{seq}"), format!("{next_ms}-{next_seq}"))
         }
         None => (String::new(), String::new()),
@@ -788,6 +789,8 @@ mod tests {
         assert_eq!(bounds(&["17-3", "17-12"]), ("17-12".into(), "17-13".into()));
         let last = format!("5-{}", u64::MAX);
         assert_eq!(bounds(&[&last]), (last.clone(), "6-0".into()));
+        let top = format!("{}-{}", u64::MAX, u64::MAX);
+        assert_eq!(bounds(&[&top]), (String::new(), String::new()));
         assert_eq!(bounds(&["5-2", "x"]), (String::new(), String::new()));
         assert_eq!(bounds(&["5"]), (String::new(), String::new()));
     }
