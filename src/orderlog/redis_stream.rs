@@ -49,6 +49,8 @@ pub struct StreamLog {
     read_failures: crate::logline::Every,
     /// ack.lua: acknowledges and deletes a writer's entries in one step.
     ack: Script,
+    /// dead_letter.lua: sets an unwritable entry aside, deletes and acknowledges it.
+    dead_letter: Script,
 }
 
 impl StreamLog {
@@ -68,6 +70,7 @@ impl StreamLog {
             reclaim_idle_ms: RECLAIM_IDLE_MS,
             read_failures: crate::logline::Every::new(30_000),
             ack: Script::new(include_str!("ack.lua")),
+            dead_letter: Script::new(include_str!("dead_letter.lua")),
         })
     }
 
@@ -491,40 +494,17 @@ impl OrderLog for StreamLog {
             return Ok(());
         };
         let mut conn = self.conn.clone();
-        let entry: Value = redis::cmd("XRANGE")
-            .arg(&stream)
-            .arg(&id)
-            .arg(&id)
-            .query_async(&mut conn)
-            .await?;
         let dead = stream.trim_end_matches(":orders").to_string() + ":dead";
-        let mut add = redis::cmd("XADD");
-        add.arg(&dead)
-            .arg("*")
-            .arg("source_id")
-            .arg(&id)
-            .arg("reason")
-            .arg(reason);
-        if let Value::Array(entries) = &entry {
-            if let Some(Value::Array(parts)) = entries.first() {
-                if let Some(Value::Array(kv)) = parts.get(1) {
-                    for v in kv {
-                        add.arg(text(v).unwrap_or_default());
-                    }
-                }
-            }
-        }
-        let mut pipe = redis::pipe();
-        // XDEL before XACK: a connection cut between the two must leave the entry pending,
-        // where a reclaim settles it, never acknowledged but still in the stream.
-        pipe.add_command(add).ignore();
-        pipe.cmd("XDEL").arg(&stream).arg(&id).ignore();
-        pipe.cmd("XACK")
-            .arg(&stream)
+        let mut call = self.dead_letter.prepare_invoke();
+        call.key(&stream)
+            .key(&dead)
             .arg(WRITER_GROUP)
             .arg(&id)
-            .ignore();
-        let _: () = pipe.query_async(&mut conn).await?;
+            .arg(reason);
+        let set_aside: i64 = call.invoke_async(&mut conn).await?;
+        if set_aside == 0 {
+            return Ok(());
+        }
         tracing::error!(
             stream,
             id,

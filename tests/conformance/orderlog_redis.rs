@@ -17,7 +17,7 @@ use crate::common::Sql;
 use seckill::gate::redis::RedisGate;
 use seckill::gate::{Gate, Purchase, SaleLoad, Verdict};
 use seckill::orderlog::redis_stream::StreamLog;
-use seckill::orderlog::OrderLog;
+use seckill::orderlog::{OrderLog, Receipt};
 use seckill::redis_client::keys::SaleKeys;
 use seckill::store::Store;
 use seckill::writer::{Writer, WriterStats};
@@ -354,6 +354,41 @@ async fn an_acknowledgement_of_an_undelivered_id_trims_nothing() {
     .unwrap();
     assert_eq!(stream_ids(&mut conn, &keys.stream).await, unread);
     assert_eq!(backlog(&mut conn, &s.prefix, sale_id).await, (10, 0, 0));
+}
+
+/// An entry set aside once is not set aside again: a second writer that finds it gone (the
+/// first one's dead letter went through) only acknowledges it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_is_set_aside_once() {
+    let s = setup(Sql::Postgres).await;
+    let sale_id = s.open_sale(10).await;
+    s.buy_all(sale_id, 1..2).await;
+    let log = s.consumer(Duration::from_secs(10), sale_id).await;
+    let batch = log.next_batch(10).await.unwrap();
+    assert_eq!(batch.deliveries.len(), 1);
+    let Receipt::Stream { stream, id } = &batch.deliveries[0].receipt else {
+        panic!("a stream entry");
+    };
+    let receipt = || Receipt::Stream {
+        stream: stream.clone(),
+        id: id.clone(),
+    };
+    log.dead_letter(receipt(), "first").await.unwrap();
+    log.dead_letter(receipt(), "again").await.unwrap();
+    let mut conn = s.conn.clone();
+    assert_eq!(backlog(&mut conn, &s.prefix, sale_id).await, (0, 0, 1));
+    let keys = SaleKeys::new(&s.prefix, sale_id);
+    let dead: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+        .arg(&keys.dead)
+        .arg("-")
+        .arg("+")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let fields = &dead[0].1;
+    assert!(fields.contains(&("source_id".to_string(), id.clone())));
+    assert!(fields.contains(&("reason".to_string(), "first".to_string())));
+    assert!(fields.iter().any(|(k, _)| k == "order_id"), "{fields:?}");
 }
 
 async fn backlog(
