@@ -85,6 +85,28 @@ impl Setup {
         sale.id
     }
 
+    /// A sale whose buyers 1..=`buyers` bought a unit each, and one consumer's first read of
+    /// at most `read` of their entries: (sale, consumer, the entries' ids).
+    async fn bought_and_read(
+        &self,
+        buyers: i64,
+        read: usize,
+    ) -> (i64, Arc<StreamLog>, Vec<String>) {
+        let sale_id = self.open_sale(100).await;
+        self.buy_all(sale_id, 1..buyers + 1).await;
+        let log = self.consumer(Duration::from_secs(10), sale_id).await;
+        let batch = log.next_batch(read).await.unwrap();
+        let ids = batch
+            .deliveries
+            .iter()
+            .map(|d| match &d.receipt {
+                Receipt::Stream { id, .. } => id.clone(),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        (sale_id, log, ids)
+    }
+
     async fn buy_all(&self, sale_id: i64, users: std::ops::Range<i64>) -> Vec<i64> {
         let mut ids = Vec::new();
         for user in users {
@@ -272,52 +294,34 @@ async fn a_vanished_group_is_recreated_not_fatal() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acknowledgement_deletes_exactly_its_entries() {
     let s = setup(Sql::Postgres).await;
-    let sale_id = s.open_sale(100).await;
-    s.buy_all(sale_id, 1..31).await;
-    let log = s.consumer(Duration::from_secs(10), sale_id).await;
-    let batch = log.next_batch(100).await.unwrap();
-    assert_eq!(batch.deliveries.len(), 30);
-    let read: Vec<String> = batch
-        .deliveries
-        .iter()
-        .map(|d| match &d.receipt {
-            seckill::orderlog::Receipt::Stream { id, .. } => id.clone(),
-            other => panic!("{other:?}"),
-        })
-        .collect();
+    let (sale_id, log, read) = s.bought_and_read(30, 100).await;
+    assert_eq!(read.len(), 30);
     let keys = SaleKeys::new(&s.prefix, sale_id);
     let mut conn = s.conn.clone();
     let ids_of = |range: std::ops::Range<usize>| read[range].to_vec();
-    let receipts = |ids: Vec<String>| -> Vec<seckill::orderlog::Receipt> {
-        ids.into_iter()
-            .map(|id| seckill::orderlog::Receipt::Stream {
-                stream: keys.stream.clone(),
-                id,
-            })
-            .collect()
-    };
+    let of = |ids: Vec<String>| receipts(&keys.stream, ids);
 
     // A newer writer finishes first: only its own entries go.
-    log.ack(receipts(ids_of(10..20))).await.unwrap();
+    log.ack(of(ids_of(10..20))).await.unwrap();
     let mut want = ids_of(0..10);
     want.extend(ids_of(20..30));
     assert_eq!(stream_ids(&mut conn, &keys.stream).await, want);
     assert_eq!(backlog(&mut conn, &s.prefix, sale_id).await, (20, 20, 0));
 
     // The oldest finishes: the head goes, the newer entries still pending stay.
-    log.ack(receipts(ids_of(0..10))).await.unwrap();
+    log.ack(of(ids_of(0..10))).await.unwrap();
     assert_eq!(stream_ids(&mut conn, &keys.stream).await, ids_of(20..30));
 
     // Part of the last read is written, one entry left pending in its middle for a retry.
     let mut part = ids_of(20..30);
     part.remove(4);
-    log.ack(receipts(part)).await.unwrap();
+    log.ack(of(part)).await.unwrap();
     assert_eq!(stream_ids(&mut conn, &keys.stream).await, ids_of(24..25));
     assert_eq!(backlog(&mut conn, &s.prefix, sale_id).await, (1, 1, 0));
 
     // Its retry settles it; an entry acknowledged twice changes nothing.
-    log.ack(receipts(ids_of(24..25))).await.unwrap();
-    log.ack(receipts(ids_of(24..25))).await.unwrap();
+    log.ack(of(ids_of(24..25))).await.unwrap();
+    log.ack(of(ids_of(24..25))).await.unwrap();
     assert!(stream_ids(&mut conn, &keys.stream).await.is_empty());
     assert_eq!(backlog(&mut conn, &s.prefix, sale_id).await, (0, 0, 0));
 }
@@ -327,15 +331,11 @@ async fn an_acknowledgement_deletes_exactly_its_entries() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acknowledgement_of_an_undelivered_id_trims_nothing() {
     let s = setup(Sql::Postgres).await;
-    let sale_id = s.open_sale(100).await;
-    s.buy_all(sale_id, 1..21).await;
-    let log = s.consumer(Duration::from_secs(10), sale_id).await;
-    let batch = log.next_batch(10).await.unwrap();
-    assert_eq!(batch.deliveries.len(), 10);
+    let (sale_id, log, read) = s.bought_and_read(20, 10).await;
+    assert_eq!(read.len(), 10);
     let keys = SaleKeys::new(&s.prefix, sale_id);
     let mut conn = s.conn.clone();
-    let receipts: Vec<_> = batch.deliveries.into_iter().map(|d| d.receipt).collect();
-    log.ack(receipts).await.unwrap();
+    log.ack(receipts(&keys.stream, read)).await.unwrap();
     let unread = stream_ids(&mut conn, &keys.stream).await;
     assert_eq!(
         unread.len(),
@@ -346,12 +346,7 @@ async fn an_acknowledgement_of_an_undelivered_id_trims_nothing() {
     let newest = unread.last().unwrap();
     let (ms, seq) = newest.split_once('-').unwrap();
     let beyond = format!("{ms}-{}", seq.parse::<u64>().unwrap() + 1);
-    log.ack(vec![seckill::orderlog::Receipt::Stream {
-        stream: keys.stream.clone(),
-        id: beyond,
-    }])
-    .await
-    .unwrap();
+    log.ack(receipts(&keys.stream, vec![beyond])).await.unwrap();
     assert_eq!(stream_ids(&mut conn, &keys.stream).await, unread);
     assert_eq!(backlog(&mut conn, &s.prefix, sale_id).await, (10, 0, 0));
 }
@@ -361,23 +356,15 @@ async fn an_acknowledgement_of_an_undelivered_id_trims_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_entry_is_set_aside_once() {
     let s = setup(Sql::Postgres).await;
-    let sale_id = s.open_sale(10).await;
-    s.buy_all(sale_id, 1..2).await;
-    let log = s.consumer(Duration::from_secs(10), sale_id).await;
-    let batch = log.next_batch(10).await.unwrap();
-    assert_eq!(batch.deliveries.len(), 1);
-    let Receipt::Stream { stream, id } = &batch.deliveries[0].receipt else {
-        panic!("a stream entry");
-    };
-    let receipt = || Receipt::Stream {
-        stream: stream.clone(),
-        id: id.clone(),
-    };
+    let (sale_id, log, read) = s.bought_and_read(1, 10).await;
+    assert_eq!(read.len(), 1);
+    let keys = SaleKeys::new(&s.prefix, sale_id);
+    let id = &read[0];
+    let receipt = || receipts(&keys.stream, vec![id.clone()]).remove(0);
     log.dead_letter(receipt(), "first").await.unwrap();
     log.dead_letter(receipt(), "again").await.unwrap();
     let mut conn = s.conn.clone();
     assert_eq!(backlog(&mut conn, &s.prefix, sale_id).await, (0, 0, 1));
-    let keys = SaleKeys::new(&s.prefix, sale_id);
     let dead: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
         .arg(&keys.dead)
         .arg("-")
@@ -389,6 +376,15 @@ async fn an_entry_is_set_aside_once() {
     assert!(fields.contains(&("source_id".to_string(), id.clone())));
     assert!(fields.contains(&("reason".to_string(), "first".to_string())));
     assert!(fields.iter().any(|(k, _)| k == "order_id"), "{fields:?}");
+}
+
+fn receipts(stream: &str, ids: Vec<String>) -> Vec<Receipt> {
+    ids.into_iter()
+        .map(|id| Receipt::Stream {
+            stream: stream.to_string(),
+            id,
+        })
+        .collect()
 }
 
 async fn backlog(
