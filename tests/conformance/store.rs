@@ -77,6 +77,48 @@ async fn a_batch_is_written_once_however_often_it_is_delivered() {
     }
 }
 
+/// A batch is first written as if none of it were in SQL; a redelivered one that took the
+/// last units, or its buyers' whole limit, must still be skipped, not refused by the guards
+/// its own earlier write trips.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redelivered_batch_that_took_the_last_units_is_skipped_not_refused() {
+    for kind in ALL_SQL {
+        let (store, _) = common::fresh_store(kind).await;
+        let sale = common::sale(common::next_id(), 6, 2);
+        store.create_sale(&sale).await.unwrap();
+        let batch: Vec<NewOrder> = (0..3).map(|u| order(sale.id, u, 2)).collect();
+        let first = store.write_orders(&batch).await.unwrap();
+        assert_eq!((first.written, first.duplicates), (3, 0), "{kind:?}");
+        assert_eq!(stock(&store, sale.id).await, 0, "{kind:?}");
+
+        let again = store.write_orders(&batch).await.unwrap();
+        assert_eq!((again.written, again.duplicates), (0, 3), "{kind:?}");
+        let one_again = store.write_orders(&batch[1..2]).await.unwrap();
+        assert_eq!(
+            (one_again.written, one_again.duplicates),
+            (0, 1),
+            "{kind:?}"
+        );
+        assert_eq!(stock(&store, sale.id).await, 0, "{kind:?}");
+        assert_eq!(
+            store.orders_of_sale(sale.id).await.unwrap().len(),
+            3,
+            "{kind:?}"
+        );
+
+        // A new order past the stock is still refused, with its batch's redelivered ones.
+        let mut over = batch.clone();
+        over.push(order(sale.id, 7, 1));
+        let err = store.write_orders(&over).await.unwrap_err();
+        assert!(
+            matches!(err, StoreError::StockGuard { sale_id } if sale_id == sale.id),
+            "{kind:?}: {err}"
+        );
+        let counts = store.sale_counts(sale.id).await.unwrap();
+        assert_eq!((counts.orders, counts.units), (3, 6), "{kind:?}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_stock_guard_rolls_back_the_whole_batch() {
     for kind in ALL_SQL {
