@@ -462,15 +462,16 @@ impl Config {
             run_writer: !c.no_writer.unwrap_or(false),
             // SQLite pays per page a commit touches, so fewer, larger commits drain the
             // embedded log faster (1,000 -> 5,000 cut a 200,000-order backlog's drain from
-            // 4.0 to 1.2 s); PostgreSQL and MySQL were measured at 1,000.
-            // SQLite pays per index page a commit touches: at a million orders, 20,000 to a
-            // commit cost 0.8x the CPU per order of 5,000 and kept the writer ahead of the
-            // gate (p99.9 14-28x the mean wait, not 66x; BENCHMARKS, session 18).
-            writer_batch: c.writer_batch.unwrap_or(match (embedded, sqlite) {
-                (true, true) => 20_000,
-                (true, false) => 5000,
-                (false, _) => 1000,
-            }),
+            // 4.0 to 1.2 s). SQLite pays per index page a commit touches: at a million
+            // orders, 20,000 to a commit cost 0.8x the CPU per order of 5,000 and kept the
+            // writer ahead of the gate (p99.9 14-28x the mean wait, not 66x; BENCHMARKS,
+            // session 18). A worker draining a backlog into PostgreSQL spent 7% less CPU
+            // per order (worker, Redis and PostgreSQL) at 5,000 than at 1,000, in three
+            // pairs of `scripts/writer-cost` (session 24). A batch only fills when the writer
+            // is behind; otherwise it holds what arrived since the last.
+            writer_batch: c
+                .writer_batch
+                .unwrap_or(if embedded && sqlite { 20_000 } else { 5000 }),
             writer_concurrency: c.writer_concurrency.unwrap_or(4),
             rate_user: RateLimit {
                 per_sec: c.rate_user_per_sec.unwrap_or(5.0),

@@ -77,9 +77,9 @@ async fn a_batch_is_written_once_however_often_it_is_delivered() {
     }
 }
 
-/// A batch is first written as if none of it were in SQL; a redelivered one that took the
-/// last units, or its buyers' whole limit, must still be skipped, not refused by the guards
-/// its own earlier write trips.
+/// A redelivered batch that took the last units, or its buyers' whole limit, is skipped, not
+/// refused by the guards its own earlier write trips: a writer that counted a batch's
+/// units before looking its orders up (session 24 tried one) would dead-letter it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redelivered_batch_that_took_the_last_units_is_skipped_not_refused() {
     for kind in ALL_SQL {
