@@ -20,15 +20,17 @@ use crate::redis_client::RedisConn;
 
 /// Most attempts decided by one script call (Redis runs nothing else meanwhile).
 const MAX_BATCH: usize = 128;
-/// Script calls out at once with a durability level: each waits on its own connection for
-/// WAIT or WAITAOF after Redis has run it, so more of them keep Redis busy meanwhile.
-const MAX_CALLS_IN_FLIGHT: usize = 8;
+/// Script calls out at once with a durability level: each waits after Redis has run it (on
+/// its own connection for WAIT or WAITAOF, or for Redis' own fsync), so more of them share
+/// each wait and keep Redis busy meanwhile.
+pub const MAX_CALLS_IN_FLIGHT: usize = 8;
 /// Script calls out at once without one; while all are out, new attempts queue and form
 /// the next batch. Redis runs the calls one after another anyway, so more calls out at once
 /// only cut the same attempts into smaller batches, and each call has a fixed cost in Redis
 /// (the script's set-up, the sale's fields, the clock, the stock's write) and in this
-/// process (a request written and a reply parsed).
-const CALLS_IN_FLIGHT: usize = 2;
+/// process (a request written and a reply parsed). Measured on loopback (BENCHMARKS,
+/// session 24); a Redis a long round trip away would want more.
+pub const CALLS_IN_FLIGHT: usize = 2;
 
 /// Script calls made and attempts they decided, process-wide, for /metrics: their ratio
 /// is the mean batch size.
@@ -82,6 +84,7 @@ pub fn start(
     prefix: String,
     rate: RateLimit,
     durable: Option<Arc<Durable>>,
+    calls_in_flight: usize,
 ) -> Batches {
     let (queue, attempts) = mpsc::unbounded_channel();
     let caller = Arc::new(Caller {
@@ -90,7 +93,7 @@ pub fn start(
         rate,
         durable,
     });
-    tokio::spawn(run(caller, prefix, attempts));
+    tokio::spawn(run(caller, prefix, attempts, calls_in_flight));
     Batches { queue }
 }
 
@@ -104,13 +107,13 @@ struct Caller {
 /// How many connections a durable gate needs: one per call in flight.
 pub const DURABLE_CONNECTIONS: usize = MAX_CALLS_IN_FLIGHT;
 
-async fn run(caller: Arc<Caller>, prefix: String, mut attempts: mpsc::UnboundedReceiver<Attempt>) {
-    let in_flight = if caller.durable.is_some() {
-        MAX_CALLS_IN_FLIGHT
-    } else {
-        CALLS_IN_FLIGHT
-    };
-    let slots = Arc::new(Semaphore::new(in_flight));
+async fn run(
+    caller: Arc<Caller>,
+    prefix: String,
+    mut attempts: mpsc::UnboundedReceiver<Attempt>,
+    calls_in_flight: usize,
+) {
+    let slots = Arc::new(Semaphore::new(calls_in_flight.max(1)));
     let mut keys: HashMap<(i64, i64, i64), Arc<SaleKeys>> = HashMap::new();
     loop {
         // Wait for a free slot before taking attempts off the queue, so that the queue

@@ -55,6 +55,8 @@ pub struct RedisGate {
     keys: std::sync::RwLock<std::collections::HashMap<(i64, i64, i64), std::sync::Arc<SaleKeys>>>,
     /// What an accepted batch waits for before its buyers hear `ok`.
     durable: Option<std::sync::Arc<super::batch::Durable>>,
+    /// Script calls a batcher keeps out at once (see `batch::CALLS_IN_FLIGHT`).
+    calls_in_flight: usize,
     /// Purchases go through one batcher, started with the first purchase (after the rate
     /// limit is set).
     batches: std::sync::OnceLock<super::batch::Batches>,
@@ -101,6 +103,7 @@ impl RedisGate {
             batches: std::sync::OnceLock::new(),
             sale_batches: Default::default(),
             durable: None,
+            calls_in_flight: super::batch::CALLS_IN_FLIGHT,
         }
     }
 
@@ -116,6 +119,10 @@ impl RedisGate {
         if level == Durability::None {
             return Ok(self);
         }
+        // Every reply waits for a sync or a replica here, by WAIT or WAITAOF, or by Redis
+        // itself (an older Redis with `appendfsync always`, below): more calls out at once
+        // share each wait.
+        self.calls_in_flight = super::batch::MAX_CALLS_IN_FLIGHT;
         let mut pool = Vec::new();
         // On a cluster every sale has its own batcher (and call slots): more connections,
         // so that a WAIT seldom falls back to the shared connection, where it would hold
@@ -225,6 +232,7 @@ impl RedisGate {
             self.prefix.clone(),
             self.rate,
             self.durable.clone(),
+            self.calls_in_flight,
         )
     }
 
