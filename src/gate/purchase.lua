@@ -78,24 +78,37 @@ local function decide(i)
     return 'token_used', 0
   end
   local qty = tonumber(ARGV[base + 1])
-  local held = tonumber(redis.call('HGET', KEYS[2], user) or '0')
-  if held + qty > limit then
-    if held >= limit then
-      return 'already_purchased', held
-    end
-    return 'over_limit', held
-  end
+  local held
   if stock < qty then
-    return 'sold_out', stock
+    held = tonumber(redis.call('HGET', KEYS[2], user) or '0')
+    if held + qty <= limit then
+      return 'sold_out', stock
+    end
+  else
+    -- Taken first and handed back when it breaks the limit: a winner, the common case
+    -- while stock lasts, makes one call on the buyers hash instead of two. A buyer who
+    -- held nothing leaves no field behind (HLEN counts the sale's buyers).
+    local now_held = redis.call('HINCRBY', KEYS[2], user, qty)
+    held = now_held - qty
+    if now_held <= limit then
+      stock = stock - qty
+      taken = taken + qty
+      redis.call('XADD', KEYS[3], '*',
+        'order_id', ARGV[base + 2], 'sale_id', ARGV[1], 'user_id', user,
+        'quantity', qty, 'price_cents', sale[6], 'accepted_at', now)
+      redis.call('HSET', KEYS[4], ARGV[base + 2], user .. ':' .. qty)
+      return 'ok', stock
+    end
+    if held == 0 then
+      redis.call('HDEL', KEYS[2], user)
+    else
+      redis.call('HINCRBY', KEYS[2], user, -qty)
+    end
   end
-  stock = stock - qty
-  taken = taken + qty
-  redis.call('HINCRBY', KEYS[2], user, qty)
-  redis.call('XADD', KEYS[3], '*',
-    'order_id', ARGV[base + 2], 'sale_id', ARGV[1], 'user_id', user,
-    'quantity', qty, 'price_cents', sale[6], 'accepted_at', now)
-  redis.call('HSET', KEYS[4], ARGV[base + 2], user .. ':' .. qty)
-  return 'ok', stock
+  if held >= limit then
+    return 'already_purchased', held
+  end
+  return 'over_limit', held
 end
 
 -- The stock is written once per call, for every unit its attempts took. A script that

@@ -259,11 +259,26 @@ async fn quantities_respect_the_per_user_limit_and_the_stock() {
         let _turn = h.turn().await;
         let sale = common::sale(common::next_id(), 5, 3);
         h.open(&sale, vec![]).await;
+        // A new buyer asking for more than the limit holds nothing afterwards and is not
+        // counted as a buyer (Redis takes the units first and hands them back).
+        assert_eq!(
+            h.buy(sale.id, 9, 4).await,
+            Verdict::Rejected(Rejection::OverLimit { held: 0 }),
+            "{}: 0 + 4 > 3",
+            h.name
+        );
+        let counts = h.gate.stock(sale.id).await.unwrap().unwrap();
+        assert_eq!((counts.remaining, counts.buyers), (5, 0), "{}", h.name);
         assert!(accepted(&h.buy(sale.id, 1, 2).await), "{}", h.name);
         assert_eq!(
             h.buy(sale.id, 1, 2).await,
             Verdict::Rejected(Rejection::OverLimit { held: 2 }),
             "{}: 2 + 2 > 3",
+            h.name
+        );
+        assert!(
+            accepted(&h.buy(sale.id, 9, 1).await),
+            "{}: nothing held after the refusal",
             h.name
         );
         assert!(
@@ -278,13 +293,13 @@ async fn quantities_respect_the_per_user_limit_and_the_stock() {
             h.name
         );
         assert_eq!(
-            h.buy(sale.id, 2, 3).await,
-            Verdict::Rejected(Rejection::SoldOut { remaining: 2 }),
-            "{}: 3 asked, 2 left",
+            h.buy(sale.id, 2, 2).await,
+            Verdict::Rejected(Rejection::SoldOut { remaining: 1 }),
+            "{}: 2 asked, 1 left",
             h.name
         );
         assert_eq!(
-            h.buy(sale.id, 2, 2).await,
+            h.buy(sale.id, 2, 1).await,
             Verdict::Accepted { remaining: 0 },
             "{}",
             h.name
@@ -292,6 +307,13 @@ async fn quantities_respect_the_per_user_limit_and_the_stock() {
         assert_eq!(
             h.buy(sale.id, 3, 1).await,
             Verdict::Rejected(Rejection::SoldOut { remaining: 0 }),
+            "{}",
+            h.name
+        );
+        // Once sold out, a buyer at the limit is still told so.
+        assert_eq!(
+            h.buy(sale.id, 1, 1).await,
+            Verdict::Rejected(Rejection::AlreadyPurchased),
             "{}",
             h.name
         );
