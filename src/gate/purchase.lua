@@ -87,7 +87,10 @@ local function decide(i)
   else
     -- Taken first and handed back when it breaks the limit: a winner, the common case
     -- while stock lasts, makes one call on the buyers hash instead of two. A buyer who
-    -- held nothing leaves no field behind (HLEN counts the sale's buyers).
+    -- held nothing leaves no field behind (HLEN counts the sale's buyers). A refusal for
+    -- the limit now writes (and is replicated) where it only read; with no rate limit
+    -- and no token it can be the call's first write, which a Redis refusing writes (out
+    -- of memory, too few replicas) fails as it fails a winner.
     local now_held = redis.call('HINCRBY', KEYS[2], user, qty)
     held = now_held - qty
     if now_held <= limit then
