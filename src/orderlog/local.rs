@@ -3,8 +3,9 @@
 //! that database. A purchase is answered `ok` once its order is in the file and the
 //! file is synced (group commit: every order waiting at that moment, and in a storm those
 //! arriving within a short wait after it, share one write and one fsync); the writer then
-//! drains the log into SQLite in batches, off the buyers' path. At start-up, orders still in the file are written to SQL before the gate is
-//! rebuilt from it (`OrderLog::recovering`, `Writer::drain_recovered`).
+//! drains the log into SQLite in batches, off the buyers' path. At start-up, orders still
+//! in the file are written to SQL before the gate is rebuilt from it
+//! (`OrderLog::recovering`, `Writer::drain_recovered`).
 //!
 //! The file is a sequence of segments; a segment whose every order is settled (in SQL, or
 //! a dead letter) is deleted. Each record is an order's six integers and a CRC-32C, so a
@@ -565,7 +566,7 @@ impl Appender {
             // Appends arriving together (a storm) wait a quarter of the last commit's
             // length (MIN_GATHER to MAX_GATHER) for more to join them: a sync costs the
             // process CPU whatever the group's size. In a winners storm on a virtual disk
-            // (commits of about 0.35 ms) groups grew from 19 to 31 orders and a winner
+            // (commits of about 0.35 ms) groups grew from 19 to 25-32 orders and a winner
             // cost about 5% less CPU (BENCHMARKS.md, session 25). A lone append (a quiet
             // sale) is written at once, and a log without a file never waits.
             let gather = (last_commit / 4).min(MAX_GATHER);
