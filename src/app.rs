@@ -288,6 +288,7 @@ async fn distributed_parts(config: &Config, store: &Store, url: &str) -> Result<
         _ => {
             let gate = RedisGate::new(conn.clone(), &config.redis_prefix)
                 .with_rate_limit(config.rate_user)
+                .with_entry_form(config.order_log_entry)
                 .with_durability(&client, config.redis_durability)
                 .await?;
             gate.prepare().await?;

@@ -432,6 +432,10 @@ async fn start_server(config: &Config, gate: GateKind) -> Result<Target, BenchEr
             "SECKILL_REDIS_DURABILITY".to_string(),
             config.redis_durability.name().to_string(),
         ));
+        env.push((
+            "SECKILL_ORDER_LOG_ENTRY".to_string(),
+            config.order_log_entry.name().to_string(),
+        ));
         let redis = config
             .redis_url
             .clone()

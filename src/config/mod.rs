@@ -70,6 +70,12 @@ pub struct ConfigArgs {
     /// else none]. When the wait fails the buyer is answered 202 pending, never ok.
     #[arg(long, env = "SECKILL_REDIS_DURABILITY", global = true)]
     pub redis_durability: Option<Durability>,
+    /// How the gate writes an accepted order into the Redis order log: packed (one field,
+    /// what this build's writers read fastest) or fields (one field per value, the only
+    /// form builds before 2026-11-27 read: keep it while any of those still run a writer
+    /// on the same Redis, as in a rolling upgrade) [default: packed].
+    #[arg(long, env = "SECKILL_ORDER_LOG_ENTRY", global = true)]
+    pub order_log_entry: Option<EntryForm>,
     /// Bearer token of the admin API; the admin API is closed when unset.
     #[arg(
         long,
@@ -332,6 +338,27 @@ impl Durability {
     }
 }
 
+/// How an accepted order is written into the Redis order log. Writers read both forms;
+/// builds before this one read only `Fields`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum EntryForm {
+    /// One field `o`: `order_id:sale_id:user_id:quantity:price_cents:accepted_at`.
+    #[default]
+    Packed,
+    /// One field per value (`order_id`, `sale_id`, ...), as earlier builds wrote them.
+    Fields,
+}
+
+impl EntryForm {
+    pub fn name(self) -> &'static str {
+        match self {
+            EntryForm::Packed => "packed",
+            EntryForm::Fields => "fields",
+        }
+    }
+}
+
 /// The resolved configuration. Its serialized form is the start-up log's listing, so a
 /// secret field says how it is masked where it is declared.
 #[derive(Debug, Clone, Serialize)]
@@ -346,6 +373,7 @@ pub struct Config {
     pub redis_url: Option<String>,
     pub redis_prefix: String,
     pub redis_durability: Durability,
+    pub order_log_entry: EntryForm,
     #[serde(serialize_with = "secret")]
     pub admin_token: Option<String>,
     #[serde(serialize_with = "secret")]
@@ -437,6 +465,7 @@ impl Config {
                     Durability::None
                 },
             ),
+            order_log_entry: c.order_log_entry.unwrap_or_default(),
             admin_token: c.admin_token.filter(|s| !s.is_empty()),
             token_secret: c.token_secret.filter(|s| !s.is_empty()),
             payment_secret: c.payment_secret.filter(|s| !s.is_empty()),

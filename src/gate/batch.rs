@@ -14,7 +14,7 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use super::reply::verdicts_from_reply;
 use super::{GateError, Purchase, RateLimit, Verdict};
-use crate::config::Durability;
+use crate::config::{Durability, EntryForm};
 use crate::redis_client::keys::SaleKeys;
 use crate::redis_client::RedisConn;
 
@@ -83,6 +83,7 @@ pub fn start(
     script: Script,
     prefix: String,
     rate: RateLimit,
+    entry: EntryForm,
     durable: Option<Arc<Durable>>,
     calls_in_flight: usize,
 ) -> Batches {
@@ -91,6 +92,7 @@ pub fn start(
         conn,
         script,
         rate,
+        entry,
         durable,
     });
     tokio::spawn(run(caller, prefix, attempts, calls_in_flight));
@@ -101,6 +103,8 @@ struct Caller {
     conn: RedisConn,
     script: Script,
     rate: RateLimit,
+    /// How the script writes an accepted order into the stream.
+    entry: EntryForm,
     durable: Option<Arc<Durable>>,
 }
 
@@ -230,7 +234,8 @@ impl Caller {
         call.arg(sale_id)
             .arg(self.rate.interval_ms())
             .arg(self.rate.tolerance_ms())
-            .arg(if self.conn.is_cluster() { "1" } else { "0" });
+            .arg(if self.conn.is_cluster() { "1" } else { "0" })
+            .arg(self.entry.name());
         for a in &group {
             let p = &a.purchase;
             call.arg(p.user_id)

@@ -65,10 +65,15 @@ for _, entry in ipairs(redis.call('XRANGE', KEYS[3], '-', '+')) do
   for j = 1, #kv, 2 do
     f[kv[j]] = kv[j + 1]
   end
-  if f.order_id and f.user_id and tonumber(f.quantity) then
-    count(f.order_id, f.user_id, tonumber(f.quantity))
+  local order_id, user, qty = f.order_id, f.user_id, f.quantity
+  if f.o then
+    -- purchase.lua's one field: order_id:sale_id:user_id:quantity:price_cents:accepted_at
+    order_id, user, qty = string.match(f.o, '^(%d+):%d+:(%d+):(%d+):%d+:%d+$')
+  end
+  if order_id and user and tonumber(qty) then
+    count(order_id, user, tonumber(qty))
     -- Still queued: lookups (GET /api/orders/{id}, pay, cancel) keep finding it.
-    redis.call('HSET', KEYS[4], f.order_id, f.user_id .. ':' .. f.quantity)
+    redis.call('HSET', KEYS[4], order_id, user .. ':' .. qty)
   end
 end
 -- Orders written to SQL after the snapshot.

@@ -9,14 +9,17 @@
 -- KEYS[5+i] attempt i's purchase-token marker (any key of the sale when it has no token)
 -- ARGV[1] sale_id  ARGV[2] emission interval ms (0: no rate limit)  ARGV[3] burst tolerance ms
 -- ARGV[4] 1 when the client may resend a call Redis already ran (a cluster client), else 0
--- then five values per attempt i, from ARGV[5*i]: user_id, quantity, order_id, how long
+-- ARGV[5] how an accepted order is written into the stream: packed (one field 'o',
+-- 'order_id:sale_id:user_id:quantity:price_cents:accepted_at') or fields (one field per
+-- value, the only form writers of builds before 2026-11-27 read)
+-- then five values per attempt i, from ARGV[5*i+1]: user_id, quantity, order_id, how long
 -- to remember its spent purchase token in ms (0: no token; -1: the attempt is tried again
 -- after a move of stock into its segment, its token and rate were spent by the first try),
 -- and its deadline (Unix ms).
 -- Returns {code, number, code, number, ...}, one pair per attempt: code is ok | not_loaded |
 -- expired | rate_limited (ms to wait) | not_started | ended | paused | token_used |
 -- already_purchased | over_limit | sold_out.
-local attempts = (#ARGV - 4) / 5
+local attempts = (#ARGV - 5) / 5
 local out = {}
 local sale = redis.call('HMGET', KEYS[1], 'stock', 'limit', 'begins', 'ends', 'paused', 'price')
 if not sale[1] then
@@ -35,11 +38,12 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local interval = tonumber(ARGV[2])
 local tolerance = tonumber(ARGV[3])
 local resends = ARGV[4] == '1'
+local packed = ARGV[5] == 'packed'
 -- Units taken by this call's attempts, not yet written to the sale hash.
 local taken = 0
 
 local function decide(i)
-  local base = 5 * i
+  local base = 5 * i + 1
   local user = ARGV[base]
   -- The same attempt again: a cluster client resends a command whose connection broke
   -- after Redis ran it. Its order stands; it must not take a second unit. (Checked only
@@ -96,9 +100,15 @@ local function decide(i)
     if now_held <= limit then
       stock = stock - qty
       taken = taken + qty
-      redis.call('XADD', KEYS[3], '*',
-        'order_id', ARGV[base + 2], 'sale_id', ARGV[1], 'user_id', user,
-        'quantity', qty, 'price_cents', sale[6], 'accepted_at', now)
+      if packed then
+        -- Redis stores, and every writer reads back, two strings an order instead of twelve.
+        redis.call('XADD', KEYS[3], '*', 'o',
+          ARGV[base + 2] .. ':' .. ARGV[1] .. ':' .. user .. ':' .. qty .. ':' .. sale[6] .. ':' .. now)
+      else
+        redis.call('XADD', KEYS[3], '*',
+          'order_id', ARGV[base + 2], 'sale_id', ARGV[1], 'user_id', user,
+          'quantity', qty, 'price_cents', sale[6], 'accepted_at', now)
+      end
       redis.call('HSET', KEYS[4], ARGV[base + 2], user .. ':' .. qty)
       return 'ok', stock
     end

@@ -50,6 +50,8 @@ pub struct RedisGate {
     segments: std::sync::RwLock<std::collections::HashMap<i64, i64>>,
     /// Per-user request rate, checked inside the purchase script (off by default).
     rate: RateLimit,
+    /// How the purchase script writes an accepted order into the stream.
+    entry: crate::config::EntryForm,
     /// Key names per (sale, segments, segment), built once: formatting them on every
     /// purchase showed in profiles.
     keys: std::sync::RwLock<std::collections::HashMap<(i64, i64, i64), std::sync::Arc<SaleKeys>>>,
@@ -99,6 +101,7 @@ impl RedisGate {
                 per_sec: 0.0,
                 burst: 1,
             },
+            entry: Default::default(),
             keys: Default::default(),
             batches: std::sync::OnceLock::new(),
             sale_batches: Default::default(),
@@ -202,6 +205,12 @@ impl RedisGate {
         self
     }
 
+    /// Writes accepted orders into the stream in this form (see `EntryForm`).
+    pub fn with_entry_form(mut self, entry: crate::config::EntryForm) -> Self {
+        self.entry = entry;
+        self
+    }
+
     /// Loads the scripts into Redis once at start-up; calls then go by EVALSHA, and a
     /// NOSCRIPT (after a Redis restart) reloads transparently.
     pub async fn prepare(&self) -> Result<(), GateError> {
@@ -231,6 +240,7 @@ impl RedisGate {
             self.purchase.clone(),
             self.prefix.clone(),
             self.rate,
+            self.entry,
             self.durable.clone(),
             self.calls_in_flight,
         )

@@ -244,10 +244,54 @@ fn bytes(v: &Value) -> Option<&[u8]> {
     }
 }
 
+/// The one field of an entry purchase.lua appends: [`FIELDS`]' values joined by ':'.
+const PACKED: &[u8] = b"o";
+
 /// An order from an entry's fields `[k, v, k, v, ...]`, read where they lie: a writer
 /// reads a thousand entries a batch, and copying each into a map of strings was a tenth
-/// of its allocations.
+/// of its allocations. Reads both forms: the packed field, and one field per value
+/// (appended by builds before it, and still left in a stream across an upgrade).
 fn parse_order(kv: &[Value]) -> Result<NewOrder, String> {
+    match kv {
+        [k, v] if bytes(k) == Some(PACKED) => parse_packed(v),
+        _ => parse_fields(kv),
+    }
+}
+
+fn parse_packed(v: &Value) -> Result<NewOrder, String> {
+    let text = bytes(v)
+        .and_then(|b| std::str::from_utf8(b).ok())
+        .ok_or("field o is not text")?;
+    let mut values = [0i64; 6];
+    let mut parts = text.split(':');
+    for (slot, value) in values.iter_mut().enumerate() {
+        *value = parts
+            .next()
+            .and_then(|p| p.parse().ok())
+            .ok_or_else(|| format!("field o: {} is not an integer", FIELDS[slot]))?;
+    }
+    if parts.next().is_some() {
+        return Err("field o has more than six values".into());
+    }
+    let [id, sale_id, user_id, quantity, price_cents, accepted_at] = values;
+    checked(NewOrder {
+        id,
+        sale_id,
+        user_id,
+        quantity,
+        price_cents,
+        accepted_at,
+    })
+}
+
+fn checked(order: NewOrder) -> Result<NewOrder, String> {
+    if order.quantity <= 0 || order.id <= 0 {
+        return Err("quantity and order_id must be positive".into());
+    }
+    Ok(order)
+}
+
+fn parse_fields(kv: &[Value]) -> Result<NewOrder, String> {
     let mut values: [Option<i64>; 6] = [None; 6];
     for pair in kv.chunks(2) {
         let (Some(k), Some(v)) = (pair.first(), pair.get(1)) else {
@@ -267,18 +311,14 @@ fn parse_order(kv: &[Value]) -> Result<NewOrder, String> {
             Some(parsed.ok_or_else(|| format!("field {} is not an integer", FIELDS[slot]))?);
     }
     let get = |slot: usize| values[slot].ok_or_else(|| format!("missing field {}", FIELDS[slot]));
-    let order = NewOrder {
+    checked(NewOrder {
         id: get(0)?,
         sale_id: get(1)?,
         user_id: get(2)?,
         quantity: get(3)?,
         price_cents: get(4)?,
         accepted_at: get(5)?,
-    };
-    if order.quantity <= 0 || order.id <= 0 {
-        return Err("quantity and order_id must be positive".into());
-    }
-    Ok(order)
+    })
 }
 
 /// Adds stream entries `[[id, [k, v, ...]], ...]` of `stream` to the batch.
@@ -801,11 +841,33 @@ mod tests {
             "accepted_at",
             "7",
         ];
-        let entries = Value::Array(vec![entry("1-0", &good), entry("2-0", &["order_id", "x"])]);
+        let entries = Value::Array(vec![
+            entry("1-0", &good),
+            entry("2-0", &["order_id", "x"]),
+            entry("3-0", &["o", "6:1:10:2:100:8"]),
+            entry("4-0", &["o", "6:1:10:2:100"]),
+            entry("5-0", &["o", "6:1:10:2:100:8:9"]),
+            entry("6-0", &["o", "6:1:x:2:100:8"]),
+            entry("7-0", &["o", "0:1:10:2:100:8"]),
+        ]);
         let mut batch = Batch::default();
         collect_entries("s", &entries, &mut batch);
-        assert_eq!(batch.deliveries.len(), 1);
-        assert_eq!(batch.deliveries[0].order.user_id, 9);
-        assert_eq!(batch.malformed.len(), 1);
+        let read: Vec<_> = batch
+            .deliveries
+            .iter()
+            .map(|d| {
+                let o = &d.order;
+                (
+                    o.id,
+                    o.sale_id,
+                    o.user_id,
+                    o.quantity,
+                    o.price_cents,
+                    o.accepted_at,
+                )
+            })
+            .collect();
+        assert_eq!(read, [(5, 1, 9, 1, 100, 7), (6, 1, 10, 2, 100, 8)]);
+        assert_eq!(batch.malformed.len(), 5, "{:?}", batch.malformed);
     }
 }

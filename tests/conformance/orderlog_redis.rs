@@ -14,6 +14,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::common::Sql;
+use seckill::config::EntryForm;
 use seckill::gate::redis::RedisGate;
 use seckill::gate::{Gate, Purchase, SaleLoad, Verdict};
 use seckill::orderlog::redis_stream::StreamLog;
@@ -188,6 +189,107 @@ async fn a_killed_consumers_batch_is_reclaimed_and_written_once() {
             "{kind:?}: acknowledged and removed"
         );
     }
+}
+
+/// A fleet mid-upgrade (`--order-log-entry fields` on some gates): one stream holds entries
+/// of both forms. A gate rebuilt from it counts every entry of either form, and the writer
+/// writes each order with its own values.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orders_of_either_entry_form_are_rebuilt_and_written() {
+    let s = setup(Sql::Postgres).await;
+    let sale_id = s.open_sale(100).await;
+    let fields = RedisGate::new(s.conn.clone(), &s.prefix).with_entry_form(EntryForm::Fields);
+    fields.prepare().await.unwrap();
+    let old = Setup {
+        prefix: s.prefix.clone(),
+        client: s.client.clone(),
+        conn: s.conn.clone(),
+        gate: Arc::new(fields),
+        store: s.store.clone(),
+    };
+    let mut ids = s.buy_all(sale_id, 1..11).await;
+    ids.extend(old.buy_all(sale_id, 11..21).await);
+
+    let keys = SaleKeys::new(&s.prefix, sale_id);
+    let mut conn = s.conn.clone();
+    let entries: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+        .arg(&keys.stream)
+        .arg("-")
+        .arg("+")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let form = |f: &[(String, String)]| f.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>();
+    assert_eq!(form(&entries[0].1), ["o"]);
+    assert_eq!(
+        form(&entries[19].1),
+        [
+            "order_id",
+            "sale_id",
+            "user_id",
+            "quantity",
+            "price_cents",
+            "accepted_at"
+        ]
+    );
+
+    // Redis loses the sale's gate but not its stream: the load counts all twenty entries.
+    let _: i64 = redis::cmd("DEL")
+        .arg(&keys.sale)
+        .arg(&keys.buyers)
+        .arg(&keys.accepted)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let sale = s.store.sale(sale_id).await.unwrap().unwrap();
+    let load = SaleLoad {
+        sale: sale.clone(),
+        remaining: 100,
+        buyers: vec![],
+        released: vec![],
+        counted: vec![],
+        segment: 0,
+        moves: Vec::new(),
+    };
+    assert!(s.gate.load(&load).await.unwrap());
+    let (stock, buyers, queued): (i64, i64, i64) = redis::pipe()
+        .hget(&keys.sale, "stock")
+        .hlen(&keys.buyers)
+        .hlen(&keys.accepted)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!((stock, buyers, queued), (80, 20, 20));
+
+    let log = s.consumer(Duration::from_secs(10), sale_id).await;
+    let writer = s.writer(log);
+    let (stop, stop_rx) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(writer.run(stop_rx));
+    let store = s.store.clone();
+    common::eventually(20, "20 orders written", || {
+        let store = store.clone();
+        async move { store.orders_of_sale(sale_id).await.unwrap().len() == 20 }
+    })
+    .await;
+    stop.send(true).unwrap();
+    task.await.unwrap();
+    let mut written: Vec<(i64, i64, i64, i64)> = s
+        .store
+        .orders_of_sale(sale_id)
+        .await
+        .unwrap()
+        .iter()
+        .map(|o| (o.id, o.user_id, o.quantity, o.price_cents))
+        .collect();
+    written.sort();
+    let mut want: Vec<(i64, i64, i64, i64)> = ids
+        .iter()
+        .zip(1..21)
+        .map(|(id, user)| (*id, user, 1, sale.price_cents))
+        .collect();
+    want.sort();
+    assert_eq!(written, want);
+    assert_eq!(backlog(&mut conn, &s.prefix, sale_id).await, (0, 0, 0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -375,7 +477,8 @@ async fn an_entry_is_set_aside_once() {
     let fields = &dead[0].1;
     assert!(fields.contains(&("source_id".to_string(), id.clone())));
     assert!(fields.contains(&("reason".to_string(), "first".to_string())));
-    assert!(fields.iter().any(|(k, _)| k == "order_id"), "{fields:?}");
+    // The order itself goes with it, as purchase.lua packed it.
+    assert!(fields.iter().any(|(k, _)| k == "o"), "{fields:?}");
 }
 
 fn receipts(stream: &str, ids: Vec<String>) -> Vec<Receipt> {

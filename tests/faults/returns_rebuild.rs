@@ -117,7 +117,8 @@ async fn flush(port: u16, sale: i64) -> Vec<i64> {
         .unwrap();
     entries
         .iter()
-        .filter_map(|(_, f)| f.get("order_id")?.parse().ok())
+        // purchase.lua packs an order as "order_id:sale_id:user_id:...".
+        .filter_map(|(_, f)| f.get("o")?.split(':').next()?.parse().ok())
         .collect()
 }
 
