@@ -70,10 +70,11 @@ pub struct ConfigArgs {
     /// else none]. When the wait fails the buyer is answered 202 pending, never ok.
     #[arg(long, env = "SECKILL_REDIS_DURABILITY", global = true)]
     pub redis_durability: Option<Durability>,
-    /// How the gate writes an accepted order into the Redis order log: packed (one field,
-    /// what this build's writers read fastest) or fields (one field per value, the only
-    /// form builds before 2026-11-27 read: keep it while any of those still run a writer
-    /// on the same Redis, as in a rolling upgrade) [default: packed].
+    /// How the gate writes an accepted order into the Redis order log: fields (one field
+    /// per value, the only form builds before 2026-11-27 read) or packed (one field, which
+    /// this build's writers read in a third less CPU). Packed only once no process of an
+    /// earlier build uses the same Redis: those would dead-letter packed orders and leave
+    /// them out of a gate rebuild [default: fields].
     #[arg(long, env = "SECKILL_ORDER_LOG_ENTRY", global = true)]
     pub order_log_entry: Option<EntryForm>,
     /// Bearer token of the admin API; the admin API is closed when unset.
@@ -343,11 +344,11 @@ impl Durability {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum EntryForm {
-    /// One field `o`: `order_id:sale_id:user_id:quantity:price_cents:accepted_at`.
-    #[default]
-    Packed,
     /// One field per value (`order_id`, `sale_id`, ...), as earlier builds wrote them.
+    #[default]
     Fields,
+    /// One field `o`: `order_id:sale_id:user_id:quantity:price_cents:accepted_at`.
+    Packed,
 }
 
 impl EntryForm {

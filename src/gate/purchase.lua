@@ -20,6 +20,10 @@
 -- expired | rate_limited (ms to wait) | not_started | ended | paused | token_used |
 -- already_purchased | over_limit | sold_out.
 local attempts = (#ARGV - 5) / 5
+-- A caller with another argument layout would have every attempt read the wrong values.
+if ARGV[5] ~= 'packed' and ARGV[5] ~= 'fields' then
+  return redis.error_reply('ERR purchase.lua: ARGV[5] must be packed or fields')
+end
 local out = {}
 local sale = redis.call('HMGET', KEYS[1], 'stock', 'limit', 'begins', 'ends', 'paused', 'price')
 if not sale[1] then

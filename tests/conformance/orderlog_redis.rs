@@ -191,26 +191,60 @@ async fn a_killed_consumers_batch_is_reclaimed_and_written_once() {
     }
 }
 
-/// A fleet mid-upgrade (`--order-log-entry fields` on some gates): one stream holds entries
-/// of both forms. A gate rebuilt from it counts every entry of either form, and the writer
-/// writes each order with its own values.
+/// A fleet mid-upgrade (`--order-log-entry`): one stream holds entries of both forms. A gate
+/// rebuilt from it counts every entry of either form, and the writer writes each order with
+/// its own values.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn orders_of_either_entry_form_are_rebuilt_and_written() {
     let s = setup(Sql::Postgres).await;
-    let sale_id = s.open_sale(100).await;
-    let fields = RedisGate::new(s.conn.clone(), &s.prefix).with_entry_form(EntryForm::Fields);
-    fields.prepare().await.unwrap();
-    let old = Setup {
-        prefix: s.prefix.clone(),
-        client: s.client.clone(),
-        conn: s.conn.clone(),
-        gate: Arc::new(fields),
-        store: s.store.clone(),
+    let mut sale = common::sale(common::next_id(), 100, 3);
+    sale.price_cents = 1234;
+    s.store.create_sale(&sale).await.unwrap();
+    let load = SaleLoad {
+        sale: sale.clone(),
+        remaining: 100,
+        buyers: vec![],
+        released: vec![],
+        counted: vec![],
+        segment: 0,
+        moves: Vec::new(),
     };
-    let mut ids = s.buy_all(sale_id, 1..11).await;
-    ids.extend(old.buy_all(sale_id, 11..21).await);
+    assert!(s.gate.load(&load).await.unwrap());
+    let since = seckill::clock::wall_ms();
+    // Buyers 1..=10 through a gate writing packed entries, 11..=20 through one writing
+    // fields; buyer u takes 1 + u % 3 units.
+    let mut want = Vec::new();
+    for form in [EntryForm::Packed, EntryForm::Fields] {
+        let gate = RedisGate::new(s.conn.clone(), &s.prefix).with_entry_form(form);
+        gate.prepare().await.unwrap();
+        let users = if form == EntryForm::Packed {
+            1..11
+        } else {
+            11..21
+        };
+        for user in users {
+            let order_id = common::next_id();
+            let quantity = 1 + user % 3;
+            let v = gate
+                .purchase(Purchase {
+                    sale_id: sale.id,
+                    user_id: user,
+                    quantity,
+                    order_id,
+                    token: None,
+                    segments: 1,
+                    after_move: false,
+                })
+                .await
+                .unwrap();
+            assert!(matches!(v, Verdict::Accepted { .. }), "{v:?}");
+            want.push((order_id, sale.id, user, quantity, 1234));
+        }
+    }
+    let units: i64 = want.iter().map(|o| o.3).sum();
+    let until = seckill::clock::wall_ms();
 
-    let keys = SaleKeys::new(&s.prefix, sale_id);
+    let keys = SaleKeys::new(&s.prefix, sale.id);
     let mut conn = s.conn.clone();
     let entries: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
         .arg(&keys.stream)
@@ -232,6 +266,11 @@ async fn orders_of_either_entry_form_are_rebuilt_and_written() {
             "accepted_at"
         ]
     );
+    let queued_before: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
+        .arg(&keys.accepted)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
 
     // Redis loses the sale's gate but not its stream: the load counts all twenty entries.
     let _: i64 = redis::cmd("DEL")
@@ -241,55 +280,55 @@ async fn orders_of_either_entry_form_are_rebuilt_and_written() {
         .query_async(&mut conn)
         .await
         .unwrap();
-    let sale = s.store.sale(sale_id).await.unwrap().unwrap();
-    let load = SaleLoad {
-        sale: sale.clone(),
-        remaining: 100,
-        buyers: vec![],
-        released: vec![],
-        counted: vec![],
-        segment: 0,
-        moves: Vec::new(),
-    };
     assert!(s.gate.load(&load).await.unwrap());
-    let (stock, buyers, queued): (i64, i64, i64) = redis::pipe()
+    let (stock, buyers): (i64, std::collections::HashMap<i64, i64>) = redis::pipe()
         .hget(&keys.sale, "stock")
-        .hlen(&keys.buyers)
-        .hlen(&keys.accepted)
+        .hgetall(&keys.buyers)
         .query_async(&mut conn)
         .await
         .unwrap();
-    assert_eq!((stock, buyers, queued), (80, 20, 20));
+    assert_eq!(stock, 100 - units);
+    let held: std::collections::HashMap<i64, i64> = want.iter().map(|o| (o.2, o.3)).collect();
+    assert_eq!(buyers, held);
+    let queued: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
+        .arg(&keys.accepted)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(queued, queued_before);
+    assert_eq!(queued.len(), 20);
 
-    let log = s.consumer(Duration::from_secs(10), sale_id).await;
+    let log = s.consumer(Duration::from_secs(10), sale.id).await;
     let writer = s.writer(log);
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
     let task = tokio::spawn(writer.run(stop_rx));
     let store = s.store.clone();
     common::eventually(20, "20 orders written", || {
         let store = store.clone();
-        async move { store.orders_of_sale(sale_id).await.unwrap().len() == 20 }
+        async move { store.orders_of_sale(sale.id).await.unwrap().len() == 20 }
     })
     .await;
     stop.send(true).unwrap();
     task.await.unwrap();
-    let mut written: Vec<(i64, i64, i64, i64)> = s
-        .store
-        .orders_of_sale(sale_id)
-        .await
-        .unwrap()
+    let orders = s.store.orders_of_sale(sale.id).await.unwrap();
+    assert!(
+        orders
+            .iter()
+            .all(|o| (since..=until).contains(&o.accepted_at)),
+        "accepted_at from Redis' clock, during the purchases"
+    );
+    let mut written: Vec<_> = orders
         .iter()
-        .map(|o| (o.id, o.user_id, o.quantity, o.price_cents))
+        .map(|o| (o.id, o.sale_id, o.user_id, o.quantity, o.price_cents))
         .collect();
     written.sort();
-    let mut want: Vec<(i64, i64, i64, i64)> = ids
-        .iter()
-        .zip(1..21)
-        .map(|(id, user)| (*id, user, 1, sale.price_cents))
-        .collect();
     want.sort();
     assert_eq!(written, want);
-    assert_eq!(backlog(&mut conn, &s.prefix, sale_id).await, (0, 0, 0));
+    assert_eq!(
+        s.store.sale(sale.id).await.unwrap().unwrap().stock,
+        100 - units
+    );
+    assert_eq!(backlog(&mut conn, &s.prefix, sale.id).await, (0, 0, 0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -298,12 +337,20 @@ async fn the_running_writer_drains_the_stream_and_dead_letters_the_unwritable() 
     let sale_id = s.open_sale(50).await;
     let keys = SaleKeys::new(&s.prefix, sale_id);
     let mut conn = s.conn.clone();
-    // An entry no writer can parse, and one for a sale SQL does not know.
+    // Entries no writer can parse, in either form, and one for a sale SQL does not know.
     let _: String = redis::cmd("XADD")
         .arg(&keys.stream)
         .arg("*")
         .arg("order_id")
         .arg("not-a-number")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: String = redis::cmd("XADD")
+        .arg(&keys.stream)
+        .arg("*")
+        .arg("o")
+        .arg(format!("{}:{sale_id}:5:1:100", common::next_id()))
         .query_async(&mut conn)
         .await
         .unwrap();
@@ -345,7 +392,7 @@ async fn the_running_writer_drains_the_stream_and_dead_letters_the_unwritable() 
         stats
             .dead_letters
             .load(std::sync::atomic::Ordering::Relaxed),
-        2
+        3
     );
     let dead: redis::Value = redis::cmd("XRANGE")
         .arg(&keys.dead)
@@ -359,6 +406,7 @@ async fn the_running_writer_drains_the_stream_and_dead_letters_the_unwritable() 
         text.contains("not an integer") || text.contains("missing field"),
         "{text}"
     );
+    assert!(text.contains("field o: accepted_at"), "{text}");
     assert!(text.contains("does not exist"), "{text}");
     let written: Vec<i64> = s
         .store
@@ -477,8 +525,8 @@ async fn an_entry_is_set_aside_once() {
     let fields = &dead[0].1;
     assert!(fields.contains(&("source_id".to_string(), id.clone())));
     assert!(fields.contains(&("reason".to_string(), "first".to_string())));
-    // The order itself goes with it, as purchase.lua packed it.
-    assert!(fields.iter().any(|(k, _)| k == "o"), "{fields:?}");
+    // The order itself goes with it, in the gate's form (the default: a field per value).
+    assert!(fields.iter().any(|(k, _)| k == "order_id"), "{fields:?}");
 }
 
 fn receipts(stream: &str, ids: Vec<String>) -> Vec<Receipt> {

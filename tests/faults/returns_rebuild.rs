@@ -117,8 +117,14 @@ async fn flush(port: u16, sale: i64) -> Vec<i64> {
         .unwrap();
     entries
         .iter()
-        // purchase.lua packs an order as "order_id:sale_id:user_id:...".
-        .filter_map(|(_, f)| f.get("o")?.split(':').next()?.parse().ok())
+        // Either form of entry (--order-log-entry): "o" packs "order_id:sale_id:...".
+        .filter_map(|(_, f)| {
+            let packed = f.get("o").and_then(|o| o.split(':').next());
+            packed
+                .or(f.get("order_id").map(String::as_str))?
+                .parse()
+                .ok()
+        })
         .collect()
 }
 
