@@ -119,12 +119,14 @@ async fn oldest_unwritten(st: &AppState) -> Result<Option<(i64, i64)>, ApiError>
 )]
 pub async fn metrics(_: MetricsReader, State(st): State<Arc<AppState>>) -> Response {
     let mut out = String::new();
-    // What this instance runs, for dashboards and `seckill bench --target`.
+    // What this instance runs, for dashboards and `seckill bench --target`; the order log's
+    // entry form, to see where a fleet's upgrade stands.
     out.push_str(&format!(
-        "# HELP seckill_info This instance's version and gate.\n# TYPE seckill_info gauge\nseckill_info{{version=\"{}\",gate=\"{}\",durability=\"{}\"}} 1\n",
+        "# HELP seckill_info This instance's version and gate.\n# TYPE seckill_info gauge\nseckill_info{{version=\"{}\",gate=\"{}\",durability=\"{}\",entry=\"{}\"}} 1\n",
         env!("CARGO_PKG_VERSION"),
         st.config.gate.name(),
-        st.config.redis_durability.name()
+        st.config.redis_durability.name(),
+        st.config.order_log_entry.name()
     ));
     st.metrics.render(&mut out);
     st.writer_stats.render(&mut out);
