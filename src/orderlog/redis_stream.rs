@@ -852,22 +852,16 @@ mod tests {
         ]);
         let mut batch = Batch::default();
         collect_entries("s", &entries, &mut batch);
-        let read: Vec<_> = batch
-            .deliveries
-            .iter()
-            .map(|d| {
-                let o = &d.order;
-                (
-                    o.id,
-                    o.sale_id,
-                    o.user_id,
-                    o.quantity,
-                    o.price_cents,
-                    o.accepted_at,
-                )
-            })
-            .collect();
-        assert_eq!(read, [(5, 1, 9, 1, 100, 7), (6, 1, 10, 2, 100, 8)]);
+        let order = |id, user_id, quantity, accepted_at| NewOrder {
+            id,
+            sale_id: 1,
+            user_id,
+            quantity,
+            price_cents: 100,
+            accepted_at,
+        };
+        let read: Vec<_> = batch.deliveries.iter().map(|d| d.order.clone()).collect();
+        assert_eq!(read, [order(5, 9, 1, 7), order(6, 10, 2, 8)]);
         assert_eq!(batch.malformed.len(), 5, "{:?}", batch.malformed);
     }
 }

@@ -109,27 +109,36 @@ impl Setup {
     }
 
     async fn buy_all(&self, sale_id: i64, users: std::ops::Range<i64>) -> Vec<i64> {
-        let mut ids = Vec::new();
-        for user in users {
-            let order_id = common::next_id();
-            let v = self
-                .gate
-                .purchase(Purchase {
-                    sale_id,
-                    user_id: user,
-                    quantity: 1,
-                    order_id,
-                    token: None,
-                    segments: 1,
-                    after_move: false,
-                })
-                .await
-                .unwrap();
-            assert!(matches!(v, Verdict::Accepted { .. }));
-            ids.push(order_id);
-        }
-        ids
+        buy_through(&self.gate, sale_id, users, |_| 1).await
     }
+}
+
+/// Each user buys `quantity(user)` units through `gate`; the order ids, in turn.
+async fn buy_through(
+    gate: &RedisGate,
+    sale_id: i64,
+    users: std::ops::Range<i64>,
+    quantity: impl Fn(i64) -> i64,
+) -> Vec<i64> {
+    let mut ids = Vec::new();
+    for user in users {
+        let order_id = common::next_id();
+        let v = gate
+            .purchase(Purchase {
+                sale_id,
+                user_id: user,
+                quantity: quantity(user),
+                order_id,
+                token: None,
+                segments: 1,
+                after_move: false,
+            })
+            .await
+            .unwrap();
+        assert!(matches!(v, Verdict::Accepted { .. }));
+        ids.push(order_id);
+    }
+    ids
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -213,6 +222,7 @@ async fn orders_of_either_entry_form_are_rebuilt_and_written() {
     let since = seckill::clock::wall_ms();
     // Buyers 1..=10 through a gate writing packed entries, 11..=20 through one writing
     // fields; buyer u takes 1 + u % 3 units.
+    let quantity = |user: i64| 1 + user % 3;
     let mut want = Vec::new();
     for form in [EntryForm::Packed, EntryForm::Fields] {
         let gate = RedisGate::new(s.conn.clone(), &s.prefix).with_entry_form(form);
@@ -222,23 +232,9 @@ async fn orders_of_either_entry_form_are_rebuilt_and_written() {
         } else {
             11..21
         };
-        for user in users {
-            let order_id = common::next_id();
-            let quantity = 1 + user % 3;
-            let v = gate
-                .purchase(Purchase {
-                    sale_id: sale.id,
-                    user_id: user,
-                    quantity,
-                    order_id,
-                    token: None,
-                    segments: 1,
-                    after_move: false,
-                })
-                .await
-                .unwrap();
-            assert!(matches!(v, Verdict::Accepted { .. }), "{v:?}");
-            want.push((order_id, sale.id, user, quantity, 1234));
+        let ids = buy_through(&gate, sale.id, users.clone(), quantity).await;
+        for (order_id, user) in ids.into_iter().zip(users) {
+            want.push((order_id, sale.id, user, quantity(user), 1234));
         }
     }
     let units: i64 = want.iter().map(|o| o.3).sum();
