@@ -244,13 +244,14 @@ fn bytes(v: &Value) -> Option<&[u8]> {
     }
 }
 
-/// The one field of an entry purchase.lua appends: [`FIELDS`]' values joined by ':'.
+/// The one field of a packed entry (`--order-log-entry packed`): [`FIELDS`]' values
+/// joined by ':'.
 const PACKED: &[u8] = b"o";
 
 /// An order from an entry's fields `[k, v, k, v, ...]`, read where they lie: a writer
 /// reads a thousand entries a batch, and copying each into a map of strings was a tenth
-/// of its allocations. Reads both forms: the packed field, and one field per value
-/// (appended by builds before it, and still left in a stream across an upgrade).
+/// of its allocations. Reads both forms: the packed field, and one field per value (the
+/// default form, and the only one earlier builds wrote).
 fn parse_order(kv: &[Value]) -> Result<NewOrder, String> {
     match kv {
         [k, v] if bytes(k) == Some(PACKED) => parse_packed(v),
