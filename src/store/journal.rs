@@ -199,7 +199,7 @@ impl Store {
         Ok(())
     }
 
-    /// Rows without an actor or detail (a writer's batch: a row per order) in one
+    /// Rows without an actor or detail (an expiry batch: a row per order) in one
     /// statement of one shape, columns as arrays (see `store::pg_array`).
     async fn journal_rows_pg(
         &self,

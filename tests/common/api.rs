@@ -574,3 +574,20 @@ impl Api {
         self.get("/openapi.json", None).await.json()
     }
 }
+
+/// Orders a journal's `written` rows account for: the writer puts one row per sale and
+/// batch, its detail "N orders".
+pub fn written_orders(journal: &Value) -> usize {
+    journal["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["cause"] == "written")
+        .map(|r| {
+            let detail = r["detail"].as_str().unwrap_or_default();
+            let n = detail.strip_suffix(" orders").unwrap_or_default();
+            n.parse::<usize>()
+                .unwrap_or_else(|_| panic!("a written row's detail: {r}"))
+        })
+        .sum()
+}

@@ -250,7 +250,7 @@ async fn run(d: Deployment) {
     let returned_orders = by_status.get(&OrderStatus::Cancelled).copied().unwrap_or(0)
         + by_status.get(&OrderStatus::Expired).copied().unwrap_or(0);
     assert_eq!(
-        count("written"),
+        common::api::written_orders(&journal),
         STOCK as usize + returned as usize,
         "{}",
         d.name
