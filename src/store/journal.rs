@@ -1,4 +1,5 @@
-//! The stock journal: one row per movement of a sale's stock, with its cause and order,
+//! The stock journal: one row per movement of a sale's stock, with its cause and order
+//! (a writer's batch: one row per sale, its orders counted in the detail),
 //! written inside the transaction that moves `sales.stock`, so that a sale's rows always
 //! sum to its stock (a movement without its row, or a row without its movement, cannot
 //! commit). Rows with no delta keep the trail of what happened to the gate beside SQL:
@@ -19,7 +20,8 @@ pub enum Cause {
     Edited,
     /// A draft deleted: its stock leaves with it.
     Deleted,
-    /// An order the gate accepted, written to SQL.
+    /// A writer batch's orders of one sale, written to SQL: one row per sale and batch,
+    /// delta minus their units, detail "N orders" ("1 order"), no order id.
     Written,
     /// An order accepted and written at once by a SQL gate.
     Accepted,
@@ -199,7 +201,7 @@ impl Store {
         Ok(())
     }
 
-    /// Rows without an actor or detail (an expiry batch: a row per order) in one
+    /// Rows without an actor or detail (expiries, returns handed back: a row per order) in one
     /// statement of one shape, columns as arrays (see `store::pg_array`).
     async fn journal_rows_pg(
         &self,

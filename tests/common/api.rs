@@ -576,7 +576,7 @@ impl Api {
 }
 
 /// Orders a journal's `written` rows account for: the writer puts one row per sale and
-/// batch, its detail "N orders".
+/// batch, its detail "N orders" ("1 order"), its delta minus their units.
 pub fn written_orders(journal: &Value) -> usize {
     journal["rows"]
         .as_array()
@@ -585,9 +585,14 @@ pub fn written_orders(journal: &Value) -> usize {
         .filter(|r| r["cause"] == "written")
         .map(|r| {
             let detail = r["detail"].as_str().unwrap_or_default();
-            let n = detail.strip_suffix(" orders").unwrap_or_default();
-            n.parse::<usize>()
-                .unwrap_or_else(|_| panic!("a written row's detail: {r}"))
+            let n = detail
+                .strip_suffix(" orders")
+                .or_else(|| detail.strip_suffix(" order"))
+                .and_then(|n| n.parse::<usize>().ok())
+                .unwrap_or_else(|| panic!("a written row's detail: {r}"));
+            let delta = r["delta"].as_i64().unwrap();
+            assert!(n > 0 && delta <= -(n as i64), "a written row: {r}");
+            n
         })
         .sum()
 }

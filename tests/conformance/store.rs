@@ -608,6 +608,47 @@ async fn a_segment_snapshot_counts_its_share_its_moves_and_its_buyers_only() {
     }
 }
 
+/// A writer batch over two sales journals one `written` row per sale; a redelivery with new
+/// orders mixed in journals only those.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_batch_journals_a_row_per_sale_and_only_its_new_orders() {
+    async fn written(store: &Store, sale: i64) -> Vec<(i64, Option<i64>, Option<String>)> {
+        let rows = store.journal(sale, 0, 100).await.unwrap();
+        rows.into_iter()
+            .filter(|e| e.cause == "written")
+            .map(|e| (e.delta, e.order_id, e.detail))
+            .collect()
+    }
+    for kind in ALL_SQL {
+        let (store, _) = common::fresh_store(kind).await;
+        let a = common::sale(common::next_id(), 100, 5);
+        let b = common::sale(common::next_id(), 100, 5);
+        store.create_sale(&a).await.unwrap();
+        store.create_sale(&b).await.unwrap();
+        let mut batch: Vec<NewOrder> = (0..4).map(|u| order(a.id, u, 2)).collect();
+        batch.extend((0..3).map(|u| order(b.id, u, 1)));
+        store.write_orders(&batch).await.unwrap();
+        batch.push(order(a.id, 10, 3));
+        let out = store.write_orders(&batch).await.unwrap();
+        assert_eq!((out.written, out.duplicates), (1, 7), "{kind:?}");
+        let some = |s: &str| Some(s.to_string());
+        assert_eq!(
+            written(&store, a.id).await,
+            [(-8, None, some("4 orders")), (-3, None, some("1 order"))],
+            "{kind:?}"
+        );
+        assert_eq!(
+            written(&store, b.id).await,
+            [(-3, None, some("3 orders"))],
+            "{kind:?}"
+        );
+        for sale in [a.id, b.id] {
+            let (sum, stock) = store.journal_balance(sale).await.unwrap();
+            assert_eq!(Some(sum), stock, "{kind:?}");
+        }
+    }
+}
+
 /// Every movement of a sale's stock leaves one journal row in its own transaction: the
 /// rows sum to the stock after each step, whatever the step.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

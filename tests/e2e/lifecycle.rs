@@ -241,7 +241,8 @@ async fn run(d: Deployment) {
         d.name
     );
     // After payments, cancels, expiries and a resale: the gate matches SQL, the journal
-    // sums to the stock, and it holds one row per step of every unit.
+    // sums to the stock, its writer rows count every order once, and it holds one row per
+    // cancel, expiry and return.
     api.check_reconciled(&sale).await;
     let journal = api.journal(&sale).await;
     let rows = journal["rows"].as_array().unwrap();

@@ -429,6 +429,8 @@ pub struct JournalRow {
     segment: Option<i64>,
     delta: i64,
     cause: String,
+    /// The order the row moved; absent where the row is not one order's (a writer's
+    /// batch, the sale's creation, moves, the gate's trail).
     order_id: Option<String>,
     actor: Option<String>,
     detail: Option<String>,
