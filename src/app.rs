@@ -576,6 +576,11 @@ impl App {
             stats: self.state.writer_stats.clone(),
             fenced: self.log.shared(),
             turn: Default::default(),
+            linger: if self.log.shared() {
+                crate::writer::SHARED_LOG_LINGER
+            } else {
+                Duration::ZERO
+            },
         }
     }
 
@@ -617,7 +622,7 @@ impl App {
             } else {
                 1
             };
-            let turn = Arc::new(tokio::sync::Mutex::new(()));
+            let turn: Arc<tokio::sync::Mutex<crate::writer::ReadPace>> = Default::default();
             for _ in 0..loops {
                 let writer = Writer {
                     turn: turn.clone(),

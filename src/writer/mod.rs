@@ -18,6 +18,11 @@ use crate::orderlog::{Batch, LogError, OrderLog, Receipt};
 use crate::store::Store;
 
 const RECLAIM_EVERY: Duration = Duration::from_secs(5);
+/// A shared log's [`Writer::linger`]: in a Redis + PostgreSQL winners storm, 20 ms took
+/// batches from about 100 orders to about 500 and the CPU of an order, all processes, down
+/// by 11-15%; 30 and 50 ms took it further (17-27%) but put p99 past 3x the mean wait
+/// (BENCHMARKS.md, session 27). The local log lingers itself, on its own side of the read.
+pub const SHARED_LOG_LINGER: Duration = Duration::from_millis(20);
 /// How long the writer keeps trying to tell the gate of orders it wrote.
 const CONFIRM_FOR: Duration = Duration::from_secs(30);
 
@@ -75,9 +80,25 @@ pub struct Writer {
     /// Shared by the loops of a process, taken before the fence and let go once the read
     /// has returned: the loops read in turn (the log has one blocking reader), and a loop
     /// waiting for its turn holds no fence, so a rebuild waits for one read, not for a
-    /// queue of them.
-    pub turn: Arc<tokio::sync::Mutex<()>>,
+    /// queue of them. It keeps when the last read began and what it found (see `linger`).
+    pub turn: Arc<tokio::sync::Mutex<ReadPace>>,
+    /// How long after a read that found orders, but fewer than a batch, the next read
+    /// waits: the entries arriving meanwhile make one batch instead of several. Nobody
+    /// waits for SQL (a buyer heard `ok` once the order log had the order), and each batch
+    /// costs the instance, Redis and the database a round of calls whatever its size.
+    pub linger: Duration,
 }
+
+/// The last read of a shared log, as the loops taking turns saw it.
+#[derive(Debug, Default)]
+pub struct ReadPace {
+    /// When it began (ms, the process's clock).
+    began_ms: i64,
+    /// How many entries it found.
+    found: usize,
+}
+
+type Turn = tokio::sync::OwnedMutexGuard<ReadPace>;
 
 impl Writer {
     /// Runs until `stop` turns true (after the log has nothing in hand) or the log closes.
@@ -87,11 +108,8 @@ impl Writer {
             if *stop.borrow_and_update() || self.log.finished() {
                 break;
             }
-            let turn = if self.fenced {
-                Some(self.turn.clone().lock_owned().await)
-            } else {
-                None
-            };
+            let turn = self.turn.clone().lock_owned().await;
+            self.linger(&turn).await;
             // From before the read until the batch is in SQL (or given up).
             let fence = if self.fenced {
                 match self.store.hold_writer_fence().await {
@@ -125,6 +143,20 @@ impl Writer {
         tracing::info!("order writer stopped");
     }
 
+    /// Waits out `linger` after a read that found part of a batch, before the fence is
+    /// taken: a storm's entries then come in batches several times larger. A read that
+    /// found nothing (a quiet sale: the next one blocks until an order comes) or a full
+    /// batch (a backlog) is followed at once.
+    async fn linger(&self, last: &ReadPace) {
+        if last.found == 0 || last.found >= self.batch_max {
+            return;
+        }
+        let left = self.linger.as_millis() as i64 - (self.now() - last.began_ms);
+        if left > 0 {
+            self.sleep(Duration::from_millis(left as u64)).await;
+        }
+    }
+
     /// Now, by the process's clock (the store's).
     fn now(&self) -> i64 {
         self.store.now_ms()
@@ -138,11 +170,7 @@ impl Writer {
     /// One read of the log (a reclaim every few seconds, a new batch otherwise), written
     /// and settled; the turn is let go once the read has returned. Whether the read failed
     /// (the caller waits a while before the next).
-    async fn step(
-        &self,
-        last_reclaim: &mut i64,
-        turn: Option<tokio::sync::OwnedMutexGuard<()>>,
-    ) -> bool {
+    async fn step(&self, last_reclaim: &mut i64, mut turn: Turn) -> bool {
         if self.now() - *last_reclaim >= RECLAIM_EVERY.as_millis() as i64 {
             *last_reclaim = self.now();
             let reclaimed = self.log.reclaim(self.batch_max).await;
@@ -160,7 +188,10 @@ impl Writer {
             }
             return false;
         }
+        let began_ms = self.now();
         let read = self.log.next_batch(self.batch_max).await;
+        turn.began_ms = began_ms;
+        turn.found = read.as_ref().map_or(0, |b| b.deliveries.len());
         drop(turn);
         match read {
             Ok(batch) if batch.is_empty() => false,

@@ -43,6 +43,7 @@ impl Harness {
             stats: Arc::new(WriterStats::default()),
             fenced: false,
             turn: Default::default(),
+            linger: std::time::Duration::ZERO,
         };
         tokio::spawn(writer.run(stop_rx));
         Harness {
@@ -467,6 +468,7 @@ async fn a_user_firing_requests_is_throttled_before_touching_the_stock() {
         stats: Arc::new(WriterStats::default()),
         fenced: false,
         turn: Default::default(),
+        linger: std::time::Duration::ZERO,
     };
     tokio::spawn(writer.run(stop_rx));
     let (_, conn) = seckill::app::redis_manager(&common::redis_url())

@@ -336,6 +336,7 @@ async fn gates_take_each_order_back_once_and_skip_what_their_load_counted() {
         stats: Default::default(),
         fenced: false,
         turn: Default::default(),
+        linger: std::time::Duration::ZERO,
     };
     let (_stop, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(writer.run(stop_rx));

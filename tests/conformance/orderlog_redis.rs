@@ -67,6 +67,7 @@ impl Setup {
             stats: Arc::new(WriterStats::default()),
             fenced: false,
             turn: Default::default(),
+            linger: std::time::Duration::ZERO,
         }
     }
 
@@ -560,6 +561,81 @@ async fn stream_ids(conn: &mut seckill::redis_client::RedisConn, stream: &str) -
 /// acknowledged entries that stay in the stream, where no read delivers them again and they
 /// count as unwritten for ever (a nemesis run in CI ended with 463 such entries and the gate
 /// never matching SQL, when the ack was an XACK and an XDEL in one pipeline).
+/// Runs `writer` until `sale_id` has `orders` orders in SQL; its batches, and how long
+/// that took from the start.
+async fn write_until(s: &Setup, writer: Writer, sale_id: i64, orders: usize) -> (u64, Duration) {
+    let stats = writer.stats.clone();
+    let (stop, stop_rx) = tokio::sync::watch::channel(false);
+    let started = std::time::Instant::now();
+    let task = tokio::spawn(writer.run(stop_rx));
+    let store = s.store.clone();
+    common::eventually(20, &format!("{orders} orders written"), || {
+        let store = store.clone();
+        async move { store.orders_of_sale(sale_id).await.unwrap().len() == orders }
+    })
+    .await;
+    let took = started.elapsed();
+    stop.send(true).unwrap();
+    task.await.unwrap();
+    (stats.batches.load(Ordering::Relaxed), took)
+}
+
+/// After a read that found part of a batch, the writer lets the entries of the next
+/// moments gather (a storm: fewer, larger batches, each a round of calls to Redis and SQL);
+/// after a full batch (a backlog) it reads again at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_part_of_a_batch_the_writer_lingers_and_after_a_full_one_it_does_not() {
+    let s = setup(Sql::Postgres).await;
+    let sale_id = s.open_sale(100).await;
+    s.buy_all(sale_id, 1..4).await;
+    let log = s.consumer(Duration::from_secs(10), sale_id).await;
+    let writer = Writer {
+        linger: Duration::from_secs(2),
+        ..s.writer(log)
+    };
+    let stats = writer.stats.clone();
+    let (stop, stop_rx) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(writer.run(stop_rx));
+    let store = s.store.clone();
+    let written = |n: usize| {
+        let store = store.clone();
+        move || {
+            let store = store.clone();
+            async move { store.orders_of_sale(sale_id).await.unwrap().len() == n }
+        }
+    };
+    common::eventually(20, "the first 3 orders written", written(3)).await;
+    let first = std::time::Instant::now();
+    // 20 buyers more, one after another, while the writer lingers.
+    s.buy_all(sale_id, 4..24).await;
+    common::eventually(20, "23 orders written", written(23)).await;
+    let second = first.elapsed();
+    stop.send(true).unwrap();
+    task.await.unwrap();
+    assert_eq!(
+        stats.batches.load(Ordering::Relaxed),
+        2,
+        "3 orders, then 20 in one batch"
+    );
+    assert!(
+        second >= Duration::from_millis(1500),
+        "the second batch after {second:?}"
+    );
+
+    // 25 orders in the stream, batches of 10: full, full, then the rest, none waited for.
+    let sale_id = s.open_sale(100).await;
+    s.buy_all(sale_id, 1..26).await;
+    let log = s.consumer(Duration::from_secs(10), sale_id).await;
+    let writer = Writer {
+        linger: Duration::from_secs(5),
+        batch_max: 10,
+        ..s.writer(log)
+    };
+    let (batches, took) = write_until(&s, writer, sale_id, 25).await;
+    assert_eq!(batches, 3);
+    assert!(took < Duration::from_secs(4), "25 orders took {took:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acknowledgement_whose_answer_is_lost_leaves_nothing_stuck() {
     let s = setup(Sql::Postgres).await;

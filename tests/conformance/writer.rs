@@ -33,6 +33,7 @@ async fn a_refused_order_is_found_by_halving_and_the_rest_written() {
             stats: Arc::new(WriterStats::default()),
             fenced: false,
             turn: Default::default(),
+            linger: std::time::Duration::ZERO,
         };
         let deliveries = orders
             .iter()

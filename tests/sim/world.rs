@@ -119,6 +119,7 @@ impl World {
             stats: Arc::new(WriterStats::default()),
             fenced: false,
             turn: Default::default(),
+            linger: std::time::Duration::ZERO,
         };
         let scheduler = Scheduler {
             store: store.clone(),
