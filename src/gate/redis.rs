@@ -215,6 +215,7 @@ impl RedisGate {
     /// NOSCRIPT (after a Redis restart) reloads transparently.
     pub async fn prepare(&self) -> Result<(), GateError> {
         let mut conn = self.conn.clone();
+        refuse_eviction(&mut conn).await?;
         for script in [
             &self.purchase,
             &self.load,
@@ -500,6 +501,57 @@ async fn stage(
         }
     }
     Ok(true)
+}
+
+/// Refuses a Redis that may evict keys when it runs short of memory (any `maxmemory-policy`
+/// but `noeviction`). A sale's stock, its buyers, its accepted orders and its load's
+/// staging live in Redis alone while it is open: a buyers hash evicted mid-sale lets every
+/// buyer in it buy again (an `ok` that SQL's per-user guard then refuses, an acknowledged
+/// order lost), and even the `volatile-*` policies evict the keys that carry an expiry (spent
+/// purchase tokens, the confirms recorded during a load). Under `noeviction` a full Redis
+/// refuses writes instead, which the gate answers as `unavailable`. A Redis that does not
+/// answer INFO (renamed on some managed services) is let through with a warning.
+async fn refuse_eviction(conn: &mut RedisConn) -> Result<(), GateError> {
+    let info: redis::Value = match redis::cmd("INFO").arg("memory").query_async(conn).await {
+        Ok(info) => info,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read Redis' maxmemory-policy (INFO memory); it must be noeviction");
+            return Ok(());
+        }
+    };
+    let mut texts = Vec::new();
+    info_texts(&info, &mut texts);
+    match texts
+        .iter()
+        .find_map(|t| eviction_policy(t).filter(|p| *p != "noeviction"))
+    {
+        Some(policy) => Err(GateError::Misconfigured(format!(
+            "Redis' maxmemory-policy is {policy}: under memory pressure it would evict a sale's \
+             stock, buyers or accepted orders mid-sale and let buyers past their limit; \
+             set it to noeviction (CONFIG SET maxmemory-policy noeviction, and in redis.conf)"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// The text of an INFO reply: one string, or one per node (a cluster's).
+fn info_texts(v: &redis::Value, out: &mut Vec<String>) {
+    match v {
+        redis::Value::BulkString(b) => out.push(String::from_utf8_lossy(b).into_owned()),
+        redis::Value::SimpleString(s) => out.push(s.clone()),
+        redis::Value::VerbatimString { text, .. } => out.push(text.clone()),
+        redis::Value::Array(items) | redis::Value::Set(items) => {
+            items.iter().for_each(|i| info_texts(i, out))
+        }
+        redis::Value::Map(pairs) => pairs.iter().for_each(|(_, i)| info_texts(i, out)),
+        _ => {}
+    }
+}
+
+/// `maxmemory_policy` of an INFO text.
+fn eviction_policy(info: &str) -> Option<&str> {
+    info.lines()
+        .find_map(|l| l.trim().strip_prefix("maxmemory_policy:"))
 }
 
 /// Whether Redis fsyncs its AOF before replying to every write.
@@ -938,7 +990,32 @@ impl Gate for RedisGate {
 
 #[cfg(test)]
 mod tests {
-    use super::pack_counted;
+    use super::{eviction_policy, info_texts, pack_counted};
+
+    #[test]
+    fn the_eviction_policy_is_read_from_info_of_one_server_or_of_each_node() {
+        let info = "# Memory\r\nused_memory:1015160\r\nmaxmemory:67108864\r\n\
+                    maxmemory_policy:allkeys-lru\r\nallocator_frag_ratio:1.00\r\n";
+        assert_eq!(eviction_policy(info), Some("allkeys-lru"));
+        assert_eq!(eviction_policy("# Memory\r\nused_memory:1\r\n"), None);
+        let cluster = redis::Value::Map(vec![
+            (
+                redis::Value::SimpleString("127.0.0.1:7000".into()),
+                redis::Value::BulkString(b"maxmemory_policy:noeviction\r\n".to_vec()),
+            ),
+            (
+                redis::Value::SimpleString("127.0.0.1:7001".into()),
+                redis::Value::VerbatimString {
+                    format: redis::VerbatimFormat::Text,
+                    text: "maxmemory_policy:volatile-lru\r\n".into(),
+                },
+            ),
+        ]);
+        let mut texts = Vec::new();
+        info_texts(&cluster, &mut texts);
+        let policies: Vec<_> = texts.iter().filter_map(|t| eviction_policy(t)).collect();
+        assert_eq!(policies, vec!["noeviction", "volatile-lru"]);
+    }
 
     #[test]
     fn counted_ids_are_packed_by_their_last_four_digits() {

@@ -309,6 +309,35 @@ async fn processes_started_before_redis_come_up_by_themselves() {
     .await;
 }
 
+/// A Redis that may evict keys when memory runs short (here `allkeys-lru`, with a limit)
+/// could drop a sale's buyers mid-sale: the gate refuses it before any purchase, naming the
+/// setting; the same Redis set to `noeviction` is taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_that_may_evict_the_gates_keys_is_refused() {
+    let port = common::free_port();
+    let dir = std::env::temp_dir().join(common::unique("evict"));
+    let redis = PrivateRedis::start_with(
+        port,
+        &dir,
+        &["--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru"],
+    );
+    let (_, conn) = seckill::app::redis_manager(&redis.url()).await.unwrap();
+    let gate = seckill::gate::redis::RedisGate::new(conn.clone(), &common::unique("evict"));
+    let refused = gate.prepare().await.unwrap_err().to_string();
+    assert!(
+        refused.contains("allkeys-lru") && refused.contains("noeviction"),
+        "{refused}"
+    );
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory-policy")
+        .arg("noeviction")
+        .query_async(&mut conn.clone())
+        .await
+        .unwrap();
+    gate.prepare().await.unwrap();
+}
+
 /// With `--redis-durability replica`, `ok` is said only once a replica holds the order:
 /// with the replica frozen, buyers hear 202 pending (and their orders settle once it is
 /// back); an `aof` level the Redis cannot give refuses to start.
