@@ -148,7 +148,7 @@ pub struct ConfigArgs {
           value_parser = clap::builder::BoolishValueParser::new())]
     pub no_writer: Option<bool>,
     /// Most orders the writer puts in one SQL transaction [default: 20000 on SQLite, 5000
-    /// on a single server's PostgreSQL or MySQL, 1000 distributed].
+    /// on PostgreSQL or MySQL].
     #[arg(long, env = "SECKILL_WRITER_BATCH", global = true)]
     pub writer_batch: Option<usize>,
     /// Order-writer loops per process; several overlap their database round trips [default: 4].

@@ -320,7 +320,8 @@ pub enum GateError {
     Timeout,
     #[error("the order log refused the order: {0}")]
     Log(#[from] crate::orderlog::LogError),
-    /// The Redis cannot give what the configuration asks (a durability level).
+    /// The Redis cannot give what the configuration asks (a durability level), or may
+    /// lose the gate's keys (an evicting memory policy).
     #[error("{0}")]
     Misconfigured(String),
     /// Accepted, but the chosen durability was not confirmed in time: it may be lost.

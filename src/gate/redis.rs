@@ -509,22 +509,27 @@ async fn stage(
 /// buyer in it buy again (an `ok` that SQL's per-user guard then refuses, an acknowledged
 /// order lost), and even the `volatile-*` policies evict the keys that carry an expiry (spent
 /// purchase tokens, the confirms recorded during a load). Under `noeviction` a full Redis
-/// refuses writes instead, which the gate answers as `unavailable`. A Redis that does not
-/// answer INFO (renamed on some managed services) is let through with a warning.
+/// refuses writes instead, which the gate answers as `unavailable`. Checked at start-up on
+/// the master (on a cluster, every master); a replica promoted later is not. A Redis that
+/// answers INFO with an error (renamed or not permitted on some managed services) is let
+/// through with a warning; one that cannot be reached fails the start-up step, which is
+/// tried again.
 async fn refuse_eviction(conn: &mut RedisConn) -> Result<(), GateError> {
     let info: redis::Value = match redis::cmd("INFO").arg("memory").query_async(conn).await {
         Ok(info) => info,
-        Err(e) => {
+        Err(e) if matches!(e.kind(), redis::ErrorKind::Server(_)) => {
             tracing::warn!(error = %e, "cannot read Redis' maxmemory-policy (INFO memory); it must be noeviction");
             return Ok(());
         }
+        Err(e) => return Err(e.into()),
     };
     let mut texts = Vec::new();
     info_texts(&info, &mut texts);
-    match texts
-        .iter()
-        .find_map(|t| eviction_policy(t).filter(|p| *p != "noeviction"))
-    {
+    let policies: Vec<&str> = texts.iter().filter_map(|t| eviction_policy(t)).collect();
+    if policies.is_empty() {
+        tracing::warn!("Redis' INFO memory names no maxmemory-policy; it must be noeviction");
+    }
+    match policies.into_iter().find(|p| *p != "noeviction") {
         Some(policy) => Err(GateError::Misconfigured(format!(
             "Redis' maxmemory-policy is {policy}: under memory pressure it would evict a sale's \
              stock, buyers or accepted orders mid-sale and let buyers past their limit; \

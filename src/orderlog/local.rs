@@ -468,6 +468,7 @@ impl OrderLog for LocalLogReader {
             take_ready(&mut *self.rx.lock().await, &mut entries, max);
         }
         Ok(Batch {
+            capped: entries.len() >= max,
             deliveries: entries
                 .into_iter()
                 .map(|(order, segment)| Delivery {

@@ -54,6 +54,9 @@ pub struct Malformed {
 pub struct Batch {
     pub deliveries: Vec<Delivery>,
     pub malformed: Vec<Malformed>,
+    /// The read stopped at the most it asked for (of the log, or of one of its streams):
+    /// more entries are likely waiting, and the writer reads again at once.
+    pub capped: bool,
 }
 
 impl Batch {

@@ -162,7 +162,7 @@ impl StreamLog {
             match reply {
                 Ok(v) => {
                     read_any = true;
-                    collect_reply(v, &mut batch);
+                    collect_reply(v, count, &mut batch);
                 }
                 Err(e) if e.code() == Some("NOGROUP") => {
                     read_any = true;
@@ -351,14 +351,22 @@ fn collect_entries(stream: &str, entries: &Value, batch: &mut Batch) {
 }
 
 /// Adds the entries of an XREADGROUP reply (RESP2 array or RESP3 map) to the batch.
-fn collect_reply(reply: Value, batch: &mut Batch) {
+/// Adds an XREADGROUP reply's entries to `batch`; `count` is the COUNT it asked of each
+/// stream (a stream that gave as many caps the batch).
+fn collect_reply(reply: Value, count: usize, batch: &mut Batch) {
+    let mut collect = |name: &str, entries: &Value| {
+        if matches!(entries, Value::Array(e) if e.len() >= count) {
+            batch.capped = true;
+        }
+        collect_entries(name, entries, batch);
+    };
     match reply {
         Value::Array(per_stream) => {
             for s in per_stream {
                 if let Value::Array(pair) = s {
                     if let (Some(name), Some(entries)) = (pair.first().and_then(text), pair.get(1))
                     {
-                        collect_entries(&name, entries, batch);
+                        collect(&name, entries);
                     }
                 }
             }
@@ -366,7 +374,7 @@ fn collect_reply(reply: Value, batch: &mut Batch) {
         Value::Map(per_stream) => {
             for (name, entries) in per_stream {
                 if let Some(name) = text(&name) {
-                    collect_entries(&name, &entries, batch);
+                    collect(&name, &entries);
                 }
             }
         }
@@ -459,7 +467,7 @@ impl OrderLog for StreamLog {
             Err(e) => return Err(e.into()),
         };
         let mut batch = Batch::default();
-        collect_reply(reply, &mut batch);
+        collect_reply(reply, max, &mut batch);
         Ok(batch)
     }
 
@@ -864,5 +872,53 @@ mod tests {
         let read: Vec<_> = batch.deliveries.iter().map(|d| d.order.clone()).collect();
         assert_eq!(read, [order(5, 9, 1, 7), order(6, 10, 2, 8)]);
         assert_eq!(batch.malformed.len(), 5, "{:?}", batch.malformed);
+    }
+
+    #[test]
+    fn a_read_is_capped_when_a_stream_gave_as_many_entries_as_asked() {
+        let entries = |n: usize| {
+            Value::Array(
+                (0..n)
+                    .map(|i| {
+                        Value::Array(vec![
+                            Value::BulkString(format!("{i}-0").into_bytes()),
+                            Value::Array(vec![
+                                Value::BulkString(b"o".to_vec()),
+                                Value::BulkString(format!("{}:1:9:1:100:7", i + 1).into_bytes()),
+                            ]),
+                        ])
+                    })
+                    .collect(),
+            )
+        };
+        let reply = |sizes: &[usize]| {
+            Value::Array(
+                sizes
+                    .iter()
+                    .enumerate()
+                    .map(|(i, n)| {
+                        Value::Array(vec![
+                            Value::BulkString(format!("s{i}").into_bytes()),
+                            entries(*n),
+                        ])
+                    })
+                    .collect(),
+            )
+        };
+        let read = |sizes: &[usize], count| {
+            let mut batch = Batch::default();
+            collect_reply(reply(sizes), count, &mut batch);
+            batch
+        };
+        assert!(!read(&[3, 4], 5).capped);
+        assert_eq!(read(&[3, 4], 5).deliveries.len(), 7);
+        assert!(
+            read(&[3, 5], 5).capped,
+            "one stream at its COUNT caps the read"
+        );
+        let resp3 = Value::Map(vec![(Value::BulkString(b"s".to_vec()), entries(2))]);
+        let mut batch = Batch::default();
+        collect_reply(resp3, 2, &mut batch);
+        assert!(batch.capped);
     }
 }

@@ -77,13 +77,14 @@ pub struct Writer {
     /// Hold the writer fence while a batch is in hand (the log is in Redis, which a
     /// rebuild must not outrun; see `Store::hold_writer_fence`).
     pub fenced: bool,
-    /// Shared by the loops of a process, taken before the fence and let go once the read
-    /// has returned: the loops read in turn (the log has one blocking reader), and a loop
-    /// waiting for its turn holds no fence, so a rebuild waits for one read, not for a
-    /// queue of them. It keeps when the last read began and what it found (see `linger`).
+    /// Shared by the loops of a process, taken before the linger and the fence and let go
+    /// once the read has returned: the loops read in turn (the log has one blocking
+    /// reader), and a loop waiting for its turn, or lingering, holds no fence, so a rebuild
+    /// waits for one read, not for a queue of them. It keeps when the last read began and
+    /// what it found (see `linger`).
     pub turn: Arc<tokio::sync::Mutex<ReadPace>>,
-    /// How long after a read that found orders, but fewer than a batch, the next read
-    /// waits: the entries arriving meanwhile make one batch instead of several. Nobody
+    /// How long after a read that found orders, but stopped short of as many as it asked
+    /// for, the next read waits (from that read's start): the entries arriving meanwhile make one batch instead of several. Nobody
     /// waits for SQL (a buyer heard `ok` once the order log had the order), and each batch
     /// costs the instance, Redis and the database a round of calls whatever its size.
     pub linger: Duration,
@@ -94,8 +95,8 @@ pub struct Writer {
 pub struct ReadPace {
     /// When it began (ms, the process's clock).
     began_ms: i64,
-    /// How many entries it found.
-    found: usize,
+    /// Whether it found entries, but not as many as it asked for.
+    partial: bool,
 }
 
 type Turn = tokio::sync::OwnedMutexGuard<ReadPace>;
@@ -109,7 +110,11 @@ impl Writer {
                 break;
             }
             let turn = self.turn.clone().lock_owned().await;
-            self.linger(&turn).await;
+            tokio::select! {
+                _ = self.linger(&turn) => {}
+                // Stopping cuts the wait short; the loop's next turn sees the stop.
+                _ = stop.changed() => {}
+            }
             // From before the read until the batch is in SQL (or given up).
             let fence = if self.fenced {
                 match self.store.hold_writer_fence().await {
@@ -148,10 +153,12 @@ impl Writer {
     /// found nothing (a quiet sale: the next one blocks until an order comes) or a full
     /// batch (a backlog) is followed at once.
     async fn linger(&self, last: &ReadPace) {
-        if last.found == 0 || last.found >= self.batch_max {
+        if self.linger.is_zero() || !last.partial {
             return;
         }
-        let left = self.linger.as_millis() as i64 - (self.now() - last.began_ms);
+        let linger = self.linger.as_millis() as i64;
+        // At most the whole linger, should the clock have stepped back since.
+        let left = (linger - (self.now() - last.began_ms)).min(linger);
         if left > 0 {
             self.sleep(Duration::from_millis(left as u64)).await;
         }
@@ -191,7 +198,9 @@ impl Writer {
         let began_ms = self.now();
         let read = self.log.next_batch(self.batch_max).await;
         turn.began_ms = began_ms;
-        turn.found = read.as_ref().map_or(0, |b| b.deliveries.len());
+        turn.partial = read
+            .as_ref()
+            .is_ok_and(|b| !b.deliveries.is_empty() && !b.capped);
         drop(turn);
         match read {
             Ok(batch) if batch.is_empty() => false,

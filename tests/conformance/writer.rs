@@ -49,6 +49,7 @@ async fn a_refused_order_is_found_by_halving_and_the_rest_written() {
             .process(Batch {
                 deliveries,
                 malformed: Vec::new(),
+                capped: false,
             })
             .await;
         let stats = &writer.stats;
