@@ -350,9 +350,8 @@ fn collect_entries(stream: &str, entries: &Value, batch: &mut Batch) {
     }
 }
 
-/// Adds the entries of an XREADGROUP reply (RESP2 array or RESP3 map) to the batch.
-/// Adds an XREADGROUP reply's entries to `batch`; `count` is the COUNT it asked of each
-/// stream (a stream that gave as many caps the batch).
+/// Adds the entries of an XREADGROUP reply (RESP2 array or RESP3 map) to the batch;
+/// `count` is the COUNT it asked of each stream (a stream that gave as many caps the batch).
 fn collect_reply(reply: Value, count: usize, batch: &mut Batch) {
     let mut collect = |name: &str, entries: &Value| {
         if matches!(entries, Value::Array(e) if e.len() >= count) {

@@ -85,9 +85,10 @@ pub struct Writer {
     /// what it found (see `linger`).
     pub turn: Arc<tokio::sync::Mutex<ReadPace>>,
     /// How long after a read that found orders, but stopped short of as many as it asked
-    /// for, the next read waits (from that read's start): the entries arriving meanwhile make one batch instead of several. Nobody
-    /// waits for SQL (a buyer heard `ok` once the order log had the order), and each batch
-    /// costs the instance, Redis and the database a round of calls whatever its size.
+    /// for, the next read waits (from that read's start): the entries arriving meanwhile
+    /// make one batch instead of several. Nobody waits for SQL (a buyer heard `ok` once the
+    /// order log had the order), and each batch costs the instance, Redis and the database
+    /// a round of calls whatever its size.
     pub linger: Duration,
 }
 
