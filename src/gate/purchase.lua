@@ -39,12 +39,69 @@ local limit = tonumber(sale[2])
 -- instance agrees on the instant a sale opens and closes.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- Numbers reach Redis as text. Lua writes a number as a float ('%.17g' in redis.call,
+-- '%.14g' in '..'), which costs more than a whole HSET; every number this script writes is
+-- an integer, written once with '%d' or passed on as the text it arrived in.
+local now_text = string.format('%d', now)
 local interval = tonumber(ARGV[2])
 local tolerance = tonumber(ARGV[3])
 local resends = ARGV[4] == '1'
 local packed = ARGV[5] == 'packed'
--- Units taken by this call's attempts, not yet written to the sale hash.
+-- What this call's attempts changed, written once each when they are all decided: every
+-- redis.call from Lua costs Redis more than the command's own work (its arguments copied,
+-- the command looked up and checked, its reply turned back into Lua values), so a winner
+-- makes one call (its XADD) instead of five, and a batch reads its buyers and their rates
+-- in one HMGET each. Nothing else runs while the script does, so no one sees the values
+-- before they are written.
 local taken = 0
+local users = {}
+for i = 1, attempts do
+  users[i] = ARGV[5 * i + 1]
+end
+-- user -> units held (or theoretical arrival time), as read or as this call changed it
+local held = {}
+local tats = {}
+-- users whose count (or time) this call changed, each once, in order
+local held_changed = {}
+local tats_changed = {}
+local accepted = {}
+
+local function read_all(key, into)
+  local values = redis.call('HMGET', key, unpack(users))
+  for i = 1, attempts do
+    if into[users[i]] == nil then
+      into[users[i]] = tonumber(values[i] or '0')
+    end
+  end
+end
+
+local function write_all(key, changed, values)
+  if #changed == 0 then
+    return
+  end
+  local fields = {}
+  for _, user in ipairs(changed) do
+    fields[#fields + 1] = user
+    fields[#fields + 1] = string.format('%d', values[user])
+  end
+  redis.call('HSET', key, unpack(fields))
+end
+
+local function note(changed, values, user, value)
+  if not changed[user] then
+    changed[user] = true
+    changed[#changed + 1] = user
+  end
+  values[user] = value
+end
+
+local open = now >= tonumber(sale[3]) and now < tonumber(sale[4]) and sale[5] ~= '1'
+if attempts > 0 and interval > 0 then
+  read_all(KEYS[5], tats)
+end
+if attempts > 0 and open then
+  read_all(KEYS[2], held)
+end
 
 local function decide(i)
   local base = 5 * i + 1
@@ -64,12 +121,12 @@ local function decide(i)
   -- Per user and sale, across every instance: a script firing hundreds of requests a
   -- second is throttled here, before it can touch the stock.
   if interval > 0 and keep >= 0 then
-    local tat = math.max(tonumber(redis.call('HGET', KEYS[5], user) or '0'), now)
+    local tat = math.max(tats[user], now)
     local wait = tat - now - tolerance
     if wait > 0 then
       return 'rate_limited', wait
     end
-    redis.call('HSET', KEYS[5], user, tat + interval)
+    note(tats_changed, tats, user, tat + interval)
   end
   if now < tonumber(sale[3]) then
     return 'not_started', stock
@@ -85,52 +142,39 @@ local function decide(i)
   if keep > 0 and not redis.call('SET', KEYS[5 + i], '1', 'NX', 'PX', keep) then
     return 'token_used', 0
   end
-  local qty = tonumber(ARGV[base + 1])
-  local held
-  if stock < qty then
-    held = tonumber(redis.call('HGET', KEYS[2], user) or '0')
-    if held + qty <= limit then
+  local qty_text = ARGV[base + 1]
+  local qty = tonumber(qty_text)
+  local had = held[user]
+  if had + qty <= limit then
+    if stock < qty then
       return 'sold_out', stock
     end
-  else
-    -- Taken first and handed back when it breaks the limit: a winner, the common case
-    -- while stock lasts, makes one call on the buyers hash instead of two. A buyer who
-    -- held nothing leaves no field behind (HLEN counts the sale's buyers). A refusal for
-    -- the limit now writes (and is replicated) where it only read; with no rate limit
-    -- and no token it can be the call's first write, which a Redis refusing writes (out
-    -- of memory, too few replicas) fails as it fails a winner.
-    local now_held = redis.call('HINCRBY', KEYS[2], user, qty)
-    held = now_held - qty
-    if now_held <= limit then
-      stock = stock - qty
-      taken = taken + qty
-      if packed then
-        -- Redis stores, and every writer reads back, two strings an order instead of twelve.
-        redis.call('XADD', KEYS[3], '*', 'o',
-          ARGV[base + 2] .. ':' .. ARGV[1] .. ':' .. user .. ':' .. qty .. ':' .. sale[6] .. ':' .. now)
-      else
-        redis.call('XADD', KEYS[3], '*',
-          'order_id', ARGV[base + 2], 'sale_id', ARGV[1], 'user_id', user,
-          'quantity', qty, 'price_cents', sale[6], 'accepted_at', now)
-      end
-      redis.call('HSET', KEYS[4], ARGV[base + 2], user .. ':' .. qty)
-      return 'ok', stock
-    end
-    if held == 0 then
-      redis.call('HDEL', KEYS[2], user)
+    stock = stock - qty
+    taken = taken + qty
+    note(held_changed, held, user, had + qty)
+    if packed then
+      -- Redis stores, and every writer reads back, two strings an order instead of twelve.
+      redis.call('XADD', KEYS[3], '*', 'o',
+        ARGV[base + 2] .. ':' .. ARGV[1] .. ':' .. user .. ':' .. qty_text .. ':' .. sale[6] .. ':' .. now_text)
     else
-      redis.call('HINCRBY', KEYS[2], user, -qty)
+      redis.call('XADD', KEYS[3], '*',
+        'order_id', ARGV[base + 2], 'sale_id', ARGV[1], 'user_id', user,
+        'quantity', qty_text, 'price_cents', sale[6], 'accepted_at', now_text)
     end
+    accepted[#accepted + 1] = ARGV[base + 2]
+    accepted[#accepted + 1] = user .. ':' .. qty_text
+    return 'ok', stock
   end
-  if held >= limit then
-    return 'already_purchased', held
+  if had >= limit then
+    return 'already_purchased', had
   end
-  return 'over_limit', held
+  return 'over_limit', had
 end
 
--- The stock is written once per call, for every unit its attempts took. A script that
--- fails midway keeps what it wrote before the error (Redis does not roll back), so the
--- units taken so far are written whatever happens, before the error is raised again.
+-- A script that fails midway keeps what it wrote before the error (Redis does not roll
+-- back): the stream already holds the orders decided so far, so the stock, the buyers and
+-- the accepted orders they took are written whatever happens, before the error is raised
+-- again.
 local decided, err = pcall(function()
   for i = 1, attempts do
     local code, n = decide(i)
@@ -139,8 +183,13 @@ local decided, err = pcall(function()
   end
 end)
 if taken > 0 then
-  redis.call('HINCRBY', KEYS[1], 'stock', -taken)
+  redis.call('HINCRBY', KEYS[1], 'stock', string.format('%d', -taken))
 end
+write_all(KEYS[2], held_changed, held)
+if #accepted > 0 then
+  redis.call('HSET', KEYS[4], unpack(accepted))
+end
+write_all(KEYS[5], tats_changed, tats)
 if not decided then
   error(err, 0)
 end

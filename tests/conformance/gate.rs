@@ -656,3 +656,173 @@ async fn a_purchase_token_is_spent_once_whatever_the_outcome() {
         );
     }
 }
+
+/// purchase.lua decides a batch's attempts one after another but writes the buyers, the
+/// rates, the accepted orders and the stock once, after the last: a buyer who comes back
+/// within the same call must see what their earlier attempt took and spent.
+#[tokio::test]
+async fn attempts_of_one_script_call_see_each_others_units_and_rate() {
+    let (_, mut conn) = seckill::app::redis_manager(&common::redis_url())
+        .await
+        .unwrap();
+    let script = redis::Script::new(include_str!("../../src/gate/purchase.lua"));
+    let prefix = common::unique("onecall");
+    let keys = |sale: i64| -> Vec<String> {
+        ["sale", "buyers", "orders", "accepted", "rate"]
+            .iter()
+            .map(|k| format!("{prefix}:{{{sale}}}:{k}"))
+            .collect()
+    };
+    let deadline = seckill::clock::wall_ms() + 60_000;
+    // (user, quantity) per attempt; no purchase tokens.
+    let call = |sale: i64, interval: i64, tolerance: i64, attempts: &[(i64, i64)]| {
+        let k = keys(sale);
+        let mut inv = script.prepare_invoke();
+        for key in &k {
+            inv.key(key);
+        }
+        for _ in attempts {
+            inv.key(&k[0]);
+        }
+        inv.arg(sale)
+            .arg(interval)
+            .arg(tolerance)
+            .arg(0)
+            .arg("packed");
+        for (n, (user, qty)) in attempts.iter().enumerate() {
+            inv.arg(*user)
+                .arg(*qty)
+                .arg(sale * 1000 + n as i64)
+                .arg(0)
+                .arg(deadline);
+        }
+        inv
+    };
+    let open = |sale: i64, stock: i64, limit: i64| {
+        let mut c = redis::cmd("HSET");
+        c.arg(&keys(sale)[0])
+            .arg("stock")
+            .arg(stock)
+            .arg("limit")
+            .arg(limit)
+            .arg("begins")
+            .arg(0)
+            .arg("ends")
+            .arg(deadline * 10)
+            .arg("paused")
+            .arg(0)
+            .arg("price")
+            .arg(100);
+        c
+    };
+
+    // Stock 3, at most 2 each, no rate limit.
+    let _: () = open(1, 3, 2).query_async(&mut conn).await.unwrap();
+    let reply: redis::Value = call(1, 0, 0, &[(7, 1), (7, 1), (7, 1), (8, 2), (9, 3), (9, 1)])
+        .invoke_async(&mut conn)
+        .await
+        .unwrap();
+    let verdicts = seckill::gate::reply::verdicts_from_reply(&reply, 6).unwrap();
+    use seckill::gate::Rejection::*;
+    assert_eq!(
+        verdicts,
+        vec![
+            Verdict::Accepted { remaining: 2 },
+            Verdict::Accepted { remaining: 1 },
+            Verdict::Rejected(AlreadyPurchased),
+            Verdict::Rejected(SoldOut { remaining: 1 }),
+            Verdict::Rejected(OverLimit { held: 0 }),
+            Verdict::Accepted { remaining: 0 },
+        ]
+    );
+    let k = keys(1);
+    let buyers: std::collections::HashMap<String, i64> = redis::cmd("HGETALL")
+        .arg(&k[1])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        buyers,
+        [("7".to_string(), 2), ("9".to_string(), 1)].into(),
+        "a refused buyer leaves no field"
+    );
+    let stock: i64 = redis::cmd("HGET")
+        .arg(&k[0])
+        .arg("stock")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(stock, 0);
+    let accepted: std::collections::HashMap<i64, String> = redis::cmd("HGETALL")
+        .arg(&k[3])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        accepted,
+        [
+            (1000, "7:1".to_string()),
+            (1001, "7:1".to_string()),
+            (1005, "9:1".to_string())
+        ]
+        .into()
+    );
+    let entries: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+        .arg(&k[2])
+        .arg("-")
+        .arg("+")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let orders: Vec<Vec<String>> = entries
+        .iter()
+        .map(|(_, f)| f[0].1.split(':').map(str::to_string).collect())
+        .collect();
+    assert_eq!(orders.len(), 3);
+    for (order, (id, user)) in orders
+        .iter()
+        .zip([("1000", "7"), ("1001", "7"), ("1005", "9")])
+    {
+        assert_eq!(order[..5], [id, "1", user, "1", "100"], "{order:?}");
+        let at: i64 = order[5].parse().unwrap();
+        assert!((deadline - 120_000..=deadline).contains(&at), "{order:?}");
+    }
+
+    // A rate of one a second with a burst of two: the third attempt in the call waits.
+    let _: () = open(2, 10, 5).query_async(&mut conn).await.unwrap();
+    let reply: redis::Value = call(2, 1000, 1000, &[(7, 1), (7, 1), (7, 1), (8, 1)])
+        .invoke_async(&mut conn)
+        .await
+        .unwrap();
+    let verdicts = seckill::gate::reply::verdicts_from_reply(&reply, 4).unwrap();
+    assert_eq!(
+        verdicts[..2],
+        [
+            Verdict::Accepted { remaining: 9 },
+            Verdict::Accepted { remaining: 8 }
+        ]
+    );
+    assert_eq!(
+        verdicts[2],
+        Verdict::Rejected(RateLimited {
+            retry_after_ms: 1000
+        })
+    );
+    assert_eq!(verdicts[3], Verdict::Accepted { remaining: 7 });
+    let k = keys(2);
+    let tats: std::collections::HashMap<String, i64> = redis::cmd("HGETALL")
+        .arg(&k[4])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(tats["8"] + 1000, tats["7"], "{tats:?}");
+    assert!(
+        (deadline - 60_000..deadline).contains(&(tats["8"] - 1000)),
+        "{tats:?}"
+    );
+    let mut del = redis::cmd("DEL");
+    for key in keys(1).iter().chain(keys(2).iter()) {
+        del.arg(key);
+    }
+    let _: () = del.query_async(&mut conn).await.unwrap();
+}
