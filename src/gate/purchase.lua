@@ -39,8 +39,8 @@ local limit = tonumber(sale[2])
 -- instance agrees on the instant a sale opens and closes.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
--- Numbers reach Redis as text. Lua writes a number as a float ('%.17g' in redis.call,
--- '%.14g' in '..'), which costs more than a whole HSET; every number this script writes is
+-- Numbers reach Redis as text. Lua writes a number as a float ('%.14g' in '..'; Redis
+-- before 7.2 '%.17g' in redis.call), which costs more than a whole HSET; every number this script writes is
 -- an integer, written once with '%d' or passed on as the text it arrived in.
 local now_text = string.format('%d', now)
 local interval = tonumber(ARGV[2])
@@ -65,6 +65,8 @@ local tats = {}
 local held_changed = {}
 local tats_changed = {}
 local accepted = {}
+-- order ids accepted by this call, for the resend check (their HSET comes at the end)
+local accepted_now = {}
 
 local function read_all(key, into)
   local values = redis.call('HMGET', key, unpack(users))
@@ -75,16 +77,18 @@ local function read_all(key, into)
   end
 end
 
+-- Writes the values of the users in `changed` into the hash `key` in one HSET; returns
+-- what pcall returns, so that a failed write leaves the others to be made.
 local function write_all(key, changed, values)
   if #changed == 0 then
-    return
+    return true
   end
   local fields = {}
   for _, user in ipairs(changed) do
     fields[#fields + 1] = user
     fields[#fields + 1] = string.format('%d', values[user])
   end
-  redis.call('HSET', key, unpack(fields))
+  return pcall(redis.call, 'HSET', key, unpack(fields))
 end
 
 local function note(changed, values, user, value)
@@ -109,7 +113,8 @@ local function decide(i)
   -- The same attempt again: a cluster client resends a command whose connection broke
   -- after Redis ran it. Its order stands; it must not take a second unit. (Checked only
   -- where resends happen: it is a tenth of the script's cost per attempt.)
-  if resends and redis.call('HEXISTS', KEYS[4], ARGV[base + 2]) == 1 then
+  if resends and (accepted_now[ARGV[base + 2]]
+      or redis.call('HEXISTS', KEYS[4], ARGV[base + 2]) == 1) then
     return 'ok', stock
   end
   -- Its caller has stopped waiting (Redis was stalled, or the call was stuck): the buyer
@@ -149,9 +154,6 @@ local function decide(i)
     if stock < qty then
       return 'sold_out', stock
     end
-    stock = stock - qty
-    taken = taken + qty
-    note(held_changed, held, user, had + qty)
     if packed then
       -- Redis stores, and every writer reads back, two strings an order instead of twelve.
       redis.call('XADD', KEYS[3], '*', 'o',
@@ -161,8 +163,15 @@ local function decide(i)
         'order_id', ARGV[base + 2], 'sale_id', ARGV[1], 'user_id', user,
         'quantity', qty_text, 'price_cents', sale[6], 'accepted_at', now_text)
     end
+    -- Counted once its entry is in the stream: an XADD refused takes nothing.
+    stock = stock - qty
+    taken = taken + qty
+    note(held_changed, held, user, had + qty)
     accepted[#accepted + 1] = ARGV[base + 2]
     accepted[#accepted + 1] = user .. ':' .. qty_text
+    if resends then
+      accepted_now[ARGV[base + 2]] = true
+    end
     return 'ok', stock
   end
   if had >= limit then
@@ -173,24 +182,31 @@ end
 
 -- A script that fails midway keeps what it wrote before the error (Redis does not roll
 -- back): the stream already holds the orders decided so far, so the stock, the buyers and
--- the accepted orders they took are written whatever happens, before the error is raised
--- again.
-local decided, err = pcall(function()
+-- the accepted orders they took are written whatever happens, each write whatever became
+-- of the others, before the first error is raised again.
+local first_err
+local function keep_first(ok, e)
+  if not ok and not first_err then
+    first_err = e
+  end
+end
+local function decide_all()
   for i = 1, attempts do
     local code, n = decide(i)
     out[#out + 1] = code
     out[#out + 1] = n
   end
-end)
-if taken > 0 then
-  redis.call('HINCRBY', KEYS[1], 'stock', string.format('%d', -taken))
 end
-write_all(KEYS[2], held_changed, held)
+keep_first(pcall(decide_all))
+keep_first(write_all(KEYS[2], held_changed, held))
 if #accepted > 0 then
-  redis.call('HSET', KEYS[4], unpack(accepted))
+  keep_first(pcall(redis.call, 'HSET', KEYS[4], unpack(accepted)))
 end
-write_all(KEYS[5], tats_changed, tats)
-if not decided then
-  error(err, 0)
+if taken > 0 then
+  keep_first(pcall(redis.call, 'HINCRBY', KEYS[1], 'stock', string.format('%d', -taken)))
+end
+keep_first(write_all(KEYS[5], tats_changed, tats))
+if first_err then
+  error(first_err, 0)
 end
 return out
