@@ -43,6 +43,8 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 -- before 7.2 '%.17g' in redis.call), which costs more than a whole HSET; every number this script writes is
 -- an integer, written once with '%d' or passed on as the text it arrived in.
 local now_text = string.format('%d', now)
+-- And text becomes a number by arithmetic ('s + 0', one strtod) where it arrives once per
+-- attempt: Lua 5.1's tonumber() parses its argument twice.
 local interval = tonumber(ARGV[2])
 local tolerance = tonumber(ARGV[3])
 local resends = ARGV[4] == '1'
@@ -72,7 +74,7 @@ local function read_all(key, into)
   local values = redis.call('HMGET', key, unpack(users))
   for i = 1, attempts do
     if into[users[i]] == nil then
-      into[users[i]] = tonumber(values[i] or '0')
+      into[users[i]] = (values[i] or 0) + 0
     end
   end
 end
@@ -99,7 +101,9 @@ local function note(changed, values, user, value)
   values[user] = value
 end
 
-local open = now >= tonumber(sale[3]) and now < tonumber(sale[4]) and sale[5] ~= '1'
+local begins = tonumber(sale[3])
+local ends = tonumber(sale[4])
+local open = now >= begins and now < ends and sale[5] ~= '1'
 if attempts > 0 and interval > 0 then
   read_all(KEYS[5], tats)
 end
@@ -119,10 +123,10 @@ local function decide(i)
   end
   -- Its caller has stopped waiting (Redis was stalled, or the call was stuck): the buyer
   -- may have been told it failed, so it must never take effect now.
-  if now > tonumber(ARGV[base + 4]) then
+  if now > ARGV[base + 4] + 0 then
     return 'expired', 0
   end
-  local keep = tonumber(ARGV[base + 3])
+  local keep = ARGV[base + 3] + 0
   -- Per user and sale, across every instance: a script firing hundreds of requests a
   -- second is throttled here, before it can touch the stock.
   if interval > 0 and keep >= 0 then
@@ -133,10 +137,10 @@ local function decide(i)
     end
     note(tats_changed, tats, user, tat + interval)
   end
-  if now < tonumber(sale[3]) then
+  if now < begins then
     return 'not_started', stock
   end
-  if now >= tonumber(sale[4]) then
+  if now >= ends then
     return 'ended', stock
   end
   if sale[5] == '1' then
@@ -148,7 +152,7 @@ local function decide(i)
     return 'token_used', 0
   end
   local qty_text = ARGV[base + 1]
-  local qty = tonumber(qty_text)
+  local qty = qty_text + 0
   local had = held[user]
   if had + qty <= limit then
     if stock < qty then
