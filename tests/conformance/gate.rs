@@ -736,11 +736,7 @@ async fn attempts_of_one_script_call_see_each_others_units_and_rate() {
         ]
     );
     let k = keys(1);
-    let buyers: std::collections::HashMap<String, i64> = redis::cmd("HGETALL")
-        .arg(&k[1])
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let buyers: std::collections::HashMap<String, i64> = hgetall(&mut conn, &k[1]).await;
     assert_eq!(
         buyers,
         [("7".to_string(), 2), ("9".to_string(), 1)].into(),
@@ -753,11 +749,7 @@ async fn attempts_of_one_script_call_see_each_others_units_and_rate() {
         .await
         .unwrap();
     assert_eq!(stock, 0);
-    let accepted: std::collections::HashMap<i64, String> = redis::cmd("HGETALL")
-        .arg(&k[3])
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let accepted: std::collections::HashMap<i64, String> = hgetall(&mut conn, &k[3]).await;
     assert_eq!(
         accepted,
         [
@@ -810,11 +802,7 @@ async fn attempts_of_one_script_call_see_each_others_units_and_rate() {
     );
     assert_eq!(verdicts[3], Verdict::Accepted { remaining: 7 });
     let k = keys(2);
-    let tats: std::collections::HashMap<String, i64> = redis::cmd("HGETALL")
-        .arg(&k[4])
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let tats: std::collections::HashMap<String, i64> = hgetall(&mut conn, &k[4]).await;
     assert_eq!(tats["8"] + 1000, tats["7"], "{tats:?}");
     assert!(
         (deadline - 120_000..=deadline).contains(&(tats["8"] - 1000)),
@@ -825,4 +813,19 @@ async fn attempts_of_one_script_call_see_each_others_units_and_rate() {
         del.arg(key);
     }
     let _: () = del.query_async(&mut conn).await.unwrap();
+}
+
+async fn hgetall<K, V>(
+    conn: &mut (impl redis::aio::ConnectionLike + Send),
+    key: &str,
+) -> std::collections::HashMap<K, V>
+where
+    K: redis::FromRedisValue + Eq + std::hash::Hash,
+    V: redis::FromRedisValue,
+{
+    redis::cmd("HGETALL")
+        .arg(key)
+        .query_async(conn)
+        .await
+        .unwrap()
 }
