@@ -1682,7 +1682,8 @@ impl Store {
             .map_err(StoreError::from)
     }
 
-    /// The batch's new orders as multi-row VALUES statements of 500 (SQLite, MySQL).
+    /// The batch's new orders as multi-row VALUES statements of 500 (SQLite, MySQL; on
+    /// PostgreSQL `insert_orders_pg`).
     async fn insert_orders_values(
         &self,
         conn: &mut sqlx::AnyConnection,
@@ -1698,8 +1699,8 @@ impl Store {
                 // MySQL prepares a statement with parameters on the server for each run (one
                 // kept per shape and pooled connection would hold dozens each): 4,500
                 // parameters prepared, bound and released per 500 orders. The same rows as
-                // literals, sent as text, cost MariaDB 12-16% less CPU per order and the
-                // instance about a tenth less (BENCHMARKS.md, session 29).
+                // literals, sent as text, cost MariaDB and the instance about 12% less CPU
+                // per order (BENCHMARKS.md, session 29).
                 let q = format!(
                     "{} VALUES {}",
                     self.insert_ignore(cols),
