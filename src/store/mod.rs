@@ -219,13 +219,19 @@ async fn switch_to_wal(options: &AnyConnectOptions) -> Result<(), StoreError> {
     }
 }
 
+/// When an order written `now` must be paid by: its sale's payment window (`terms`: a sale's
+/// window in seconds and per-user limit) from now.
+fn pay_deadline(order: &NewOrder, terms: &HashMap<i64, (i64, i64)>, now: i64) -> i64 {
+    now + terms[&order.sale_id].0 * 1000
+}
+
 /// The rows of [`Store::insert_orders_values`] as SQL literals: every value an integer
 /// written by Rust (digits and a sign), so nothing in them needs quoting.
 fn literal_order_rows(orders: &[&NewOrder], terms: &HashMap<i64, (i64, i64)>, now: i64) -> String {
     use std::fmt::Write;
     let mut rows = String::with_capacity(orders.len() * 120);
     for (i, o) in orders.iter().enumerate() {
-        let deadline = now + terms[&o.sale_id].0 * 1000;
+        let deadline = pay_deadline(o, terms, now);
         let sep = if i == 0 { "" } else { "," };
         // Writing into a String cannot fail.
         let _ = write!(
@@ -1720,7 +1726,7 @@ impl Store {
             let q = self.sql(&q);
             let mut query = sqlx::query(&q).persistent(self.keeps_shape(chunk.len(), 500));
             for o in chunk {
-                let deadline = now + terms[&o.sale_id].0 * 1000;
+                let deadline = pay_deadline(o, terms, now);
                 query = query
                     .bind(o.id)
                     .bind(o.sale_id)
@@ -1769,7 +1775,7 @@ impl Store {
             .bind(column(&|o| o.quantity))
             .bind(column(&|o| o.price_cents))
             .bind(column(&|o| o.accepted_at))
-            .bind(column(&|o| now + terms[&o.sale_id].0 * 1000))
+            .bind(column(&|o| pay_deadline(o, terms, now)))
             .execute(&mut *conn)
             .await?;
         Ok(done.rows_affected())
