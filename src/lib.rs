@@ -13,6 +13,7 @@
 //! - [`model`]: the domain's types (sales, orders, states) and the segment arithmetic.
 //! - [`text`]: hex, URLs with their secrets masked, phone numbers in E.164.
 //! - [`clock`]: the one clock a process reads (wall, or simulated in tests).
+//! - [`stop`]: the background loops' stop signal (a dropped sender stops them too).
 //! - [`config`]: the one typed configuration (flags, `SECKILL_*`, a TOML file), Redis URL forms.
 //! - [`metrics`]: Prometheus counters and histograms on atomics.
 //! - [`logline`]: log lines that would repeat per request, at most once per interval.
@@ -52,6 +53,7 @@ pub mod reconcile;
 pub mod redis_client;
 pub mod room;
 pub mod scheduler;
+pub mod stop;
 pub mod store;
 pub mod text;
 pub mod writer;

@@ -85,6 +85,8 @@ pub struct LocalLogReader {
     /// Entries of failed batches, delivered again first and in their order.
     again: Mutex<VecDeque<(NewOrder, u64)>>,
     recovered: AtomicBool,
+    /// Every appender is gone and the channel is drained: nothing new can come.
+    closed: AtomicBool,
     shared: Arc<Shared>,
 }
 
@@ -292,6 +294,7 @@ fn start(
             rx: tokio::sync::Mutex::new(rx),
             again: Mutex::new(VecDeque::new()),
             recovered: AtomicBool::new(has_recovered),
+            closed: AtomicBool::new(false),
             shared,
         },
         pump,
@@ -454,7 +457,10 @@ impl OrderLog for LocalLogReader {
                 biased;
                 first = rx.recv() => match first {
                     Some(entry) => entries.push(entry),
-                    None => return Ok(Batch::default()),
+                    None => {
+                        self.closed.store(true, Ordering::Release);
+                        return Ok(Batch::default());
+                    }
                 },
                 _ = clock.sleep(IDLE_WAIT) => return Ok(Batch::default()),
             }
@@ -525,8 +531,11 @@ impl OrderLog for LocalLogReader {
         Ok(())
     }
 
+    /// Closed and drained: no appender is left, and no failed batch waits to be tried again.
+    /// (Until then a closed channel answers every read at once, empty: a writer that kept
+    /// reading would spin.)
     fn finished(&self) -> bool {
-        false
+        self.closed.load(Ordering::Acquire) && lock(&self.again).is_empty()
     }
 
     fn recovering(&self) -> bool {
@@ -894,6 +903,40 @@ mod tests {
                 other => panic!("{other:?}"),
             })
             .collect()
+    }
+
+    /// A log whose appenders are all gone is finished once drained, and not before: a
+    /// writer reading it stops instead of being answered "empty" at once, for ever (the SQL
+    /// gates' deployments had such a writer spinning on a core while idle).
+    #[tokio::test]
+    async fn a_closed_log_is_finished_once_drained_and_not_before() {
+        let (log, reader) = channel();
+        for id in 1..=3 {
+            log.append(order(id)).await.unwrap();
+        }
+        drop(log);
+        assert!(!reader.finished(), "three orders wait");
+        let first = reader.next_batch(2).await.unwrap();
+        assert_eq!(first.deliveries.len(), 2);
+        let receipts: Vec<Receipt> = first.deliveries.into_iter().map(|d| d.receipt).collect();
+        reader.retry_later(receipts, "test").await.unwrap();
+        let mut delivered = Vec::new();
+        for _ in 0..20 {
+            let batch = reader.next_batch(1000).await.unwrap();
+            delivered.extend(batch.deliveries.into_iter().map(|d| d.receipt));
+            if reader.finished() {
+                break;
+            }
+        }
+        assert_eq!(
+            ids(&delivered),
+            vec![1, 2, 3],
+            "the retried first, then the rest"
+        );
+        assert!(reader.finished());
+        reader.ack(delivered).await.unwrap();
+        assert!(reader.next_batch(1000).await.unwrap().is_empty());
+        assert!(reader.finished());
     }
 
     #[tokio::test]

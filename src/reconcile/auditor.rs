@@ -237,7 +237,7 @@ impl Auditor {
                 _ = tokio::time::sleep(self.every) => {}
                 _ = stop.changed() => {}
             }
-            if *stop.borrow() {
+            if crate::stop::requested(&mut stop) {
                 break;
             }
             let holding = match &self.lease {
@@ -465,7 +465,7 @@ impl Sweep {
                 _ = tokio::time::sleep(self.every) => {}
                 _ = stop.changed() => {}
             }
-            if *stop.borrow() {
+            if crate::stop::requested(&mut stop) {
                 break;
             }
             let Some(sale) = sale else { continue };

@@ -332,7 +332,7 @@ impl Rooms {
                 _ = tokio::time::sleep(ADVANCE_EVERY) => {}
                 _ = stop.changed() => {}
             }
-            if *stop.borrow() {
+            if crate::stop::requested(&mut stop) {
                 break;
             }
         }

@@ -121,7 +121,7 @@ impl Scheduler {
                 _ = tokio::time::sleep(Duration::from_secs(1)) => {}
                 _ = stop.changed() => {}
             }
-            if *stop.borrow() {
+            if crate::stop::requested(&mut stop) {
                 break;
             }
         }

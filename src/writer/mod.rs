@@ -108,7 +108,7 @@ impl Writer {
     pub async fn run(self, mut stop: watch::Receiver<bool>) {
         let mut last_reclaim = self.now();
         loop {
-            if *stop.borrow_and_update() || self.log.finished() {
+            if crate::stop::requested(&mut stop) || self.log.finished() {
                 break;
             }
             let turn = self.turn.clone().lock_owned().await;

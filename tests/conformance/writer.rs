@@ -68,3 +68,40 @@ async fn a_refused_order_is_found_by_halving_and_the_rest_written() {
         );
     }
 }
+
+/// A writer stops by itself when nothing can reach it any more: its order log closed (no
+/// appender left, as with the SQL gates, whose deployments hand it an empty log) or its
+/// stop sender dropped. Either used to leave it reading "nothing" back to back, for ever,
+/// on a core of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_nobody_can_reach_stops() {
+    let (store, _) = common::fresh_store(common::Sql::Sqlite).await;
+    let writer = |reader: local::LocalLogReader| Writer {
+        log: Arc::new(reader),
+        store: store.clone(),
+        gate: Arc::new(seckill::gate::memory::MemoryGate::new(local::channel().0)),
+        batch_max: 100,
+        stats: Arc::new(WriterStats::default()),
+        fenced: false,
+        turn: Default::default(),
+        linger: std::time::Duration::ZERO,
+    };
+    let limit = std::time::Duration::from_secs(10);
+
+    let (_stop, stop_rx) = tokio::sync::watch::channel(false);
+    let (_, closed) = local::channel();
+    tokio::time::timeout(limit, writer(closed).run(stop_rx))
+        .await
+        .expect("a writer of a closed log stops");
+
+    let (stop, stop_rx) = tokio::sync::watch::channel(false);
+    let (_log, open) = local::channel();
+    let running = tokio::spawn(writer(open).run(stop_rx));
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(!running.is_finished(), "an open log keeps its writer");
+    drop(stop);
+    tokio::time::timeout(limit, running)
+        .await
+        .expect("a writer whose stop sender is gone stops")
+        .unwrap();
+}
