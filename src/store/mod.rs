@@ -260,6 +260,29 @@ fn execute_text<'c>(
     conn.execute(sql)
 }
 
+/// Reads the rows of one statement without parameters, sent as text (see `execute_text`).
+fn fetch_text<'c>(
+    conn: &'c mut sqlx::AnyConnection,
+    sql: &'c str,
+) -> std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<Vec<AnyRow>, sqlx::Error>> + Send + 'c>,
+> {
+    use sqlx::Executor;
+    conn.fetch_all(sql)
+}
+
+/// Integers as a SQL list (`1,2,3`): written by Rust, so nothing in it needs quoting.
+fn literal_list(values: impl Iterator<Item = i64>) -> String {
+    use std::fmt::Write;
+    let mut list = String::new();
+    for (i, v) in values.enumerate() {
+        let sep = if i == 0 { "" } else { "," };
+        // Writing into a String cannot fail.
+        let _ = write!(list, "{sep}{v}");
+    }
+    list
+}
+
 /// A page of a sale's live order ids (see `Store::live_order_ids`).
 pub const LIVE_ORDER_IDS: &str = "SELECT id FROM orders WHERE sale_id = ? AND id > ? \
      AND status IN ('pending_payment', 'paid') ORDER BY id LIMIT ?";
@@ -1680,6 +1703,12 @@ impl Store {
                 .bind(pg_array(chunk.iter().map(|o| o.id)))
                 .fetch_all(&mut *conn)
                 .await?
+        } else if self.dialect == Dialect::MySql {
+            // As text, like the batch's insert: a statement of a thousand parameters was
+            // prepared, bound and released on the server for each batch.
+            let ids = literal_list(chunk.iter().map(|o| o.id));
+            let q = format!("SELECT id FROM orders WHERE id IN ({ids})");
+            fetch_text(&mut *conn, &q).await?
         } else {
             let q = format!(
                 "SELECT id FROM orders WHERE id IN ({})",
@@ -1818,6 +1847,15 @@ impl Store {
                 .bind(sale_id)
                 .fetch_all(&mut *conn)
                 .await?
+        } else if self.dialect == Dialect::MySql {
+            // As text (see `written_already`).
+            let q = format!(
+                "SELECT user_id, {} FROM orders WHERE sale_id = {sale_id} AND user_id IN ({}) \
+                 AND status IN ('pending_payment', 'paid') GROUP BY user_id",
+                self.sum_int("quantity"),
+                literal_list(users.iter().copied())
+            );
+            fetch_text(&mut *conn, &q).await?
         } else {
             let q = format!(
                 "SELECT user_id, {} FROM orders WHERE sale_id = ? AND user_id IN ({}) \
