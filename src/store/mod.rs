@@ -287,8 +287,8 @@ fn literal_list(values: impl Iterator<Item = i64>) -> String {
 pub const LIVE_ORDER_IDS: &str = "SELECT id FROM orders WHERE sale_id = ? AND id > ? \
      AND status IN ('pending_payment', 'paid') ORDER BY id LIMIT ?";
 
-/// A buyer's orders, newest first (see `Store::orders_of_user`), on MySQL: a walk of
-/// `orders_by_user` from the buyer's newest entry. Its columns are `Store::ORDER_COLS`.
+/// A buyer's orders, newest first (see `Store::orders_of_user`), on PostgreSQL and MySQL: a
+/// walk of `orders_by_user` from the buyer's newest entry. Its columns are `Store::ORDER_COLS`.
 pub const ORDERS_OF_USER: &str = "SELECT id, sale_id, user_id, quantity, price_cents, status, \
      accepted_at, pay_deadline, written_at FROM orders WHERE user_id = ? ORDER BY id DESC LIMIT ?";
 
@@ -300,16 +300,6 @@ pub const ORDERS_OF_USER: &str = "SELECT id, sale_id, user_id, quantity, price_c
 pub const SQLITE_ORDERS_OF_USER: &str = "SELECT id, sale_id, user_id, quantity, price_cents, \
      status, accepted_at, pay_deadline, written_at FROM orders \
      WHERE user_id = ? AND sale_id IN (SELECT id FROM sales) ORDER BY id DESC LIMIT ?";
-
-/// The same list on PostgreSQL, which keeps no index by buyer alone either (migration 15):
-/// a seek of `orders_by_sale_user` per sale, as on SQLite. Written as a lateral subquery
-/// the planner may not flatten (`OFFSET 0`), so that the plan cannot hang on statistics a
-/// storm leaves behind: flattened, it may hash every order of the buyer's sales, or walk
-/// the whole table backwards by id, when it misjudges a buyer's share of the rows.
-pub const PG_ORDERS_OF_USER: &str = "SELECT o.* FROM sales s CROSS JOIN LATERAL \
-     (SELECT id, sale_id, user_id, quantity, price_cents, status, accepted_at, pay_deadline, \
-     written_at FROM orders WHERE sale_id = s.id AND user_id = ? OFFSET 0) o \
-     ORDER BY o.id DESC LIMIT ?";
 
 /// The writer's guard on PostgreSQL: live units of each buyer of an array (`$1`, text) in
 /// a sale (`$2`), a lookup of (sale, buyer) per buyer (see `Store::held_by_buyers`).
@@ -1939,8 +1929,7 @@ impl Store {
     pub fn orders_of_user_query(&self) -> &'static str {
         match self.dialect {
             Dialect::Sqlite => SQLITE_ORDERS_OF_USER,
-            Dialect::Postgres => PG_ORDERS_OF_USER,
-            Dialect::MySql => ORDERS_OF_USER,
+            _ => ORDERS_OF_USER,
         }
     }
 
@@ -2127,8 +2116,5 @@ mod tests {
         for q in [ORDERS_OF_USER, SQLITE_ORDERS_OF_USER] {
             assert!(q.starts_with(&prefix), "{q}");
         }
-        let lateral = format!("(SELECT {} FROM orders ", Store::ORDER_COLS);
-        assert!(PG_ORDERS_OF_USER.starts_with("SELECT o.* FROM sales s CROSS JOIN LATERAL "));
-        assert!(PG_ORDERS_OF_USER.contains(&lateral), "{PG_ORDERS_OF_USER}");
     }
 }

@@ -241,7 +241,6 @@ pub fn migrations(d: Dialect) -> Vec<(i64, Vec<String>)> {
         ),
         (13, narrow_orders_by_user(d)),
         (14, buyers_indexed_by_sale_only(d)),
-        (15, buyers_indexed_by_sale_only_on_postgres(d)),
     ]
 }
 
@@ -256,18 +255,6 @@ pub fn migrations(d: Dialect) -> Vec<(i64, Vec<String>)> {
 fn buyers_indexed_by_sale_only(d: Dialect) -> Vec<String> {
     match d {
         Dialect::Sqlite => vec!["DROP INDEX IF EXISTS orders_by_user".to_string()],
-        _ => Vec::new(),
-    }
-}
-
-/// On PostgreSQL too, no index of orders by buyer alone (`store::PG_ORDERS_OF_USER` seeks
-/// `orders_by_sale_user` per sale instead). Buyers arrive in no order of their ids, so each
-/// order's entry landed on a page of its own: one index entry, its WAL record and, after each
-/// checkpoint, a full page image per order, for a list read a few times per buyer.
-/// MySQL keeps it: MariaDB has no lateral join to make the per-sale seek certain.
-fn buyers_indexed_by_sale_only_on_postgres(d: Dialect) -> Vec<String> {
-    match d {
-        Dialect::Postgres => vec!["DROP INDEX IF EXISTS orders_by_user".to_string()],
         _ => Vec::new(),
     }
 }
