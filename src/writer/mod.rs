@@ -104,7 +104,8 @@ pub struct ReadPace {
 type Turn = tokio::sync::OwnedMutexGuard<ReadPace>;
 
 impl Writer {
-    /// Runs until `stop` turns true (after the log has nothing in hand) or the log closes.
+    /// Runs until `stop` turns true or its sender is dropped (after the log has nothing in
+    /// hand), or the log is closed and drained.
     pub async fn run(self, mut stop: watch::Receiver<bool>) {
         let mut last_reclaim = self.now();
         loop {
