@@ -615,7 +615,13 @@ impl App {
             st.store.clock().clone(),
             stop_rx.clone(),
         )));
-        if run_writer {
+        // The SQL gates write each order in the purchase's own transaction: their log is
+        // empty and closed, and a writer would only read that and stop.
+        let sql_gate = matches!(
+            self.state.config.gate,
+            GateKind::SqlLock | GateKind::SqlConditional
+        );
+        if run_writer && !sql_gate {
             // The local log has one consumer by nature (and SQLite one writer at a time).
             let loops = if self.log.shared() {
                 self.state.config.writer_concurrency
