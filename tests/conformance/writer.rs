@@ -8,7 +8,22 @@ use std::sync::Arc;
 
 use seckill::model::NewOrder;
 use seckill::orderlog::{local, Batch, Delivery, Receipt};
+use seckill::store::Store;
 use seckill::writer::{Writer, WriterStats};
+
+/// A writer of `store` reading `log`, alone (no fence, no linger).
+fn writer_of(store: &Store, log: local::LocalLogReader, batch_max: usize) -> Writer {
+    Writer {
+        log: Arc::new(log),
+        store: store.clone(),
+        gate: Arc::new(seckill::gate::memory::MemoryGate::new(local::channel().0)),
+        batch_max,
+        stats: Arc::new(WriterStats::default()),
+        fenced: false,
+        turn: Default::default(),
+        linger: std::time::Duration::ZERO,
+    }
+}
 
 /// A batch of 4,000 orders with two SQL refuses (a sale it does not know, a buyer over the
 /// limit): every other order is written, the two are dead-lettered, and the batch is found
@@ -24,17 +39,7 @@ async fn a_refused_order_is_found_by_halving_and_the_rest_written() {
         let mut orders: Vec<NewOrder> = (100..4_098).map(|u| order(sale.id, u)).collect();
         orders.insert(1_234, order(common::next_id(), 5));
         orders.insert(3_000, order(sale.id, 7));
-        let (_, reader) = local::channel();
-        let writer = Writer {
-            log: Arc::new(reader),
-            store: store.clone(),
-            gate: Arc::new(seckill::gate::memory::MemoryGate::new(local::channel().0)),
-            batch_max: 5_000,
-            stats: Arc::new(WriterStats::default()),
-            fenced: false,
-            turn: Default::default(),
-            linger: std::time::Duration::ZERO,
-        };
+        let writer = writer_of(&store, local::channel().1, 5_000);
         let deliveries = orders
             .iter()
             .map(|o| Delivery {
@@ -70,22 +75,13 @@ async fn a_refused_order_is_found_by_halving_and_the_rest_written() {
 }
 
 /// A writer stops by itself when nothing can reach it any more: its order log closed (no
-/// appender left, as with the SQL gates, whose deployments hand it an empty log) or its
-/// stop sender dropped. Either used to leave it reading "nothing" back to back, for ever,
+/// appender left, as the SQL gates' deployments once handed it) or its stop sender
+/// dropped. Either used to leave it reading "nothing" back to back, for ever,
 /// on a core of its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_writer_nobody_can_reach_stops() {
     let (store, _) = common::fresh_store(common::Sql::Sqlite).await;
-    let writer = |reader: local::LocalLogReader| Writer {
-        log: Arc::new(reader),
-        store: store.clone(),
-        gate: Arc::new(seckill::gate::memory::MemoryGate::new(local::channel().0)),
-        batch_max: 100,
-        stats: Arc::new(WriterStats::default()),
-        fenced: false,
-        turn: Default::default(),
-        linger: std::time::Duration::ZERO,
-    };
+    let writer = |log| writer_of(&store, log, 100);
     let limit = std::time::Duration::from_secs(10);
 
     let (_stop, stop_rx) = tokio::sync::watch::channel(false);
