@@ -271,8 +271,9 @@ fn fetch_text<'c>(
     conn.fetch_all(sql)
 }
 
-/// Integers as a SQL list (`1,2,3`): written by Rust, so nothing in it needs quoting.
-fn literal_list(values: impl Iterator<Item = i64>) -> String {
+/// Values as a comma-separated list (`1,2,3`): as SQL literals when they are integers, which
+/// Rust writes, so nothing in them needs quoting; inside braces, a PostgreSQL array.
+fn literal_list<T: std::fmt::Display>(values: impl Iterator<Item = T>) -> String {
     use std::fmt::Write;
     let mut list = String::new();
     for (i, v) in values.enumerate() {
@@ -2014,15 +2015,7 @@ fn sibling_url(url: &str, name: &str) -> Option<String> {
 /// Any driver binds no arrays, and one array keeps one statement shape whatever the
 /// batch's size. Only for items that need no quoting (integers, `NULL`, plain words).
 pub(crate) fn pg_array<T: std::fmt::Display>(values: impl Iterator<Item = T>) -> String {
-    let mut out = String::from("{");
-    for (i, v) in values.enumerate() {
-        if i > 0 {
-            out.push(',');
-        }
-        out.push_str(&v.to_string());
-    }
-    out.push('}');
-    out
+    format!("{{{}}}", literal_list(values))
 }
 
 fn numbered_placeholders(q: &str) -> String {
