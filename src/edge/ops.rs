@@ -84,7 +84,7 @@ fn recent_sales(st: &AppState) -> Vec<(i64, i64)> {
         .collect()
 }
 
-/// Per recent sale: (sale, unwritten orders, age of the oldest in ms, 0 when the log does
+/// Per recent sale: (sale, unwritten entries, age of the oldest in ms, 0 when the log does
 /// not know it). Empty when no order ever waits (the SQL gates).
 async fn order_log_lag(st: &AppState) -> Result<Vec<(i64, i64, i64)>, ApiError> {
     if !st.backlog.holds_orders() {
@@ -136,7 +136,7 @@ pub async fn metrics(_: MetricsReader, State(st): State<Arc<AppState>>) -> Respo
     st.audit.render(&mut out);
     if let Ok(lag) = order_log_lag(&st).await {
         if !lag.is_empty() {
-            out.push_str("# HELP seckill_order_log_unwritten Orders accepted and not yet written to SQL, per sale.\n# TYPE seckill_order_log_unwritten gauge\n");
+            out.push_str("# HELP seckill_order_log_unwritten Order log entries not yet written to SQL, per sale (an order each; a purchase call's orders each with --order-log-entry batch).\n# TYPE seckill_order_log_unwritten gauge\n");
             for (sale, len, _) in &lag {
                 out.push_str(&format!(
                     "seckill_order_log_unwritten{{sale=\"{sale}\"}} {len}\n"

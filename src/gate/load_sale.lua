@@ -65,15 +65,25 @@ for _, entry in ipairs(redis.call('XRANGE', KEYS[3], '-', '+')) do
   for j = 1, #kv, 2 do
     f[kv[j]] = kv[j + 1]
   end
-  local order_id, user, qty = f.order_id, f.user_id, f.quantity
-  if f.o then
-    -- purchase.lua's one field: order_id:sale_id:user_id:quantity:price_cents:accepted_at
-    order_id, user, qty = string.match(f.o, '^(%d+):%d+:(%d+):(%d+):%d+:%d+$')
+  local orders = {}
+  if f.b then
+    -- purchase.lua's batch entry: sale_id:price_cents:accepted_at;order_id:user_id:quantity;...
+    for order_id, user, qty in string.gmatch(f.b, ';(%d+):(%d+):(%d+)') do
+      orders[#orders + 1] = {order_id, user, qty}
+    end
+  elseif f.o then
+    -- purchase.lua's packed entry: order_id:sale_id:user_id:quantity:price_cents:accepted_at
+    orders[1] = {string.match(f.o, '^(%d+):%d+:(%d+):(%d+):%d+:%d+$')}
+  else
+    orders[1] = {f.order_id, f.user_id, f.quantity}
   end
-  if order_id and user and tonumber(qty) then
-    count(order_id, user, tonumber(qty))
-    -- Still queued: lookups (GET /api/orders/{id}, pay, cancel) keep finding it.
-    redis.call('HSET', KEYS[4], order_id, user .. ':' .. qty)
+  for _, o in ipairs(orders) do
+    local order_id, user, qty = o[1], o[2], o[3]
+    if order_id and user and tonumber(qty) then
+      count(order_id, user, tonumber(qty))
+      -- Still queued: lookups (GET /api/orders/{id}, pay, cancel) keep finding it.
+      redis.call('HSET', KEYS[4], order_id, user .. ':' .. qty)
+    end
   end
 end
 -- Orders written to SQL after the snapshot.

@@ -27,13 +27,26 @@ pub enum LogError {
     File(String),
 }
 
-/// Where an entry came from, so that it can be acknowledged there.
-#[derive(Debug)]
+/// Where an entry came from, so that it can be acknowledged there. The orders of one entry
+/// (a batch entry of the Redis log holds a script call's orders) share its receipt: the
+/// entry is acknowledged once, after every one of them is settled.
+#[derive(Debug, Clone)]
 pub enum Receipt {
     /// An order of the local log, and the segment of the file it is in.
     Local { order: NewOrder, segment: u64 },
     /// A stream entry: (stream key, entry id).
     Stream { stream: String, id: String },
+}
+
+impl Receipt {
+    /// The entry it names, when entries can hold more than one order (`None`: this receipt
+    /// is its entry's only one).
+    pub fn shared_entry(&self) -> Option<(&str, &str)> {
+        match self {
+            Receipt::Local { .. } => None,
+            Receipt::Stream { stream, id } => Some((stream, id)),
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -83,6 +96,19 @@ pub trait OrderLog: Send + Sync {
 
     /// The entry can never be written: move it aside with the reason, for an operator.
     async fn dead_letter(&self, receipt: Receipt, reason: &str) -> Result<(), LogError>;
+
+    /// Some orders of an entry of many can never be written, and every other one of it is
+    /// in SQL: move those aside, each with its reason, and remove the entry, in one step.
+    /// (Only the Redis log's batch entries hold many orders; elsewhere an entry's refused
+    /// orders are the entry.)
+    async fn dead_letter_orders(
+        &self,
+        receipt: Receipt,
+        refused: &[(NewOrder, String)],
+    ) -> Result<(), LogError> {
+        let reasons: Vec<&str> = refused.iter().map(|(_, r)| r.as_str()).collect();
+        self.dead_letter(receipt, &reasons.join("; ")).await
+    }
 
     /// True once the log is closed and drained: the writer may stop.
     fn finished(&self) -> bool;
@@ -142,8 +168,9 @@ pub trait Backlog: Send + Sync {
         sales: &[(i64, i64, i64)],
     ) -> Result<Vec<(i64, i64, i64)>, LogError>;
 
-    /// Orders of the sale not yet in SQL and the acceptance time (Unix ms) of the oldest,
-    /// when this log knows it: what readiness and the lag metrics watch.
+    /// Entries of the sale not yet in SQL (orders, or the Redis log's batch entries of
+    /// several) and the acceptance time (Unix ms) of the oldest, when this log knows it:
+    /// what readiness and the lag metrics watch.
     async fn lag(&self, sale: i64, segments: i64) -> Result<(i64, Option<i64>), LogError>;
 
     /// Starts reading these sales' logs (their writers' group made sure of).

@@ -259,6 +259,59 @@ fn parse_order(kv: &[Value]) -> Result<NewOrder, String> {
     }
 }
 
+/// The one field of a batch entry (`--order-log-entry batch`): a script call's orders,
+/// `sale_id:price_cents:accepted_at` then `;order_id:user_id:quantity` per order.
+const BATCH: &[u8] = b"b";
+
+/// The orders of a batch entry's field, all or none: an entry that does not read whole is
+/// set aside whole, never delivered in part.
+fn parse_batch(v: &Value) -> Result<Vec<NewOrder>, String> {
+    let text = bytes(v)
+        .and_then(|b| std::str::from_utf8(b).ok())
+        .ok_or("field b is not text")?;
+    let mut parts = text.split(';');
+    let head = parts.next().unwrap_or_default();
+    let [sale_id, price_cents, accepted_at] = integers(head)
+        .ok_or_else(|| format!("field b: {head:?} is not sale_id:price_cents:accepted_at"))?;
+    let orders = parts
+        .map(|part| {
+            let [id, user_id, quantity] = integers(part)
+                .ok_or_else(|| format!("field b: {part:?} is not order_id:user_id:quantity"))?;
+            checked(NewOrder {
+                id,
+                sale_id,
+                user_id,
+                quantity,
+                price_cents,
+                accepted_at,
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if orders.is_empty() {
+        return Err("field b holds no order".into());
+    }
+    Ok(orders)
+}
+
+/// Exactly `N` integers joined by ':'.
+fn integers<const N: usize>(text: &str) -> Option<[i64; N]> {
+    let mut values = [0i64; N];
+    let mut parts = text.split(':');
+    for value in values.iter_mut() {
+        *value = parts.next()?.parse().ok()?;
+    }
+    parts.next().is_none().then_some(values)
+}
+
+/// An order's fields as a packed entry holds them: how a batch entry's refused order is
+/// set aside on its own.
+fn packed_text(o: &NewOrder) -> String {
+    format!(
+        "{}:{}:{}:{}:{}:{}",
+        o.id, o.sale_id, o.user_id, o.quantity, o.price_cents, o.accepted_at
+    )
+}
+
 fn parse_packed(v: &Value) -> Result<NewOrder, String> {
     let text = bytes(v)
         .and_then(|b| std::str::from_utf8(b).ok())
@@ -343,8 +396,17 @@ fn collect_entries(stream: &str, entries: &Value, batch: &mut Batch) {
             Some(Value::Nil) => continue,
             _ => &[],
         };
-        match parse_order(fields) {
-            Ok(order) => batch.deliveries.push(Delivery { order, receipt }),
+        let orders = match fields {
+            [k, v] if bytes(k) == Some(BATCH) => parse_batch(v),
+            _ => parse_order(fields).map(|order| vec![order]),
+        };
+        match orders {
+            Ok(orders) => batch
+                .deliveries
+                .extend(orders.into_iter().map(|order| Delivery {
+                    order,
+                    receipt: receipt.clone(),
+                })),
             Err(reason) => batch.malformed.push(Malformed { receipt, reason }),
         }
     }
@@ -562,6 +624,41 @@ impl OrderLog for StreamLog {
         Ok(())
     }
 
+    async fn dead_letter_orders(
+        &self,
+        receipt: Receipt,
+        refused: &[(NewOrder, String)],
+    ) -> Result<(), LogError> {
+        let Receipt::Stream { stream, id } = receipt else {
+            return Ok(());
+        };
+        let mut conn = self.conn.clone();
+        let dead = stream.trim_end_matches(":orders").to_string() + ":dead";
+        let mut call = self.dead_letter.prepare_invoke();
+        call.key(&stream)
+            .key(&dead)
+            .arg(WRITER_GROUP)
+            .arg(&id)
+            .arg("");
+        for (order, reason) in refused {
+            call.arg(packed_text(order)).arg(reason);
+        }
+        let set_aside: i64 = call.invoke_async(&mut conn).await?;
+        if set_aside == 0 {
+            return Ok(());
+        }
+        for (order, reason) in refused {
+            tracing::error!(
+                stream,
+                id,
+                order = order.id,
+                reason,
+                "order of a batch entry moved to the dead-letter stream"
+            );
+        }
+        Ok(())
+    }
+
     fn finished(&self) -> bool {
         false
     }
@@ -613,8 +710,9 @@ impl super::Backlog for StreamLog {
     }
 }
 
-/// A sale's orders accepted and not yet written, and the acceptance time (Unix ms) of the
-/// oldest: written entries are deleted from the stream, so its first entry is the oldest.
+/// A sale's entries not yet written (an order each, or a batch entry's several), and the
+/// acceptance time (Unix ms) of the oldest: written entries are deleted from the stream, so
+/// its first entry is the oldest.
 pub async fn unwritten(
     conn: &mut RedisConn,
     prefix: &str,
@@ -745,7 +843,7 @@ pub async fn unwritten_orders(
         }
         // An entry that does not parse is in the stream (and in the gate) but can never be
         // written: count it with the dead letters.
-        let unreadable = (read - batch.deliveries.len()) as i64;
+        let unreadable = batch.malformed.len() as i64;
         orders.extend(
             batch
                 .deliveries
@@ -871,6 +969,69 @@ mod tests {
         let read: Vec<_> = batch.deliveries.iter().map(|d| d.order.clone()).collect();
         assert_eq!(read, [order(5, 9, 1, 7), order(6, 10, 2, 8)]);
         assert_eq!(batch.malformed.len(), 5, "{:?}", batch.malformed);
+    }
+
+    #[test]
+    fn a_batch_entry_is_read_whole_or_set_aside_whole() {
+        let entry = |id: &str, b: &str| {
+            Value::Array(vec![
+                Value::BulkString(id.as_bytes().to_vec()),
+                Value::Array(vec![
+                    Value::BulkString(b"b".to_vec()),
+                    Value::BulkString(b.as_bytes().to_vec()),
+                ]),
+            ])
+        };
+        let entries = Value::Array(vec![
+            entry("1-0", "3:250:77;11:5:1;12:6:2;13:7:1"),
+            entry("2-0", "3:250:78;14:8:1"),
+            // A bad order, an empty batch, a head short of a value, a zero quantity.
+            entry("3-0", "3:250:79;15:9:1;16:x:1"),
+            entry("4-0", "3:250:79"),
+            entry("5-0", "3:250;17:9:1"),
+            entry("6-0", "3:250:79;18:9:0"),
+        ]);
+        let mut batch = Batch::default();
+        collect_entries("s", &entries, &mut batch);
+        let read: Vec<_> = batch
+            .deliveries
+            .iter()
+            .map(|d| {
+                let Receipt::Stream { id, .. } = &d.receipt else {
+                    panic!("{d:?}")
+                };
+                (id.as_str(), d.order.clone())
+            })
+            .collect();
+        let order = |id, user_id, quantity, accepted_at| NewOrder {
+            id,
+            sale_id: 3,
+            user_id,
+            quantity,
+            price_cents: 250,
+            accepted_at,
+        };
+        assert_eq!(
+            read,
+            [
+                ("1-0", order(11, 5, 1, 77)),
+                ("1-0", order(12, 6, 2, 77)),
+                ("1-0", order(13, 7, 1, 77)),
+                ("2-0", order(14, 8, 1, 78)),
+            ]
+        );
+        assert_eq!(batch.malformed.len(), 4, "{:?}", batch.malformed);
+        assert!(
+            batch.malformed[0].reason.contains("\"16:x:1\""),
+            "{:?}",
+            batch.malformed[0]
+        );
+        let o = order(11, 5, 1, 77);
+        assert_eq!(packed_text(&o), "11:3:5:1:250:77");
+        assert_eq!(
+            parse_packed(&Value::BulkString(packed_text(&o).into_bytes())),
+            Ok(o)
+        );
     }
 
     #[test]

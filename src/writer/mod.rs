@@ -5,6 +5,7 @@
 //! Never acks an entry before its transaction has committed.
 
 use crate::metrics::render_counter;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -247,16 +248,24 @@ impl Writer {
             .into_iter()
             .map(|d| (d.order, d.receipt))
             .unzip();
+        let mut outcomes: Vec<Outcome> = vec![Outcome::Retry; orders.len()];
         // A batch that fails for a reason in its data is halved until the orders at fault
         // stand alone: a few dozen commits for one bad order in 20,000, not 20,000.
-        let mut groups = vec![(orders, receipts)];
-        while let Some((orders, receipts)) = groups.pop() {
+        let mut groups = vec![(orders, (0..receipts.len()).collect::<Vec<usize>>())];
+        while let Some((orders, at)) = groups.pop() {
             match self.store.write_orders(&orders).await {
-                Ok(outcome) => self.settle_written(&orders, receipts, &outcome).await,
+                Ok(outcome) => {
+                    self.count_written(&orders, &outcome);
+                    self.confirm(&orders).await;
+                    for &i in &at {
+                        outcomes[i] = Outcome::Written;
+                    }
+                }
                 Err(e) if e.is_transient() => {
                     self.stats.failed_batches.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(error = %e, orders = orders.len(), "order batch failed; will retry");
-                    if let Err(e) = self.log.retry_later(receipts, &e.to_string()).await {
+                    let retried = at.iter().map(|&i| receipts[i].clone()).collect();
+                    if let Err(e) = self.log.retry_later(retried, &e.to_string()).await {
                         tracing::warn!(error = %e, "could not mark the batch for retry");
                     }
                     self.sleep(Duration::from_millis(200)).await;
@@ -264,27 +273,23 @@ impl Writer {
                 Err(e) if orders.len() > 1 => {
                     tracing::warn!(error = %e, orders = orders.len(), "order batch failed; writing it in halves");
                     self.stats.failed_batches.fetch_add(1, Ordering::Relaxed);
-                    let (first, second) = halves((orders, receipts));
+                    let (first, second) = halves((orders, at));
                     groups.push(second);
                     groups.push(first);
                 }
                 Err(e) => {
                     self.stats.failed_batches.fetch_add(1, Ordering::Relaxed);
-                    for (order, receipt) in orders.into_iter().zip(receipts) {
-                        self.refused(order, receipt, &e).await;
+                    for (order, i) in orders.into_iter().zip(at) {
+                        outcomes[i] = self.refused(order, &e);
                     }
                 }
             }
         }
+        self.settle(receipts, outcomes).await;
     }
 
-    /// Counts, confirms and acknowledges a committed batch.
-    async fn settle_written(
-        &self,
-        orders: &[NewOrder],
-        receipts: Vec<Receipt>,
-        outcome: &crate::store::WriteOutcome,
-    ) {
+    /// Counts what a committed batch wrote.
+    fn count_written(&self, orders: &[NewOrder], outcome: &crate::store::WriteOutcome) {
         debug_assert_eq!(
             outcome.written + outcome.duplicates,
             orders.len(),
@@ -299,17 +304,70 @@ impl Writer {
                 .observe((now - o.accepted_at).max(0) as f64 / 1000.0);
         }
         self.stats.count(outcome);
-        self.confirm(orders).await;
-        self.ack(receipts).await;
     }
 
-    /// An order SQL refuses for a reason in it, alone in its transaction: set aside.
-    async fn refused(&self, order: NewOrder, receipt: Receipt, e: &crate::store::StoreError) {
+    /// Settles each entry once all its orders are decided (the orders of a batch entry
+    /// share it): acknowledged when every one is in SQL, its refused orders set aside when
+    /// the others are, and left pending when any waits for a retry (the written ones are
+    /// found written when it comes back).
+    async fn settle(&self, receipts: Vec<Receipt>, outcomes: Vec<Outcome>) {
+        let mut entries: Vec<(Receipt, Vec<Outcome>)> = Vec::new();
+        let mut shared: HashMap<(String, String), usize> = HashMap::new();
+        for (receipt, outcome) in receipts.into_iter().zip(outcomes) {
+            let key = receipt
+                .shared_entry()
+                .map(|(stream, id)| (stream.to_string(), id.to_string()));
+            if let Some(&at) = key.as_ref().and_then(|k| shared.get(k)) {
+                entries[at].1.push(outcome);
+                continue;
+            }
+            if let Some(key) = key {
+                shared.insert(key, entries.len());
+            }
+            entries.push((receipt, vec![outcome]));
+        }
+        let mut acks = Vec::new();
+        for (receipt, outcomes) in entries {
+            if outcomes.iter().any(|o| matches!(o, Outcome::Retry)) {
+                continue;
+            }
+            let alone = outcomes.len() == 1;
+            let mut refused: Vec<(NewOrder, String)> = outcomes
+                .into_iter()
+                .filter_map(|o| match o {
+                    Outcome::Refused(order, reason) => Some((*order, reason)),
+                    _ => None,
+                })
+                .collect();
+            match refused.len() {
+                0 => acks.push(receipt),
+                // The entry's only order: the entry itself is set aside, as it stands.
+                1 if alone => {
+                    let (_, reason) = refused.remove(0);
+                    self.dead_letter(receipt, &reason).await;
+                }
+                n => {
+                    self.stats
+                        .dead_letters
+                        .fetch_add(n as u64, Ordering::Relaxed);
+                    if let Err(e) = self.log.dead_letter_orders(receipt, &refused).await {
+                        tracing::error!(error = %e, orders = n, "could not dead-letter orders of an entry; it stays pending");
+                    }
+                }
+            }
+        }
+        if !acks.is_empty() {
+            self.ack(acks).await;
+        }
+    }
+
+    /// An order SQL refuses for a reason in it, alone in its transaction: to be set aside.
+    fn refused(&self, order: NewOrder, e: &crate::store::StoreError) -> Outcome {
         if matches!(e, crate::store::StoreError::UserLimit { .. }) {
             self.stats.over_limit.fetch_add(1, Ordering::Relaxed);
         }
         let reason = format!("order {} of sale {}: {e}", order.id, order.sale_id);
-        self.dead_letter(receipt, &reason).await;
+        Outcome::Refused(Box::new(order), reason)
     }
 
     /// Tells the gate these orders are in SQL (duplicates too: their first writer may have
@@ -349,8 +407,18 @@ impl Writer {
         }
     }
 }
-/// Orders with their receipts, in the same order.
-type Group = (Vec<NewOrder>, Vec<Receipt>);
+/// What became of one order of a batch.
+#[derive(Debug, Clone)]
+enum Outcome {
+    Written,
+    /// Left for a later attempt (or not tried: the batch gave up first).
+    Retry,
+    /// Refused by SQL for a reason in it, with the reason.
+    Refused(Box<NewOrder>, String),
+}
+
+/// Orders with their places in the batch, in the same order.
+type Group = (Vec<NewOrder>, Vec<usize>);
 
 /// A failed batch cut in two, each half with its receipts.
 fn halves((mut orders, mut receipts): Group) -> (Group, Group) {

@@ -343,8 +343,8 @@ pub fn spawn(env: &[(String, String)], args: &[String]) -> (Child, std::path::Pa
     // that ends with the gate reconciled exact must not have a repair hide the fault.
     cmd.env("SECKILL_AUDIT_REPAIR", "0");
     // Servers run as a new deployment would (README, "Running distributed"); the gate
-    // conformance tests cover the default form, and both forms in one stream.
-    cmd.env("SECKILL_ORDER_LOG_ENTRY", "packed");
+    // conformance tests cover the default form, and every form in one stream.
+    cmd.env("SECKILL_ORDER_LOG_ENTRY", "batch");
     for (k, v) in env {
         cmd.env(k, v);
     }

@@ -675,28 +675,28 @@ async fn attempts_of_one_script_call_see_each_others_units_and_rate() {
     };
     let deadline = seckill::clock::wall_ms() + 60_000;
     // (user, quantity) per attempt; no purchase tokens.
+    let call_in =
+        |form: &str, sale: i64, interval: i64, tolerance: i64, attempts: &[(i64, i64)]| {
+            let k = keys(sale);
+            let mut inv = script.prepare_invoke();
+            for key in &k {
+                inv.key(key);
+            }
+            for _ in attempts {
+                inv.key(&k[0]);
+            }
+            inv.arg(sale).arg(interval).arg(tolerance).arg(0).arg(form);
+            for (n, (user, qty)) in attempts.iter().enumerate() {
+                inv.arg(*user)
+                    .arg(*qty)
+                    .arg(sale * 1000 + n as i64)
+                    .arg(0)
+                    .arg(deadline);
+            }
+            inv
+        };
     let call = |sale: i64, interval: i64, tolerance: i64, attempts: &[(i64, i64)]| {
-        let k = keys(sale);
-        let mut inv = script.prepare_invoke();
-        for key in &k {
-            inv.key(key);
-        }
-        for _ in attempts {
-            inv.key(&k[0]);
-        }
-        inv.arg(sale)
-            .arg(interval)
-            .arg(tolerance)
-            .arg(0)
-            .arg("packed");
-        for (n, (user, qty)) in attempts.iter().enumerate() {
-            inv.arg(*user)
-                .arg(*qty)
-                .arg(sale * 1000 + n as i64)
-                .arg(0)
-                .arg(deadline);
-        }
-        inv
+        call_in("packed", sale, interval, tolerance, attempts)
     };
     let open = |sale: i64, stock: i64, limit: i64| {
         let mut c = redis::cmd("HSET");
@@ -723,6 +723,7 @@ async fn attempts_of_one_script_call_see_each_others_units_and_rate() {
         .await
         .unwrap();
     let verdicts = seckill::gate::reply::verdicts_from_reply(&reply, 6).unwrap();
+    let verdicts_of_sale_1 = verdicts.clone();
     use seckill::gate::Rejection::*;
     assert_eq!(
         verdicts,
@@ -808,8 +809,77 @@ async fn attempts_of_one_script_call_see_each_others_units_and_rate() {
         (deadline - 120_000..=deadline).contains(&(tats["8"] - 1000)),
         "{tats:?}"
     );
+
+    // The batch form: the same decisions, the call's three orders in one entry.
+    let _: () = open(3, 3, 2).query_async(&mut conn).await.unwrap();
+    let reply: redis::Value = call_in(
+        "batch",
+        3,
+        0,
+        0,
+        &[(7, 1), (7, 1), (7, 1), (8, 2), (9, 3), (9, 1)],
+    )
+    .invoke_async(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(
+        seckill::gate::reply::verdicts_from_reply(&reply, 6).unwrap(),
+        verdicts_of_sale_1
+    );
+    let k = keys(3);
+    let entries: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+        .arg(&k[2])
+        .arg("-")
+        .arg("+")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    let fields = &entries[0].1;
+    assert_eq!(fields.len(), 1, "{fields:?}");
+    assert_eq!(fields[0].0, "b");
+    let (head, orders) = fields[0].1.split_once(';').unwrap();
+    assert_eq!(orders, "3000:7:1;3001:7:1;3005:9:1");
+    let head: Vec<i64> = head.split(':').map(|v| v.parse().unwrap()).collect();
+    assert_eq!(head[..2], [3, 100]);
+    assert!(
+        (deadline - 120_000..=deadline).contains(&head[2]),
+        "{head:?}"
+    );
+    let buyers: std::collections::HashMap<String, i64> = hgetall(&mut conn, &k[1]).await;
+    assert_eq!(buyers, [("7".to_string(), 2), ("9".to_string(), 1)].into());
+    let accepted: std::collections::HashMap<i64, String> = hgetall(&mut conn, &k[3]).await;
+    assert_eq!(accepted.len(), 3);
+    // A stream that refuses the entry (a key of another type) leaves the call's decisions
+    // unwritten: no stock, buyer or accepted order counts an order that is not in the log.
+    let _: () = open(4, 3, 2).query_async(&mut conn).await.unwrap();
+    let _: () = redis::cmd("SET")
+        .arg(&keys(4)[2])
+        .arg("not a stream")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let failed: Result<redis::Value, _> = call_in("batch", 4, 0, 0, &[(7, 1), (8, 1)])
+        .invoke_async(&mut conn)
+        .await;
+    assert!(failed.is_err(), "{failed:?}");
+    let k = keys(4);
+    let stock: i64 = redis::cmd("HGET")
+        .arg(&k[0])
+        .arg("stock")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(stock, 3);
+    let buyers: std::collections::HashMap<String, i64> = hgetall(&mut conn, &k[1]).await;
+    let accepted: std::collections::HashMap<i64, String> = hgetall(&mut conn, &k[3]).await;
+    assert!(
+        buyers.is_empty() && accepted.is_empty(),
+        "{buyers:?} {accepted:?}"
+    );
+
     let mut del = redis::cmd("DEL");
-    for key in keys(1).iter().chain(keys(2).iter()) {
+    for key in (1..=4).flat_map(keys) {
         del.arg(key);
     }
     let _: () = del.query_async(&mut conn).await.unwrap();

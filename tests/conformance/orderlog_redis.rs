@@ -201,9 +201,9 @@ async fn a_killed_consumers_batch_is_reclaimed_and_written_once() {
     }
 }
 
-/// A fleet mid-upgrade (`--order-log-entry`): one stream holds entries of both forms. A gate
-/// rebuilt from it counts every entry of either form, and the writer writes each order with
-/// its own values.
+/// A fleet mid-upgrade (`--order-log-entry`): one stream holds entries of every form. A gate
+/// rebuilt from it counts every order of each, and the writer writes each order with its
+/// own values.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn orders_of_either_entry_form_are_rebuilt_and_written() {
     let s = setup(Sql::Postgres).await;
@@ -238,6 +238,31 @@ async fn orders_of_either_entry_form_are_rebuilt_and_written() {
             want.push((order_id, sale.id, user, quantity(user), 1234));
         }
     }
+    // Buyers 21..=40 at once through a gate writing batch entries: a call's orders share one.
+    let gate = RedisGate::new(s.conn.clone(), &s.prefix).with_entry_form(EntryForm::Batch);
+    gate.prepare().await.unwrap();
+    let bought = futures_util::future::join_all((21..41).map(|user| {
+        let gate = &gate;
+        let order_id = common::next_id();
+        async move {
+            let v = gate
+                .purchase(Purchase {
+                    sale_id: sale.id,
+                    user_id: user,
+                    quantity: quantity(user),
+                    order_id,
+                    token: None,
+                    segments: 1,
+                    after_move: false,
+                })
+                .await
+                .unwrap();
+            assert!(matches!(v, Verdict::Accepted { .. }), "{v:?}");
+            (order_id, sale.id, user, quantity(user), 1234)
+        }
+    }))
+    .await;
+    want.extend(bought);
     let units: i64 = want.iter().map(|o| o.3).sum();
     let until = seckill::clock::wall_ms();
 
@@ -263,13 +288,20 @@ async fn orders_of_either_entry_form_are_rebuilt_and_written() {
             "accepted_at"
         ]
     );
+    let batched = &entries[20..];
+    assert!(batched.iter().all(|(_, f)| form(f) == ["b"]), "{batched:?}");
+    assert!(
+        batched.len() < 20,
+        "twenty orders bought at once, in {} entries",
+        batched.len()
+    );
     let queued_before: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
         .arg(&keys.accepted)
         .query_async(&mut conn)
         .await
         .unwrap();
 
-    // Redis loses the sale's gate but not its stream: the load counts all twenty entries.
+    // Redis loses the sale's gate but not its stream: the load counts all forty orders.
     let _: i64 = redis::cmd("DEL")
         .arg(&keys.sale)
         .arg(&keys.buyers)
@@ -293,16 +325,16 @@ async fn orders_of_either_entry_form_are_rebuilt_and_written() {
         .await
         .unwrap();
     assert_eq!(queued, queued_before);
-    assert_eq!(queued.len(), 20);
+    assert_eq!(queued.len(), 40);
 
     let log = s.consumer(Duration::from_secs(10), sale.id).await;
     let writer = s.writer(log);
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
     let task = tokio::spawn(writer.run(stop_rx));
     let store = s.store.clone();
-    common::eventually(20, "20 orders written", || {
+    common::eventually(20, "40 orders written", || {
         let store = store.clone();
-        async move { store.orders_of_sale(sale.id).await.unwrap().len() == 20 }
+        async move { store.orders_of_sale(sale.id).await.unwrap().len() == 40 }
     })
     .await;
     stop.send(true).unwrap();
@@ -414,6 +446,101 @@ async fn the_running_writer_drains_the_stream_and_dead_letters_the_unwritable() 
         .map(|o| o.id)
         .collect();
     assert!(ids.iter().all(|id| written.contains(id)));
+}
+
+/// A batch entry holds a script call's orders and is settled whole: written orders leave
+/// with it, an order SQL refuses becomes a dead letter of its own (the rest of its entry
+/// written), and an entry with an order that does not read is set aside whole, none of it
+/// written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_entrys_orders_are_written_and_its_refused_one_set_aside_alone() {
+    let s = setup(Sql::Postgres).await;
+    let sale_id = s.open_sale(50).await;
+    let keys = SaleKeys::new(&s.prefix, sale_id);
+    let mut conn = s.conn.clone();
+    // Buyer 7 holds the sale's limit of one in SQL already.
+    s.store
+        .write_orders(&[common::order(sale_id, 7)])
+        .await
+        .unwrap();
+    let ids: Vec<i64> = (0..4).map(|_| common::next_id()).collect();
+    let add = |b: String| {
+        let mut cmd = redis::cmd("XADD");
+        cmd.arg(&keys.stream).arg("*").arg("b").arg(b);
+        cmd
+    };
+    let _: String = add(format!(
+        "{sale_id}:100:5;{}:5:1;{}:7:1;{}:9:1",
+        ids[0], ids[1], ids[2]
+    ))
+    .query_async(&mut conn)
+    .await
+    .unwrap();
+    let _: String = add(format!("{sale_id}:100:5;{}:11:1;x:12:1", ids[3]))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+
+    let log = s.consumer(Duration::from_secs(10), sale_id).await;
+    let writer = s.writer(log.clone());
+    let batch = log.next_batch(100).await.unwrap();
+    assert_eq!(
+        (batch.deliveries.len(), batch.malformed.len()),
+        (3, 1),
+        "{batch:?}"
+    );
+    writer.process(batch).await;
+
+    let mut written: Vec<(i64, i64)> = s
+        .store
+        .orders_of_sale(sale_id)
+        .await
+        .unwrap()
+        .iter()
+        .map(|o| (o.user_id, o.id))
+        .filter(|(user, _)| *user != 7)
+        .collect();
+    written.sort();
+    assert_eq!(written, [(5, ids[0]), (9, ids[2])]);
+    let stats = &writer.stats;
+    assert_eq!(stats.dead_letters.load(Ordering::Relaxed), 2);
+    assert_eq!(stats.over_limit.load(Ordering::Relaxed), 1);
+    let dead: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+        .arg(&keys.dead)
+        .arg("-")
+        .arg("+")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(dead.len(), 2, "{dead:?}");
+    let field = |entry: &(String, Vec<(String, String)>), name: &str| {
+        entry
+            .1
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default()
+    };
+    // The entry that does not read, whole; the refused order, alone, as a packed order.
+    let (refused, unreadable) = match field(&dead[0], "o").is_empty() {
+        true => (&dead[1], &dead[0]),
+        false => (&dead[0], &dead[1]),
+    };
+    assert_eq!(
+        field(refused, "o"),
+        format!("{}:{sale_id}:7:1:100:5", ids[1])
+    );
+    assert!(field(refused, "reason").contains("limit"), "{refused:?}");
+    assert!(field(unreadable, "b").contains(&ids[3].to_string()));
+    assert!(
+        field(unreadable, "reason").contains("\"x:12:1\""),
+        "{unreadable:?}"
+    );
+    assert_eq!(
+        backlog(&mut conn, &s.prefix, sale_id).await,
+        (0, 0, 2),
+        "both entries settled: none left in the stream or pending"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

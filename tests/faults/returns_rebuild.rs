@@ -117,13 +117,18 @@ async fn flush(port: u16, sale: i64) -> Vec<i64> {
         .unwrap();
     entries
         .iter()
-        // Either form of entry (--order-log-entry): "o" packs "order_id:sale_id:...".
-        .filter_map(|(_, f)| {
-            let packed = f.get("o").and_then(|o| o.split(':').next());
-            packed
-                .or(f.get("order_id").map(String::as_str))?
-                .parse()
-                .ok()
+        // Any form of entry (--order-log-entry): "b" holds a call's orders after its head,
+        // ";order_id:user_id:quantity" each; "o" packs "order_id:sale_id:...".
+        .flat_map(|(_, f)| {
+            let ids: Vec<&str> = match (f.get("b"), f.get("o"), f.get("order_id")) {
+                (Some(b), _, _) => b.split(';').skip(1).collect(),
+                (_, Some(o), _) => vec![o.as_str()],
+                (_, _, Some(id)) => vec![id.as_str()],
+                _ => Vec::new(),
+            };
+            ids.into_iter()
+                .filter_map(|o| o.split(':').next()?.parse().ok())
+                .collect::<Vec<i64>>()
         })
         .collect()
 }

@@ -28,7 +28,11 @@ pub struct SaleStats {
     units_in_live_orders: i64,
     orders_by_status: std::collections::HashMap<String, i64>,
     payments_by_status: std::collections::HashMap<String, i64>,
+    /// Entries of the order log not yet in SQL: an order each, or with
+    /// `--order-log-entry batch` the orders of one purchase-script call (0: every accepted
+    /// order is in SQL).
     log_backlog: Option<i64>,
+    /// Of those, entries a writer holds (read, not yet acknowledged).
     log_pending: Option<i64>,
     dead_letters: Option<i64>,
 }
@@ -90,7 +94,8 @@ pub struct Audit {
     max_units_per_buyer: i64,
     /// Units sold beyond the stock; anything but 0 is a bug.
     oversold: i64,
-    /// Orders accepted by the gate and not yet in SQL.
+    /// Entries of the order log not yet in SQL (as in the sale's stats): an order each, or
+    /// with `--order-log-entry batch` the orders of one purchase-script call.
     log_backlog: Option<i64>,
 }
 
