@@ -821,13 +821,30 @@ async fn workers_frozen_across_a_wipe_lose_nothing_and_sell_nobody_twice() {
         let (url, stream) = (redis_url.clone(), stream.clone());
         async move {
             let (_, mut conn) = seckill::app::redis_manager(&url).await.unwrap();
-            let pending: redis::Value = redis::cmd("XPENDING")
-                .arg(&stream)
-                .arg("writers")
-                .query_async(&mut conn)
-                .await
-                .unwrap();
-            matches!(pending, redis::Value::Array(ref p) if p.first() == Some(&redis::Value::Int(500)))
+            let (pending, entries): (redis::Value, Vec<(String, Vec<(String, String)>)>) =
+                redis::pipe()
+                    .cmd("XPENDING")
+                    .arg(&stream)
+                    .arg("writers")
+                    .cmd("XRANGE")
+                    .arg(&stream)
+                    .arg("-")
+                    .arg("+")
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+            // Every entry is pending with a writer, and they hold the 500 orders (a batch
+            // entry holds a script call's orders, ";order_id:user_id:quantity" each).
+            let orders: usize = entries
+                .iter()
+                .map(|(_, f)| match &f[..] {
+                    [(k, v)] if k == "b" => v.matches(';').count(),
+                    _ => 1,
+                })
+                .sum();
+            let held = redis::Value::Int(entries.len() as i64);
+            orders == 500
+                && matches!(pending, redis::Value::Array(ref p) if p.first() == Some(&held))
         }
     })
     .await;
