@@ -311,46 +311,54 @@ impl Writer {
     /// the others are, and left pending when any waits for a retry (the written ones are
     /// found written when it comes back).
     async fn settle(&self, receipts: Vec<Receipt>, outcomes: Vec<Outcome>) {
-        let mut entries: Vec<(Receipt, Vec<Outcome>)> = Vec::new();
+        // Each entry once, in the order first seen, and the entry of each order.
+        let mut entries: Vec<(Receipt, usize)> = Vec::new();
+        let mut entry_of = Vec::with_capacity(receipts.len());
         let mut shared: HashMap<(String, String), usize> = HashMap::new();
-        for (receipt, outcome) in receipts.into_iter().zip(outcomes) {
+        for receipt in receipts {
             let key = receipt
                 .shared_entry()
                 .map(|(stream, id)| (stream.to_string(), id.to_string()));
             if let Some(&at) = key.as_ref().and_then(|k| shared.get(k)) {
-                entries[at].1.push(outcome);
+                entries[at].1 += 1;
+                entry_of.push(at);
                 continue;
             }
             if let Some(key) = key {
                 shared.insert(key, entries.len());
             }
-            entries.push((receipt, vec![outcome]));
+            entry_of.push(entries.len());
+            entries.push((receipt, 1));
+        }
+        let mut waits = vec![false; entries.len()];
+        let mut refused: HashMap<usize, Vec<(NewOrder, String)>> = HashMap::new();
+        for (outcome, &at) in outcomes.into_iter().zip(&entry_of) {
+            match outcome {
+                Outcome::Written => {}
+                Outcome::Retry => waits[at] = true,
+                Outcome::Refused(order, reason) => {
+                    refused.entry(at).or_default().push((*order, reason))
+                }
+            }
         }
         let mut acks = Vec::new();
-        for (receipt, outcomes) in entries {
-            if outcomes.iter().any(|o| matches!(o, Outcome::Retry)) {
+        for (at, (receipt, orders)) in entries.into_iter().enumerate() {
+            if waits[at] {
                 continue;
             }
-            let alone = outcomes.len() == 1;
-            let mut refused: Vec<(NewOrder, String)> = outcomes
-                .into_iter()
-                .filter_map(|o| match o {
-                    Outcome::Refused(order, reason) => Some((*order, reason)),
-                    _ => None,
-                })
-                .collect();
-            match refused.len() {
-                0 => acks.push(receipt),
+            match refused.remove(&at) {
+                None => acks.push(receipt),
                 // The entry's only order: the entry itself is set aside, as it stands.
-                1 if alone => {
-                    let (_, reason) = refused.remove(0);
+                Some(mut set_aside) if orders == 1 => {
+                    let (_, reason) = set_aside.remove(0);
                     self.dead_letter(receipt, &reason).await;
                 }
-                n => {
+                Some(set_aside) => {
+                    let n = set_aside.len();
                     self.stats
                         .dead_letters
                         .fetch_add(n as u64, Ordering::Relaxed);
-                    if let Err(e) = self.log.dead_letter_orders(receipt, &refused).await {
+                    if let Err(e) = self.log.dead_letter_orders(receipt, &set_aside).await {
                         tracing::error!(error = %e, orders = n, "could not dead-letter orders of an entry; it stays pending");
                     }
                 }

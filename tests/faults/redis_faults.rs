@@ -783,6 +783,9 @@ async fn one_failover_run() {
     drop(master);
 }
 
+/// A stream entry as XRANGE answers it: (id, [(field, value)]).
+type StreamEntry = (String, Vec<(String, String)>);
+
 /// Workers hold orders they read before Redis lost its data (stuck on a slow database,
 /// then frozen) and write them after the wipe: the rebuilt gate counts each of them once,
 /// nobody buys twice, no `ok` is lost.
@@ -821,18 +824,17 @@ async fn workers_frozen_across_a_wipe_lose_nothing_and_sell_nobody_twice() {
         let (url, stream) = (redis_url.clone(), stream.clone());
         async move {
             let (_, mut conn) = seckill::app::redis_manager(&url).await.unwrap();
-            let (pending, entries): (redis::Value, Vec<(String, Vec<(String, String)>)>) =
-                redis::pipe()
-                    .cmd("XPENDING")
-                    .arg(&stream)
-                    .arg("writers")
-                    .cmd("XRANGE")
-                    .arg(&stream)
-                    .arg("-")
-                    .arg("+")
-                    .query_async(&mut conn)
-                    .await
-                    .unwrap();
+            let (pending, entries): (redis::Value, Vec<StreamEntry>) = redis::pipe()
+                .cmd("XPENDING")
+                .arg(&stream)
+                .arg("writers")
+                .cmd("XRANGE")
+                .arg(&stream)
+                .arg("-")
+                .arg("+")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
             // Every entry is pending with a writer, and they hold the 500 orders (a batch
             // entry holds a script call's orders, ";order_id:user_id:quantity" each).
             let orders: usize = entries
