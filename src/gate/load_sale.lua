@@ -67,9 +67,23 @@ for _, entry in ipairs(redis.call('XRANGE', KEYS[3], '-', '+')) do
   end
   local orders = {}
   if f.b then
-    -- purchase.lua's batch entry: sale_id:price_cents:accepted_at;order_id:user_id:quantity;...
-    for order_id, user, qty in string.gmatch(f.b, ';(%d+):(%d+):(%d+)') do
-      orders[#orders + 1] = {order_id, user, qty}
+    -- purchase.lua's batch entry, sale_id:price_cents:accepted_at;order_id:user_id:quantity;...
+    -- counted whole or not at all, as the writers read it (one they cannot read is set
+    -- aside whole, none of its orders written).
+    local head, whole = true, true
+    for part in string.gmatch(f.b .. ';', '([^;]*);') do
+      if head then
+        whole = string.match(part, '^%d+:%d+:%d+$') ~= nil
+        head = false
+      else
+        local order_id, user, qty = string.match(part, '^(%d+):(%d+):(%d+)$')
+        whole = order_id ~= nil and tonumber(order_id) > 0 and tonumber(qty) > 0
+        orders[#orders + 1] = {order_id, user, qty}
+      end
+      if not whole then
+        orders = {}
+        break
+      end
     end
   elseif f.o then
     -- purchase.lua's packed entry: order_id:sale_id:user_id:quantity:price_cents:accepted_at

@@ -9,6 +9,7 @@
 //! and without blocking, so one unreachable master never stops the others' orders.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::RwLock;
 use std::time::Duration;
 
@@ -45,6 +46,10 @@ pub struct StreamLog {
     consumer: String,
     streams: RwLock<Vec<String>>,
     reclaim_idle_ms: u64,
+    /// Orders per entry in the last read that found any (1 until then; more with batch
+    /// entries): a read asks for as many entries as make about the orders it was asked
+    /// for, not for that many entries of up to a hundred orders each.
+    orders_per_entry: AtomicUsize,
     /// Per-stream read failures in a cluster, logged at most every 30 s.
     read_failures: crate::logline::Every,
     /// ack.lua: acknowledges and deletes a writer's entries in one step.
@@ -68,6 +73,7 @@ impl StreamLog {
             consumer: consumer_name(),
             streams: RwLock::new(Vec::new()),
             reclaim_idle_ms: RECLAIM_IDLE_MS,
+            orders_per_entry: AtomicUsize::new(1),
             read_failures: crate::logline::Every::new(30_000),
             ack: Script::new(include_str!("ack.lua")),
             dead_letter: Script::new(include_str!("dead_letter.lua")),
@@ -120,6 +126,26 @@ impl StreamLog {
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    /// How many entries make about `max` orders, by the last read's orders per entry.
+    fn entries_for(&self, max: usize) -> usize {
+        (max / self.orders_per_entry.load(Ordering::Relaxed).max(1)).max(1)
+    }
+
+    /// Keeps the orders per entry of a read that found any.
+    fn note_entries(&self, batch: &Batch) {
+        let orders = batch.deliveries.len();
+        if orders == 0 {
+            return;
+        }
+        let entries = 1 + batch
+            .deliveries
+            .windows(2)
+            .filter(|w| w[0].receipt.shared_entry() != w[1].receipt.shared_entry())
+            .count();
+        self.orders_per_entry
+            .store(orders.div_ceil(entries), Ordering::Relaxed);
     }
 
     /// XREADGROUP of this consumer up to COUNT `max`, before BLOCK and STREAMS.
@@ -487,8 +513,11 @@ impl OrderLog for StreamLog {
             tokio::time::sleep(Duration::from_millis(BLOCK_MS)).await;
             return Ok(Batch::default());
         }
+        let max = self.entries_for(max);
         if self.conn.is_cluster() {
-            return self.read_per_slot(&streams, max).await;
+            let batch = self.read_per_slot(&streams, max).await?;
+            self.note_entries(&batch);
+            return Ok(batch);
         }
         let mut cmd = self.read_command(max);
         cmd.arg("BLOCK").arg(BLOCK_MS);
@@ -529,10 +558,12 @@ impl OrderLog for StreamLog {
         };
         let mut batch = Batch::default();
         collect_reply(reply, max, &mut batch);
+        self.note_entries(&batch);
         Ok(batch)
     }
 
     async fn reclaim(&self, max: usize) -> Result<Batch, LogError> {
+        let count = self.entries_for(max);
         let mut batch = Batch::default();
         let mut conn = self.conn.clone();
         for stream in self.streams() {
@@ -543,7 +574,7 @@ impl OrderLog for StreamLog {
                 .arg(self.reclaim_idle_ms)
                 .arg("0-0")
                 .arg("COUNT")
-                .arg(max)
+                .arg(count)
                 .query_async(&mut conn)
                 .await;
             match reply {

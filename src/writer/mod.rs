@@ -249,9 +249,10 @@ impl Writer {
             .map(|d| (d.order, d.receipt))
             .unzip();
         let mut outcomes: Vec<Outcome> = vec![Outcome::Retry; orders.len()];
-        // A batch that fails for a reason in its data is halved until the orders at fault
-        // stand alone: a few dozen commits for one bad order in 20,000, not 20,000.
-        let mut groups = vec![(orders, (0..receipts.len()).collect::<Vec<usize>>())];
+        // A read of batch entries may hold many times `batch_max` orders: one transaction
+        // each at most `batch_max` (or one entry), cut between entries.
+        let mut groups = by_entries(orders, &receipts, self.batch_max);
+        groups.reverse();
         while let Some((orders, at)) = groups.pop() {
             match self.store.write_orders(&orders).await {
                 Ok(outcome) => {
@@ -270,10 +271,12 @@ impl Writer {
                     }
                     self.sleep(Duration::from_millis(200)).await;
                 }
+                // A batch that fails for a reason in its data is halved until the orders at
+                // fault stand alone: a few dozen commits for one bad order in 20,000.
                 Err(e) if orders.len() > 1 => {
                     tracing::warn!(error = %e, orders = orders.len(), "order batch failed; writing it in halves");
                     self.stats.failed_batches.fetch_add(1, Ordering::Relaxed);
-                    let (first, second) = halves((orders, at));
+                    let (first, second) = halves((orders, at), &receipts);
                     groups.push(second);
                     groups.push(first);
                 }
@@ -331,14 +334,15 @@ impl Writer {
             entries.push((receipt, 1));
         }
         let mut waits = vec![false; entries.len()];
-        let mut refused: HashMap<usize, Vec<(NewOrder, String)>> = HashMap::new();
+        let mut refused: HashMap<usize, Vec<(NewOrder, String, bool)>> = HashMap::new();
         for (outcome, &at) in outcomes.into_iter().zip(&entry_of) {
             match outcome {
                 Outcome::Written => {}
                 Outcome::Retry => waits[at] = true,
-                Outcome::Refused(order, reason) => {
-                    refused.entry(at).or_default().push((*order, reason))
-                }
+                Outcome::Refused(order, reason, over_limit) => refused
+                    .entry(at)
+                    .or_default()
+                    .push((*order, reason, over_limit)),
             }
         }
         let mut acks = Vec::new();
@@ -346,14 +350,22 @@ impl Writer {
             if waits[at] {
                 continue;
             }
-            match refused.remove(&at) {
-                None => acks.push(receipt),
+            let Some(set_aside) = refused.remove(&at) else {
+                acks.push(receipt);
+                continue;
+            };
+            // Counted when set aside, not when refused: an entry left for a retry is
+            // refused again when it comes back.
+            let over_limit = set_aside.iter().filter(|o| o.2).count();
+            self.stats
+                .over_limit
+                .fetch_add(over_limit as u64, Ordering::Relaxed);
+            let set_aside: Vec<(NewOrder, String)> =
+                set_aside.into_iter().map(|(o, r, _)| (o, r)).collect();
+            match set_aside.as_slice() {
                 // The entry's only order: the entry itself is set aside, as it stands.
-                Some(mut set_aside) if orders == 1 => {
-                    let (_, reason) = set_aside.remove(0);
-                    self.dead_letter(receipt, &reason).await;
-                }
-                Some(set_aside) => {
+                [(_, reason)] if orders == 1 => self.dead_letter(receipt, reason).await,
+                _ => {
                     let n = set_aside.len();
                     self.stats
                         .dead_letters
@@ -371,11 +383,9 @@ impl Writer {
 
     /// An order SQL refuses for a reason in it, alone in its transaction: to be set aside.
     fn refused(&self, order: NewOrder, e: &crate::store::StoreError) -> Outcome {
-        if matches!(e, crate::store::StoreError::UserLimit { .. }) {
-            self.stats.over_limit.fetch_add(1, Ordering::Relaxed);
-        }
+        let over_limit = matches!(e, crate::store::StoreError::UserLimit { .. });
         let reason = format!("order {} of sale {}: {e}", order.id, order.sale_id);
-        Outcome::Refused(Box::new(order), reason)
+        Outcome::Refused(Box::new(order), reason, over_limit)
     }
 
     /// Tells the gate these orders are in SQL (duplicates too: their first writer may have
@@ -421,18 +431,48 @@ enum Outcome {
     Written,
     /// Left for a later attempt (or not tried: the batch gave up first).
     Retry,
-    /// Refused by SQL for a reason in it, with the reason.
-    Refused(Box<NewOrder>, String),
+    /// Refused by SQL for a reason in it, with the reason, and whether it would have
+    /// taken its buyer over the limit.
+    Refused(Box<NewOrder>, String, bool),
 }
 
 /// Orders with their places in the batch, in the same order.
 type Group = (Vec<NewOrder>, Vec<usize>);
 
-/// A failed batch cut in two, each half with its receipts.
-fn halves((mut orders, mut receipts): Group) -> (Group, Group) {
+/// Whether two orders of a read came from one entry (a batch entry of the Redis log).
+fn same_entry(a: &Receipt, b: &Receipt) -> bool {
+    matches!((a.shared_entry(), b.shared_entry()), (Some(x), Some(y)) if x == y)
+}
+
+/// A read's orders (an entry's orders next to each other, as the log reads them) cut into
+/// groups of at most `max`, or of one entry, each cut between two entries: a group that
+/// fails for a passing reason (its orders wait for a retry) then leaves no entry with some
+/// orders in SQL and others not, which the audit would count twice until the retry.
+fn by_entries(orders: Vec<NewOrder>, receipts: &[Receipt], max: usize) -> Vec<Group> {
+    let mut groups: Vec<Group> = Vec::new();
+    let mut current: Group = (Vec::new(), Vec::new());
+    for (i, order) in orders.into_iter().enumerate() {
+        let new_entry = i == 0 || !same_entry(&receipts[i - 1], &receipts[i]);
+        if current.0.len() >= max.max(1) && new_entry {
+            groups.push(std::mem::take(&mut current));
+        }
+        current.0.push(order);
+        current.1.push(i);
+    }
+    if !current.0.is_empty() {
+        groups.push(current);
+    }
+    groups
+}
+
+/// A failed batch cut in two, each half with its places, between two entries where it
+/// holds more than one (at the cut nearest its middle), else in its middle.
+fn halves((mut orders, mut at): Group, receipts: &[Receipt]) -> (Group, Group) {
     let middle = orders.len() / 2;
-    let later = (orders.split_off(middle), receipts.split_off(middle));
-    ((orders, receipts), later)
+    let cuts = (1..orders.len()).filter(|&k| !same_entry(&receipts[at[k - 1]], &receipts[at[k]]));
+    let cut = cuts.min_by_key(|&k| k.abs_diff(middle)).unwrap_or(middle);
+    let later = (orders.split_off(cut), at.split_off(cut));
+    ((orders, at), later)
 }
 
 impl WriterStats {

@@ -301,6 +301,22 @@ async fn orders_of_either_entry_form_are_rebuilt_and_written() {
         .await
         .unwrap();
 
+    // A batch entry with an order no writer can read: set aside whole, so the load must
+    // not count its good order (buyer 99) either.
+    let _: String = redis::cmd("XADD")
+        .arg(&keys.stream)
+        .arg("*")
+        .arg("b")
+        .arg(format!(
+            "{}:1234:5;{}:99:1;{}:98:0",
+            sale.id,
+            common::next_id(),
+            common::next_id()
+        ))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+
     // Redis loses the sale's gate but not its stream: the load counts all forty orders.
     let _: i64 = redis::cmd("DEL")
         .arg(&keys.sale)
@@ -357,7 +373,11 @@ async fn orders_of_either_entry_form_are_rebuilt_and_written() {
         s.store.sale(sale.id).await.unwrap().unwrap().stock,
         100 - units
     );
-    assert_eq!(backlog(&mut conn, &s.prefix, sale.id).await, (0, 0, 0));
+    assert_eq!(
+        backlog(&mut conn, &s.prefix, sale.id).await,
+        (0, 0, 1),
+        "the unreadable entry set aside"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -480,6 +500,16 @@ async fn a_batch_entrys_orders_are_written_and_its_refused_one_set_aside_alone()
         .query_async(&mut conn)
         .await
         .unwrap();
+
+    // What the audit sees in flight: the three orders of the entry that reads, and the
+    // entry that does not as one that will never be written.
+    let (mut in_flight, unreadable) =
+        seckill::orderlog::redis_stream::unwritten_orders(&mut conn, &s.prefix, sale_id, 1, 100)
+            .await
+            .unwrap()
+            .unwrap();
+    in_flight.sort();
+    assert_eq!((in_flight, unreadable), (vec![(5, 1), (7, 1), (9, 1)], 1));
 
     let log = s.consumer(Duration::from_secs(10), sale_id).await;
     let writer = s.writer(log.clone());
