@@ -73,11 +73,11 @@ pub struct ConfigArgs {
     /// How the gate writes accepted orders into the Redis order log: fields (an entry per
     /// order, one field per value, the only form builds before 2026-11-27 read), packed (an
     /// entry per order, one field, which writers read in a third less CPU) or batch (one
-    /// entry per script call, holding its orders: a sixth less of Redis' CPU per winner, and
-    /// fewer entries for the writers to read and delete). Packed or batch only once no
-    /// process of a build that cannot read it uses the same Redis (packed: before
-    /// 2026-11-27; batch: before 2026-11-28): those would dead-letter such entries and
-    /// leave them out of a gate rebuild [default: fields].
+    /// entry per script call, holding its orders: a tenth to a quarter less of Redis' CPU
+    /// per winner, and fewer entries for the writers to read and delete). Packed or batch
+    /// only once no process of a build that cannot read it uses the same Redis (packed:
+    /// before 2026-11-27; batch: before 2026-11-28): those would dead-letter such entries
+    /// and leave them out of a gate rebuild [default: fields].
     #[arg(long, env = "SECKILL_ORDER_LOG_ENTRY", global = true)]
     pub order_log_entry: Option<EntryForm>,
     /// Bearer token of the admin API; the admin API is closed when unset.
