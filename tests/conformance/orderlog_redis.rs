@@ -573,6 +573,85 @@ async fn a_batch_entrys_orders_are_written_and_its_refused_one_set_aside_alone()
     );
 }
 
+/// Fails one transaction's commit, once, as a passing failure (the `nth`, counted from 1).
+struct FailOnce {
+    nth: usize,
+    seen: std::sync::atomic::AtomicUsize,
+}
+
+impl seckill::store::TxFaults for FailOnce {
+    fn before_commit(&self) -> Result<(), seckill::store::StoreError> {
+        match self.seen.fetch_add(1, Ordering::SeqCst) + 1 == self.nth {
+            true => Err(seckill::store::StoreError::ConcurrentWrite),
+            false => Ok(()),
+        }
+    }
+
+    fn after_commit(&self) -> Result<(), seckill::store::StoreError> {
+        Ok(())
+    }
+}
+
+/// A read of two batch entries is written in two transactions, one per entry; the second
+/// fails for a passing reason. The first entry is acknowledged and gone; the second stays
+/// pending, whole (none of its orders in SQL), and is written when it is taken over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_entry_waiting_for_a_retry_is_left_whole_and_written_later() {
+    let s = setup(Sql::Postgres).await;
+    let sale_id = s.open_sale(50).await;
+    let keys = SaleKeys::new(&s.prefix, sale_id);
+    let mut conn = s.conn.clone();
+    let entry = |users: std::ops::Range<i64>| {
+        let orders: Vec<String> = users
+            .map(|u| format!(";{}:{u}:1", common::next_id()))
+            .collect();
+        format!("{sale_id}:100:5{}", orders.concat())
+    };
+    for users in [1..4, 4..7] {
+        let _: String = redis::cmd("XADD")
+            .arg(&keys.stream)
+            .arg("*")
+            .arg("b")
+            .arg(entry(users))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    let log = s.consumer(Duration::from_millis(300), sale_id).await;
+    let mut writer = s.writer(log.clone());
+    writer.batch_max = 3;
+    writer.store = s.store.clone().with_faults(Arc::new(FailOnce {
+        nth: 2,
+        seen: Default::default(),
+    }));
+    writer.process(log.next_batch(100).await.unwrap()).await;
+    let buyers = |orders: Vec<seckill::model::Order>| {
+        let mut users: Vec<i64> = orders.iter().map(|o| o.user_id).collect();
+        users.sort();
+        users
+    };
+    assert_eq!(
+        buyers(s.store.orders_of_sale(sale_id).await.unwrap()),
+        [1, 2, 3]
+    );
+    assert_eq!(
+        backlog(&mut conn, &s.prefix, sale_id).await,
+        (1, 1, 0),
+        "the first entry acknowledged and gone, the second pending"
+    );
+
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let again = log.reclaim(100).await.unwrap();
+    assert_eq!(again.deliveries.len(), 3);
+    writer.process(again).await;
+    assert_eq!(
+        buyers(s.store.orders_of_sale(sale_id).await.unwrap()),
+        [1, 2, 3, 4, 5, 6]
+    );
+    assert_eq!(backlog(&mut conn, &s.prefix, sale_id).await, (0, 0, 0));
+    assert_eq!(writer.stats.dead_letters.load(Ordering::Relaxed), 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_vanished_group_is_recreated_not_fatal() {
     let s = setup(Sql::Postgres).await;
