@@ -215,6 +215,30 @@ impl StreamLog {
         Ok(batch)
     }
 
+    /// dead_letter.lua: the entry `id` of `stream` set aside with `reason`, or only its
+    /// `orders` each with its own (the rest of a batch entry is in SQL), and removed. False
+    /// when it was gone already (set aside or written by another writer).
+    async fn set_aside(
+        &self,
+        stream: &str,
+        id: &str,
+        reason: &str,
+        orders: &[(NewOrder, String)],
+    ) -> Result<bool, LogError> {
+        let dead = stream.trim_end_matches(":orders").to_string() + ":dead";
+        let mut call = self.dead_letter.prepare_invoke();
+        call.key(stream)
+            .key(&dead)
+            .arg(WRITER_GROUP)
+            .arg(id)
+            .arg(reason);
+        for (order, reason) in orders {
+            call.arg(packed_text(order)).arg(reason);
+        }
+        let set_aside: i64 = call.invoke_async(&mut self.conn.clone()).await?;
+        Ok(set_aside == 1)
+    }
+
     async fn ensure_group(&self, stream: &str) -> Result<(), LogError> {
         let mut conn = self.conn.clone();
         let created: Result<(), redis::RedisError> = redis::cmd("XGROUP")
@@ -634,24 +658,14 @@ impl OrderLog for StreamLog {
         let Receipt::Stream { stream, id } = receipt else {
             return Ok(());
         };
-        let mut conn = self.conn.clone();
-        let dead = stream.trim_end_matches(":orders").to_string() + ":dead";
-        let mut call = self.dead_letter.prepare_invoke();
-        call.key(&stream)
-            .key(&dead)
-            .arg(WRITER_GROUP)
-            .arg(&id)
-            .arg(reason);
-        let set_aside: i64 = call.invoke_async(&mut conn).await?;
-        if set_aside == 0 {
-            return Ok(());
+        if self.set_aside(&stream, &id, reason, &[]).await? {
+            tracing::error!(
+                stream,
+                id,
+                reason,
+                "order entry moved to the dead-letter stream"
+            );
         }
-        tracing::error!(
-            stream,
-            id,
-            reason,
-            "order entry moved to the dead-letter stream"
-        );
         Ok(())
     }
 
@@ -663,29 +677,16 @@ impl OrderLog for StreamLog {
         let Receipt::Stream { stream, id } = receipt else {
             return Ok(());
         };
-        let mut conn = self.conn.clone();
-        let dead = stream.trim_end_matches(":orders").to_string() + ":dead";
-        let mut call = self.dead_letter.prepare_invoke();
-        call.key(&stream)
-            .key(&dead)
-            .arg(WRITER_GROUP)
-            .arg(&id)
-            .arg("");
-        for (order, reason) in refused {
-            call.arg(packed_text(order)).arg(reason);
-        }
-        let set_aside: i64 = call.invoke_async(&mut conn).await?;
-        if set_aside == 0 {
-            return Ok(());
-        }
-        for (order, reason) in refused {
-            tracing::error!(
-                stream,
-                id,
-                order = order.id,
-                reason,
-                "order of a batch entry moved to the dead-letter stream"
-            );
+        if self.set_aside(&stream, &id, "", refused).await? {
+            for (order, reason) in refused {
+                tracing::error!(
+                    stream,
+                    id,
+                    order = order.id,
+                    reason,
+                    "order of a batch entry moved to the dead-letter stream"
+                );
+            }
         }
         Ok(())
     }

@@ -114,6 +114,19 @@ impl Setup {
     }
 }
 
+/// A purchase without a token, of an unsegmented sale.
+fn purchase(sale_id: i64, user_id: i64, quantity: i64, order_id: i64) -> Purchase {
+    Purchase {
+        sale_id,
+        user_id,
+        quantity,
+        order_id,
+        token: None,
+        segments: 1,
+        after_move: false,
+    }
+}
+
 /// Each user buys `quantity(user)` units through `gate`; the order ids, in turn.
 async fn buy_through(
     gate: &RedisGate,
@@ -125,15 +138,7 @@ async fn buy_through(
     for user in users {
         let order_id = common::next_id();
         let v = gate
-            .purchase(Purchase {
-                sale_id,
-                user_id: user,
-                quantity: quantity(user),
-                order_id,
-                token: None,
-                segments: 1,
-                after_move: false,
-            })
+            .purchase(purchase(sale_id, user, quantity(user), order_id))
             .await
             .unwrap();
         assert!(matches!(v, Verdict::Accepted { .. }));
@@ -246,15 +251,7 @@ async fn orders_of_either_entry_form_are_rebuilt_and_written() {
         let order_id = common::next_id();
         async move {
             let v = gate
-                .purchase(Purchase {
-                    sale_id: sale.id,
-                    user_id: user,
-                    quantity: quantity(user),
-                    order_id,
-                    token: None,
-                    segments: 1,
-                    after_move: false,
-                })
+                .purchase(purchase(sale.id, user, quantity(user), order_id))
                 .await
                 .unwrap();
             assert!(matches!(v, Verdict::Accepted { .. }), "{v:?}");
@@ -268,13 +265,7 @@ async fn orders_of_either_entry_form_are_rebuilt_and_written() {
 
     let keys = SaleKeys::new(&s.prefix, sale.id);
     let mut conn = s.conn.clone();
-    let entries: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
-        .arg(&keys.stream)
-        .arg("-")
-        .arg("+")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let entries = entries_of(&mut conn, &keys.stream).await;
     let form = |f: &[(String, String)]| f.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>();
     assert_eq!(form(&entries[0].1), ["o"]);
     assert_eq!(
@@ -535,15 +526,9 @@ async fn a_batch_entrys_orders_are_written_and_its_refused_one_set_aside_alone()
     let stats = &writer.stats;
     assert_eq!(stats.dead_letters.load(Ordering::Relaxed), 2);
     assert_eq!(stats.over_limit.load(Ordering::Relaxed), 1);
-    let dead: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
-        .arg(&keys.dead)
-        .arg("-")
-        .arg("+")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let dead = entries_of(&mut conn, &keys.dead).await;
     assert_eq!(dead.len(), 2, "{dead:?}");
-    let field = |entry: &(String, Vec<(String, String)>), name: &str| {
+    let field = |entry: &StreamEntry, name: &str| {
         entry
             .1
             .iter()
@@ -748,13 +733,7 @@ async fn an_entry_is_set_aside_once() {
     log.dead_letter(receipt(), "again").await.unwrap();
     let mut conn = s.conn.clone();
     assert_eq!(backlog(&mut conn, &s.prefix, sale_id).await, (0, 0, 1));
-    let dead: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
-        .arg(&keys.dead)
-        .arg("-")
-        .arg("+")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let dead = entries_of(&mut conn, &keys.dead).await;
     let fields = &dead[0].1;
     assert!(fields.contains(&("source_id".to_string(), id.clone())));
     assert!(fields.contains(&("reason".to_string(), "first".to_string())));
@@ -781,14 +760,21 @@ async fn backlog(
         .unwrap()
 }
 
-async fn stream_ids(conn: &mut seckill::redis_client::RedisConn, stream: &str) -> Vec<String> {
-    let entries: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+/// A stream entry as XRANGE answers it: (id, [(field, value)]).
+type StreamEntry = (String, Vec<(String, String)>);
+
+async fn entries_of(conn: &mut seckill::redis_client::RedisConn, stream: &str) -> Vec<StreamEntry> {
+    redis::cmd("XRANGE")
         .arg(stream)
         .arg("-")
         .arg("+")
         .query_async(conn)
         .await
-        .unwrap();
+        .unwrap()
+}
+
+async fn stream_ids(conn: &mut seckill::redis_client::RedisConn, stream: &str) -> Vec<String> {
+    let entries = entries_of(conn, stream).await;
     entries.into_iter().map(|(id, _)| id).collect()
 }
 
