@@ -66,10 +66,11 @@ for _, entry in ipairs(redis.call('XRANGE', KEYS[3], '-', '+')) do
     f[kv[j]] = kv[j + 1]
   end
   local orders = {}
-  if f.b then
+  if f.b and #kv == 2 then
     -- purchase.lua's batch entry, sale_id:price_cents:accepted_at;order_id:user_id:quantity;...
     -- counted whole or not at all, as the writers read it (one they cannot read is set
-    -- aside whole, none of its orders written).
+    -- aside whole, none of its orders written). A value past 2^63 the writers refuse is
+    -- not checked here: purchase.lua writes none.
     local head, whole = true, true
     for part in string.gmatch(f.b .. ';', '([^;]*);') do
       if head then

@@ -343,12 +343,17 @@ fn parse_batch(v: &Value) -> Result<Vec<NewOrder>, String> {
     Ok(orders)
 }
 
-/// Exactly `N` integers joined by ':'.
+/// Exactly `N` integers of plain digits joined by ':' (as load_sale.lua reads them: no
+/// sign).
 fn integers<const N: usize>(text: &str) -> Option<[i64; N]> {
     let mut values = [0i64; N];
     let mut parts = text.split(':');
     for value in values.iter_mut() {
-        *value = parts.next()?.parse().ok()?;
+        let part = parts.next()?;
+        if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        *value = part.parse().ok()?;
     }
     parts.next().is_none().then_some(values)
 }
@@ -1022,6 +1027,8 @@ mod tests {
             entry("4-0", "3:250:79"),
             entry("5-0", "3:250;17:9:1"),
             entry("6-0", "3:250:79;18:9:0"),
+            // A sign, which load_sale.lua would not read either.
+            entry("7-0", "+3:250:79;19:9:1"),
         ]);
         let mut batch = Batch::default();
         collect_entries("s", &entries, &mut batch);
@@ -1052,7 +1059,7 @@ mod tests {
                 ("2-0", order(14, 8, 1, 78)),
             ]
         );
-        assert_eq!(batch.malformed.len(), 4, "{:?}", batch.malformed);
+        assert_eq!(batch.malformed.len(), 5, "{:?}", batch.malformed);
         assert!(
             batch.malformed[0].reason.contains("\"16:x:1\""),
             "{:?}",

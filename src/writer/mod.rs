@@ -262,10 +262,16 @@ impl Writer {
                         outcomes[i] = Outcome::Written;
                     }
                 }
+                // The rest of the read waits too: the next transactions would most likely
+                // fail the same way, each after its own timeout.
                 Err(e) if e.is_transient() => {
                     self.stats.failed_batches.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(error = %e, orders = orders.len(), "order batch failed; will retry");
-                    let retried = at.iter().map(|&i| receipts[i].clone()).collect();
+                    let waiting: Vec<usize> = at
+                        .into_iter()
+                        .chain(groups.drain(..).flat_map(|(_, at)| at))
+                        .collect();
+                    tracing::warn!(error = %e, orders = waiting.len(), "order batch failed; will retry");
+                    let retried = waiting.iter().map(|&i| receipts[i].clone()).collect();
                     if let Err(e) = self.log.retry_later(retried, &e.to_string()).await {
                         tracing::warn!(error = %e, "could not mark the batch for retry");
                     }
@@ -356,24 +362,29 @@ impl Writer {
             };
             // Counted when set aside, not when refused: an entry left for a retry is
             // refused again when it comes back.
-            let over_limit = set_aside.iter().filter(|o| o.2).count();
-            self.stats
-                .over_limit
-                .fetch_add(over_limit as u64, Ordering::Relaxed);
+            let over_limit = set_aside.iter().filter(|o| o.2).count() as u64;
             let set_aside: Vec<(NewOrder, String)> =
                 set_aside.into_iter().map(|(o, r, _)| (o, r)).collect();
             match set_aside.as_slice() {
                 // The entry's only order: the entry itself is set aside, as it stands.
-                [(_, reason)] if orders == 1 => self.dead_letter(receipt, reason).await,
-                _ => {
-                    let n = set_aside.len();
+                [(_, reason)] if orders == 1 => {
                     self.stats
-                        .dead_letters
-                        .fetch_add(n as u64, Ordering::Relaxed);
-                    if let Err(e) = self.log.dead_letter_orders(receipt, &set_aside).await {
-                        tracing::error!(error = %e, orders = n, "could not dead-letter orders of an entry; it stays pending");
-                    }
+                        .over_limit
+                        .fetch_add(over_limit, Ordering::Relaxed);
+                    self.dead_letter(receipt, reason).await;
                 }
+                _ => match self.log.dead_letter_orders(receipt, &set_aside).await {
+                    Ok(()) => {
+                        let n = set_aside.len() as u64;
+                        self.stats.dead_letters.fetch_add(n, Ordering::Relaxed);
+                        self.stats
+                            .over_limit
+                            .fetch_add(over_limit, Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, orders = set_aside.len(), "could not dead-letter orders of an entry; it stays pending");
+                    }
+                },
             }
         }
         if !acks.is_empty() {
@@ -445,19 +456,24 @@ fn same_entry(a: &Receipt, b: &Receipt) -> bool {
 }
 
 /// A read's orders (an entry's orders next to each other, as the log reads them) cut into
-/// groups of at most `max`, or of one entry, each cut between two entries: a group that
+/// groups of whole entries, each of at most `max` orders or of one entry: a group that
 /// fails for a passing reason (its orders wait for a retry) then leaves no entry with some
 /// orders in SQL and others not, which the audit would count twice until the retry.
 fn by_entries(orders: Vec<NewOrder>, receipts: &[Receipt], max: usize) -> Vec<Group> {
+    // Where each entry begins.
+    let starts: Vec<usize> = (0..receipts.len())
+        .filter(|&i| i == 0 || !same_entry(&receipts[i - 1], &receipts[i]))
+        .collect();
     let mut groups: Vec<Group> = Vec::new();
     let mut current: Group = (Vec::new(), Vec::new());
-    for (i, order) in orders.into_iter().enumerate() {
-        let new_entry = i == 0 || !same_entry(&receipts[i - 1], &receipts[i]);
-        if current.0.len() >= max.max(1) && new_entry {
+    let mut orders = orders.into_iter();
+    for (n, &start) in starts.iter().enumerate() {
+        let end = starts.get(n + 1).copied().unwrap_or(receipts.len());
+        if !current.0.is_empty() && current.0.len() + (end - start) > max.max(1) {
             groups.push(std::mem::take(&mut current));
         }
-        current.0.push(order);
-        current.1.push(i);
+        current.0.extend(orders.by_ref().take(end - start));
+        current.1.extend(start..end);
     }
     if !current.0.is_empty() {
         groups.push(current);
@@ -522,5 +538,75 @@ impl WriterStats {
             "From the gate's acceptance to the commit in SQL.",
             out,
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn order(id: i64) -> NewOrder {
+        NewOrder {
+            id,
+            sale_id: 1,
+            user_id: id,
+            quantity: 1,
+            price_cents: 100,
+            accepted_at: 0,
+        }
+    }
+
+    /// Orders 0.. of stream entries of these sizes, each order with its entry's receipt.
+    fn read(sizes: &[usize]) -> (Vec<NewOrder>, Vec<Receipt>) {
+        let receipts: Vec<Receipt> = sizes
+            .iter()
+            .enumerate()
+            .flat_map(|(entry, &n)| {
+                (0..n).map(move |_| Receipt::Stream {
+                    stream: "s".into(),
+                    id: format!("{entry}-0"),
+                })
+            })
+            .collect();
+        ((0..receipts.len() as i64).map(order).collect(), receipts)
+    }
+
+    fn sizes(groups: &[Group]) -> Vec<usize> {
+        groups.iter().map(|g| g.0.len()).collect()
+    }
+
+    #[test]
+    fn a_read_is_cut_between_entries_into_groups_of_at_most_max() {
+        let (orders, receipts) = read(&[3, 1, 1, 3, 2]);
+        let groups = by_entries(orders, &receipts, 3);
+        assert_eq!(sizes(&groups), [3, 2, 3, 2]);
+        let places: Vec<usize> = groups.iter().flat_map(|g| g.1.clone()).collect();
+        assert_eq!(places, (0..10).collect::<Vec<_>>());
+        assert!(groups
+            .iter()
+            .all(|(orders, at)| orders.iter().zip(at).all(|(o, &i)| o.id == i as i64)));
+        // An entry larger than the most stands alone; orders of no shared entry are chunks.
+        let (orders, receipts) = read(&[5, 1]);
+        assert_eq!(sizes(&by_entries(orders, &receipts, 2)), [5, 1]);
+        let local: Vec<Receipt> = (0..5)
+            .map(|i| Receipt::Local {
+                order: order(i),
+                segment: 0,
+            })
+            .collect();
+        let orders = (0..5).map(order).collect();
+        assert_eq!(sizes(&by_entries(orders, &local, 2)), [2, 2, 1]);
+    }
+
+    #[test]
+    fn a_failed_group_is_halved_between_entries_where_it_can_be() {
+        let (orders, receipts) = read(&[1, 4, 3]);
+        let group = (orders, (0..8).collect());
+        let (first, second) = halves(group, &receipts);
+        assert_eq!((first.0.len(), second.0.len()), (5, 3), "the cut nearest 4");
+        // One entry alone is cut in its middle, to find its bad order.
+        let (orders, receipts) = read(&[5]);
+        let (first, second) = halves((orders, (0..5).collect()), &receipts);
+        assert_eq!((first.0.len(), second.0.len()), (2, 3));
     }
 }
