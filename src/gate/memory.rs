@@ -32,7 +32,8 @@ struct SaleState {
     appending_orders: i64,
     appending_units: i64,
     released: HashSet<i64>,
-    /// Per user: GCRA theoretical arrival time (only when a rate limit is set).
+    /// Per user below the limit: GCRA theoretical arrival time (only when a rate limit is
+    /// set; a buyer who holds the limit is not throttled).
     rate_tat: HashMap<i64, i64>,
     /// Size of `rate_tat` at which times already past are swept out.
     rate_sweep_at: usize,
@@ -169,23 +170,46 @@ impl MemoryGate {
     fn decide(&self, state: &Mutex<SaleState>, p: &Purchase) -> Result<(i64, NewOrder), Rejection> {
         let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
         let now = self.clock.now_ms();
-        if self.rate.interval_ms() > 0 {
-            // A time already past limits nothing (GCRA starts from max(tat, now)), so those
-            // entries can go: the map follows the users of the last moments, not every user
-            // of the sale (a million buyers would otherwise cost tens of megabytes).
-            if s.rate_tat.len() >= s.rate_sweep_at {
-                s.rate_tat.retain(|_, tat| *tat > now);
-                s.rate_sweep_at = (s.rate_tat.len() * 2).max(1024);
-            }
-            let tat = s.rate_tat.get(&p.user_id).copied().unwrap_or(0);
-            let next = self
-                .rate
-                .check(tat, now)
-                .map_err(|wait| Rejection::RateLimited {
-                    retry_after_ms: wait,
-                })?;
+        let open = now >= s.begins_at && now < s.ends_at && !s.paused;
+        // A buyer who holds the limit can take nothing more and is told so without spending
+        // a place in the rate, as purchase.lua does (see there).
+        let at_limit = |s: &SaleState| open && s.held.get(p.user_id) >= s.limit;
+        let mut next_tat = None;
+        if self.rate.interval_ms() > 0 && !at_limit(&s) {
+            next_tat = Some(self.take_rate_place(&mut s, p.user_id, now)?);
+        }
+        let decided = self.decide_in_window(&mut s, p, now);
+        // Kept for a buyer still below the limit, whatever the answer.
+        if let Some(next) = next_tat.filter(|_| !at_limit(&s)) {
             s.rate_tat.insert(p.user_id, next);
         }
+        decided
+    }
+
+    /// The buyer's next theoretical arrival time (GCRA), or how long to wait.
+    fn take_rate_place(&self, s: &mut SaleState, user_id: i64, now: i64) -> Result<i64, Rejection> {
+        // A time already past limits nothing (GCRA starts from max(tat, now)), so those
+        // entries can go: the map follows the users of the last moments, not every user
+        // of the sale (a million buyers would otherwise cost tens of megabytes).
+        if s.rate_tat.len() >= s.rate_sweep_at {
+            s.rate_tat.retain(|_, tat| *tat > now);
+            s.rate_sweep_at = (s.rate_tat.len() * 2).max(1024);
+        }
+        let tat = s.rate_tat.get(&user_id).copied().unwrap_or(0);
+        self.rate
+            .check(tat, now)
+            .map_err(|wait| Rejection::RateLimited {
+                retry_after_ms: wait,
+            })
+    }
+
+    /// Everything after the rate: the window, the token, the limit and the stock.
+    fn decide_in_window(
+        &self,
+        s: &mut SaleState,
+        p: &Purchase,
+        now: i64,
+    ) -> Result<(i64, NewOrder), Rejection> {
         if now < s.begins_at {
             return Err(Rejection::NotStarted);
         }

@@ -5,7 +5,8 @@
 -- KEYS[2] buyers hash  user_id -> units held
 -- KEYS[3] order stream (the order log)
 -- KEYS[4] accepted hash order_id -> 'user_id:quantity' (answers "queued" before SQL has it)
--- KEYS[5] rate hash    user_id -> theoretical arrival time (GCRA), per sale
+-- KEYS[5] rate hash    user_id -> theoretical arrival time (GCRA), per sale, of buyers
+--                      below the limit (one who holds it is not throttled)
 -- KEYS[5+i] attempt i's purchase-token marker (any key of the sale when it has no token)
 -- ARGV[1] sale_id  ARGV[2] emission interval ms (0: no rate limit)  ARGV[3] burst tolerance ms
 -- ARGV[4] 1 when the client may resend a call Redis already ran (a cluster client), else 0
@@ -135,8 +136,11 @@ local function decide(i)
   end
   local keep = ARGV[base + 3] + 0
   -- Per user and sale, across every instance: a script firing hundreds of requests a
-  -- second is throttled here, before it can touch the stock.
-  if interval > 0 and keep >= 0 then
+  -- second is throttled here, before it can touch the stock. A buyer who holds the limit
+  -- can take nothing more and is told so (already_purchased, below) without spending a
+  -- place in the rate: in a storm most winners reach the limit with their first purchase,
+  -- and writing their times was a fifth of this script's cost (BENCHMARKS.md, session 32).
+  if interval > 0 and keep >= 0 and not (open and held[user] >= limit) then
     local tat = math.max(tats[user], now)
     local wait = tat - now - tolerance
     if wait > 0 then
@@ -227,7 +231,17 @@ end
 if taken > 0 then
   keep_first(pcall(redis.call, 'HINCRBY', KEYS[1], 'stock', string.format('%d', -taken)))
 end
-keep_first(write_all(KEYS[5], tats_changed, tats))
+-- Only the times of buyers still below the limit: the others are not throttled (above).
+local throttled = tats_changed
+if open then
+  throttled = {}
+  for _, user in ipairs(tats_changed) do
+    if held[user] < limit then
+      throttled[#throttled + 1] = user
+    end
+  end
+end
+keep_first(write_all(KEYS[5], throttled, tats))
 if first_err then
   error(first_err, 0)
 end

@@ -555,6 +555,122 @@ async fn a_user_firing_requests_is_throttled_before_touching_the_stock() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_buyer_at_the_limit_hears_so_and_keeps_no_place_in_the_rate() {
+    use seckill::gate::RateLimit;
+    // A burst of 3: without the exemption, the fourth quick attempt would wait.
+    let rate = RateLimit {
+        per_sec: 1.0,
+        burst: 3,
+    };
+    let (store, _) = common::fresh_store(common::Sql::Sqlite).await;
+    let (log, reader) = local::channel();
+    let (_stop, stop_rx) = tokio::sync::watch::channel(false);
+    let writer = Writer {
+        log: Arc::new(reader),
+        store: store.clone(),
+        gate: Arc::new(seckill::gate::memory::MemoryGate::new(
+            seckill::orderlog::local::channel().0,
+        )),
+        batch_max: 100,
+        stats: Arc::new(WriterStats::default()),
+        fenced: false,
+        turn: Default::default(),
+        linger: std::time::Duration::ZERO,
+    };
+    tokio::spawn(writer.run(stop_rx));
+    let (_, mut conn) = seckill::app::redis_manager(&common::redis_url())
+        .await
+        .unwrap();
+    let prefix = common::unique("at-limit");
+    let redis = RedisGate::new(conn.clone(), &prefix).with_rate_limit(rate);
+    redis.prepare().await.unwrap();
+    let gates: Vec<(&str, Arc<dyn Gate>)> = vec![
+        (
+            "memory",
+            Arc::new(MemoryGate::new(log).with_rate_limit(rate)),
+        ),
+        ("redis", Arc::new(redis)),
+    ];
+    for (name, gate) in gates {
+        // One unit a buyer: user 42 reaches the limit with the first purchase. Three a
+        // buyer: user 43 stays below it and is throttled as before.
+        let one = common::sale(common::next_id(), 10, 1);
+        let three = common::sale(common::next_id(), 10, 3);
+        for sale in [&one, &three] {
+            store.create_sale(sale).await.unwrap();
+            let load = SaleLoad {
+                sale: sale.clone(),
+                remaining: 10,
+                buyers: vec![],
+                released: vec![],
+                counted: vec![],
+                segment: 0,
+                moves: Vec::new(),
+            };
+            gate.load(&load).await.unwrap();
+        }
+        let buy = |sale_id: i64, user_id: i64| {
+            let gate = gate.clone();
+            async move {
+                gate.purchase(Purchase {
+                    sale_id,
+                    user_id,
+                    quantity: 1,
+                    order_id: common::next_id(),
+                    token: None,
+                    segments: 1,
+                    after_move: false,
+                })
+                .await
+                .unwrap()
+            }
+        };
+        let mut at_limit = Vec::new();
+        for _ in 0..8 {
+            at_limit.push(buy(one.id, 42).await);
+        }
+        assert_eq!(at_limit[0], Verdict::Accepted { remaining: 9 }, "{name}");
+        assert!(
+            at_limit[1..]
+                .iter()
+                .all(|v| *v == Verdict::Rejected(Rejection::AlreadyPurchased)),
+            "{name}: {at_limit:?}"
+        );
+        let mut below = Vec::new();
+        for _ in 0..4 {
+            below.push(buy(three.id, 43).await);
+        }
+        assert_eq!(
+            below[..3],
+            [
+                Verdict::Accepted { remaining: 9 },
+                Verdict::Accepted { remaining: 8 },
+                Verdict::Accepted { remaining: 7 },
+            ],
+            "{name}"
+        );
+        // User 43 holds three now, the limit: the burst spent, yet told so, not to wait.
+        assert_eq!(
+            below[3],
+            Verdict::Rejected(Rejection::AlreadyPurchased),
+            "{name}: {below:?}"
+        );
+        if name == "redis" {
+            let rated = |sale_id: i64, user: i64| {
+                redis::cmd("HEXISTS")
+                    .arg(seckill::redis_client::keys::SaleKeys::new(&prefix, sale_id).rate)
+                    .arg(user)
+                    .to_owned()
+            };
+            let kept: i64 = rated(one.id, 42).query_async(&mut conn).await.unwrap();
+            assert_eq!(kept, 0, "a winner at the limit keeps no rate time");
+            let kept: i64 = rated(three.id, 43).query_async(&mut conn).await.unwrap();
+            assert_eq!(kept, 1, "the time of its purchases below the limit stays");
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_purchase_token_is_spent_once_whatever_the_outcome() {
     use seckill::gate::Spend;

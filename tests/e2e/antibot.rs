@@ -263,9 +263,11 @@ async fn a_bot_storm_against_an_anti_bot_sale_sells_exactly_the_stock() {
     let users = api.login_users(BUYERS).await;
 
     // First, while the stock is all there, one script's volley (its token fired 20 times
-    // at once): one purchase, every repeat refused as a repeat, by the per-user rate limit
-    // (its burst is 10) or as a spent token. In the storm below, most volleys arrive after
-    // the sell-out and hear the cheaper `sold_out` from the flag instead.
+    // at once): one purchase, every repeat refused as a spent token (a buyer who holds the
+    // limit spends no place in the per-user rate, so none waits for it; one that reached
+    // the gate before the purchase took the limit may hear the rate, whose burst is 10). In
+    // the storm below, most volleys arrive after the sell-out and hear the cheaper
+    // `sold_out` from the flag instead.
     let first_script = scripted(api.clone(), sale.clone(), users[0].clone()).await;
     let volley = &first_script.codes[..20];
     let count = |code: &str| volley.iter().filter(|(_, c)| c == code).count();
@@ -275,7 +277,7 @@ async fn a_bot_storm_against_an_anti_bot_sale_sells_exactly_the_stock() {
         19,
         "{volley:?}"
     );
-    assert!(count("rate_limited") >= 1, "{volley:?}");
+    assert!(count("token_used") >= 9, "{volley:?}");
 
     let gate = Arc::new(tokio::sync::Semaphore::new(200));
     let tasks: Vec<_> = users

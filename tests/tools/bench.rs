@@ -76,9 +76,10 @@ fn bench_starts_its_own_embedded_server_and_checks_the_database() {
 
 #[test]
 fn server_settings_given_to_bench_reach_the_server_it_starts() {
-    // Every buyer presses twice; a rate of one purchase per 100 s, burst 1, turns the
-    // second press away as rate_limited, which the server's default (5/s, burst 10) never
-    // would.
+    // Every buyer presses twice, under a limit of two each (a buyer who holds the limit is
+    // not throttled); a rate of one purchase per 100 s, burst 1, turns the second press
+    // away as rate_limited, which the server's default (5/s, burst 10) never would: it
+    // would let some buyers take two units of the 300 and leave others none.
     let (ok, r, stderr) = bench(
         &[
             "bench",
@@ -86,6 +87,8 @@ fn server_settings_given_to_bench_reach_the_server_it_starts() {
             "300",
             "--stock",
             "300",
+            "--per-user-limit",
+            "2",
             "--repeat",
             "1",
             "--rate-user-per-sec",
