@@ -173,10 +173,28 @@ pub fn next_id() -> i64 {
 
 /// Tests that run a deployment of several processes and judge its timings (a failover's,
 /// purchases again within seconds of Redis answering) take turns: each holds this while it
-/// runs, so that on two cores none shares the machine with another such test.
-pub async fn one_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
-    static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-    TURN.lock().await
+/// runs, so that on two cores none shares the machine with another such test. A lock on a
+/// file, not in memory: `cargo nextest` runs each test in a process of its own.
+pub async fn one_at_a_time() -> Turn {
+    let path = std::env::temp_dir().join("seckill-tests-one-at-a-time.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    // Each open file takes the lock on its own, so threads of one process wait too.
+    tokio::task::spawn_blocking(move || {
+        file.lock().expect("a lock on the turn file");
+        Turn { _file: file }
+    })
+    .await
+    .expect("waiting for the turn")
+}
+
+/// Held while a test has its turn; dropping it closes the file, which ends the lock.
+pub struct Turn {
+    _file: std::fs::File,
 }
 
 // ---- a running server ----------------------------------------------------------------------
