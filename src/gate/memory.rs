@@ -376,6 +376,13 @@ impl Gate for MemoryGate {
             r.sale_id
         );
         s.held.set(r.user_id, held);
+        // The freed slot takes a place in the rate, as release.lua's does (see there).
+        if self.rate.interval_ms() > 0 {
+            let now = self.clock.now_ms();
+            let tat = s.rate_tat.get(&r.user_id).copied().unwrap_or(0);
+            s.rate_tat
+                .insert(r.user_id, tat.max(now) + self.rate.interval_ms());
+        }
         s.assert_invariants(r.sale_id, r.user_id);
         Ok(Released::Now)
     }

@@ -68,9 +68,14 @@ end
 -- user -> units held (or theoretical arrival time), as read or as this call changed it
 local held = {}
 local tats = {}
--- users whose count (or time) this call changed, each once, in order
+-- users whose count (or kept time) this call changed, each once, in order
 local held_changed = {}
 local tats_changed = {}
+-- the rate times to write: an attempt's, once it is decided and its buyer is still below
+-- the limit (a buyer who holds it is not throttled, below)
+local tats_kept = {}
+-- whether the attempt being decided took a place in the rate
+local rated = false
 local accepted = {}
 -- The batch form's orders, 'order_id:user_id:quantity' each, appended in one XADD once the
 -- call's attempts are decided: a redis.call per winner was a quarter of the script's cost.
@@ -137,16 +142,19 @@ local function decide(i)
   local keep = ARGV[base + 3] + 0
   -- Per user and sale, across every instance: a script firing hundreds of requests a
   -- second is throttled here, before it can touch the stock. A buyer who holds the limit
-  -- can take nothing more and is told so (already_purchased, below) without spending a
-  -- place in the rate: in a storm most winners reach the limit with their first purchase,
-  -- and writing their times was a fifth of this script's cost (BENCHMARKS.md, session 32).
+  -- (the sale open) can take nothing more and is told so (already_purchased, below)
+  -- without spending a place in the rate, and the purchase that takes a buyer to the limit
+  -- keeps none (a release takes one when it frees the slot: release.lua): in a storm most
+  -- winners reach the limit with their first purchase, and writing their times was 12-15%
+  -- of this script's cost (BENCHMARKS.md, session 32).
   if interval > 0 and keep >= 0 and not (open and held[user] >= limit) then
     local tat = math.max(tats[user], now)
     local wait = tat - now - tolerance
     if wait > 0 then
       return 'rate_limited', wait
     end
-    note(tats_changed, tats, user, tat + interval)
+    tats[user] = tat + interval
+    rated = true
   end
   if now < begins then
     return 'not_started', stock
@@ -210,9 +218,14 @@ local function keep_first(ok, e)
 end
 local function decide_all()
   for i = 1, attempts do
+    rated = false
     local code, n = decide(i)
     out[#out + 1] = code
     out[#out + 1] = n
+    local user = users[i]
+    if rated and not (open and held[user] >= limit) then
+      note(tats_changed, tats_kept, user, tats[user])
+    end
   end
 end
 keep_first(pcall(decide_all))
@@ -231,17 +244,7 @@ end
 if taken > 0 then
   keep_first(pcall(redis.call, 'HINCRBY', KEYS[1], 'stock', string.format('%d', -taken)))
 end
--- Only the times of buyers still below the limit: the others are not throttled (above).
-local throttled = tats_changed
-if open then
-  throttled = {}
-  for _, user in ipairs(tats_changed) do
-    if held[user] < limit then
-      throttled[#throttled + 1] = user
-    end
-  end
-end
-keep_first(write_all(KEYS[5], throttled, tats))
+keep_first(write_all(KEYS[5], tats_changed, tats_kept))
 if first_err then
   error(first_err, 0)
 end

@@ -825,11 +825,13 @@ impl Gate for RedisGate {
             .key(&k.accepted)
             .key(&k.counted)
             .key(&k.counted_set)
+            .key(&k.rate)
             .arg(r.order_id)
             .arg(r.user_id)
             .arg(r.quantity)
             .arg(crate::redis_client::keys::stock_channel(&self.prefix))
             .arg(r.sale_id)
+            .arg(self.rate.interval_ms())
             .invoke_async(&mut conn)
             .await?;
         Ok(match done {

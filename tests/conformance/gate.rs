@@ -11,7 +11,7 @@ use std::sync::Arc;
 use seckill::gate::memory::MemoryGate;
 use seckill::gate::redis::RedisGate;
 use seckill::gate::sql::SqlGate;
-use seckill::gate::{Gate, Purchase, Rejection, SaleLoad, Verdict};
+use seckill::gate::{Gate, Purchase, Rejection, Release, Released, SaleLoad, Verdict};
 use seckill::model::Sale;
 use seckill::orderlog::local;
 use seckill::store::SqlDecision;
@@ -597,7 +597,8 @@ async fn a_buyer_at_the_limit_hears_so_and_keeps_no_place_in_the_rate() {
         // buyer: user 43 stays below it and is throttled as before.
         let one = common::sale(common::next_id(), 10, 1);
         let three = common::sale(common::next_id(), 10, 3);
-        for sale in [&one, &three] {
+        let cycled = common::sale(common::next_id(), 10, 1);
+        for sale in [&one, &three, &cycled] {
             store.create_sale(sale).await.unwrap();
             let load = SaleLoad {
                 sale: sale.clone(),
@@ -610,14 +611,14 @@ async fn a_buyer_at_the_limit_hears_so_and_keeps_no_place_in_the_rate() {
             };
             gate.load(&load).await.unwrap();
         }
-        let buy = |sale_id: i64, user_id: i64| {
+        let buy_as = |sale_id: i64, user_id: i64, order_id: i64| {
             let gate = gate.clone();
             async move {
                 gate.purchase(Purchase {
                     sale_id,
                     user_id,
                     quantity: 1,
-                    order_id: common::next_id(),
+                    order_id,
                     token: None,
                     segments: 1,
                     after_move: false,
@@ -626,6 +627,7 @@ async fn a_buyer_at_the_limit_hears_so_and_keeps_no_place_in_the_rate() {
                 .unwrap()
             }
         };
+        let buy = |sale_id: i64, user_id: i64| buy_as(sale_id, user_id, common::next_id());
         let mut at_limit = Vec::new();
         for _ in 0..8 {
             at_limit.push(buy(one.id, 42).await);
@@ -655,6 +657,37 @@ async fn a_buyer_at_the_limit_hears_so_and_keeps_no_place_in_the_rate() {
             below[3],
             Verdict::Rejected(Rejection::AlreadyPurchased),
             "{name}: {below:?}"
+        );
+        // Buying, cancelling and buying again: each freed slot takes a place in the rate,
+        // so the fourth purchase within the burst of three waits.
+        let mut cycle = Vec::new();
+        for _ in 0..4 {
+            let order_id = common::next_id();
+            let verdict = buy_as(cycled.id, 44, order_id).await;
+            if verdict == (Verdict::Accepted { remaining: 9 }) {
+                let release = Release {
+                    sale_id: cycled.id,
+                    order_id,
+                    user_id: 44,
+                    quantity: 1,
+                };
+                assert_eq!(
+                    gate.release(release).await.unwrap(),
+                    Released::Now,
+                    "{name}"
+                );
+            }
+            cycle.push(verdict);
+        }
+        assert!(
+            cycle[..3]
+                .iter()
+                .all(|v| *v == Verdict::Accepted { remaining: 9 }),
+            "{name}: {cycle:?}"
+        );
+        assert!(
+            matches!(cycle[3], Verdict::Rejected(Rejection::RateLimited { .. })),
+            "{name}: {cycle:?}"
         );
         if name == "redis" {
             let rated = |sale_id: i64, user: i64| {
