@@ -447,49 +447,62 @@ async fn large_buyer_lists_load_through_staging() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_user_firing_requests_is_throttled_before_touching_the_stock() {
-    use seckill::gate::RateLimit;
-    let rate = RateLimit {
-        per_sec: 2.0,
-        burst: 5,
-    };
-    let (store, _) = common::fresh_store(common::Sql::Sqlite).await;
-    let (log, reader) = local::channel();
-    let (_stop, stop_rx) = tokio::sync::watch::channel(false);
-    let writer = Writer {
-        log: Arc::new(reader),
-        store: store.clone(),
-        // The memory gate needs no confirmation of written orders.
-        gate: Arc::new(seckill::gate::memory::MemoryGate::new(
-            seckill::orderlog::local::channel().0,
-        )),
-        batch_max: 100,
-        stats: Arc::new(WriterStats::default()),
-        fenced: false,
-        turn: Default::default(),
-        linger: std::time::Duration::ZERO,
-    };
-    tokio::spawn(writer.run(stop_rx));
-    let (_, conn) = seckill::app::redis_manager(&common::redis_url())
-        .await
-        .unwrap();
-    let redis = RedisGate::new(conn, &common::unique("rate")).with_rate_limit(rate);
-    redis.prepare().await.unwrap();
-    let gates: Vec<(&str, Arc<dyn Gate>)> = vec![
-        (
-            "memory",
-            Arc::new(MemoryGate::new(log).with_rate_limit(rate)),
-        ),
-        ("redis", Arc::new(redis)),
-    ];
-    for (name, gate) in gates {
-        let mut sale = common::sale(common::next_id(), 10, 1);
-        sale.begins_at = seckill::clock::wall_ms() + 60_000; // not open yet: pre-open spam is throttled too
-        store.create_sale(&sale).await.unwrap();
+/// The memory gate and the Redis gate with the same per-user rate, and what they need: a
+/// SQLite store for the sales and a writer draining the memory gate's log.
+struct RatedGates {
+    store: Store,
+    gates: Vec<(&'static str, Arc<dyn Gate>)>,
+    /// The Redis gate's key prefix and a connection to look at its keys.
+    prefix: String,
+    conn: seckill::redis_client::RedisConn,
+    _stop: tokio::sync::watch::Sender<bool>,
+}
+
+impl RatedGates {
+    async fn start(rate: seckill::gate::RateLimit) -> Self {
+        let (store, _) = common::fresh_store(common::Sql::Sqlite).await;
+        let (log, reader) = local::channel();
+        let (stop, stop_rx) = tokio::sync::watch::channel(false);
+        let writer = Writer {
+            log: Arc::new(reader),
+            store: store.clone(),
+            // The memory gate needs no confirmation of written orders.
+            gate: Arc::new(MemoryGate::new(local::channel().0)),
+            batch_max: 100,
+            stats: Arc::new(WriterStats::default()),
+            fenced: false,
+            turn: Default::default(),
+            linger: std::time::Duration::ZERO,
+        };
+        tokio::spawn(writer.run(stop_rx));
+        let (_, conn) = seckill::app::redis_manager(&common::redis_url())
+            .await
+            .unwrap();
+        let prefix = common::unique("rate");
+        let redis = RedisGate::new(conn.clone(), &prefix).with_rate_limit(rate);
+        redis.prepare().await.unwrap();
+        let gates: Vec<(&str, Arc<dyn Gate>)> = vec![
+            (
+                "memory",
+                Arc::new(MemoryGate::new(log).with_rate_limit(rate)),
+            ),
+            ("redis", Arc::new(redis)),
+        ];
+        RatedGates {
+            store,
+            gates,
+            prefix,
+            conn,
+            _stop: stop,
+        }
+    }
+
+    /// Creates the sale in SQL and loads it, its whole stock left, into `gate`.
+    async fn load(&self, gate: &Arc<dyn Gate>, sale: &Sale) {
+        self.store.create_sale(sale).await.unwrap();
         let load = SaleLoad {
             sale: sale.clone(),
-            remaining: 10,
+            remaining: sale.initial_stock,
             buyers: vec![],
             released: vec![],
             counted: vec![],
@@ -497,6 +510,21 @@ async fn a_user_firing_requests_is_throttled_before_touching_the_stock() {
             moves: Vec::new(),
         };
         gate.load(&load).await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_firing_requests_is_throttled_before_touching_the_stock() {
+    use seckill::gate::RateLimit;
+    let rate = RateLimit {
+        per_sec: 2.0,
+        burst: 5,
+    };
+    let rated = RatedGates::start(rate).await;
+    for (name, gate) in &rated.gates {
+        let mut sale = common::sale(common::next_id(), 10, 1);
+        sale.begins_at = seckill::clock::wall_ms() + 60_000; // not open yet: pre-open spam is throttled too
+        rated.load(gate, &sale).await;
         let mut verdicts = Vec::new();
         for _ in 0..12 {
             verdicts.push(
@@ -563,53 +591,16 @@ async fn a_buyer_at_the_limit_hears_so_and_keeps_no_place_in_the_rate() {
         per_sec: 1.0,
         burst: 3,
     };
-    let (store, _) = common::fresh_store(common::Sql::Sqlite).await;
-    let (log, reader) = local::channel();
-    let (_stop, stop_rx) = tokio::sync::watch::channel(false);
-    let writer = Writer {
-        log: Arc::new(reader),
-        store: store.clone(),
-        gate: Arc::new(seckill::gate::memory::MemoryGate::new(
-            seckill::orderlog::local::channel().0,
-        )),
-        batch_max: 100,
-        stats: Arc::new(WriterStats::default()),
-        fenced: false,
-        turn: Default::default(),
-        linger: std::time::Duration::ZERO,
-    };
-    tokio::spawn(writer.run(stop_rx));
-    let (_, mut conn) = seckill::app::redis_manager(&common::redis_url())
-        .await
-        .unwrap();
-    let prefix = common::unique("at-limit");
-    let redis = RedisGate::new(conn.clone(), &prefix).with_rate_limit(rate);
-    redis.prepare().await.unwrap();
-    let gates: Vec<(&str, Arc<dyn Gate>)> = vec![
-        (
-            "memory",
-            Arc::new(MemoryGate::new(log).with_rate_limit(rate)),
-        ),
-        ("redis", Arc::new(redis)),
-    ];
-    for (name, gate) in gates {
+    let rated = RatedGates::start(rate).await;
+    let mut conn = rated.conn.clone();
+    for (name, gate) in &rated.gates {
         // One unit a buyer: user 42 reaches the limit with the first purchase. Three a
         // buyer: user 43 stays below it and is throttled as before.
         let one = common::sale(common::next_id(), 10, 1);
         let three = common::sale(common::next_id(), 10, 3);
         let cycled = common::sale(common::next_id(), 10, 1);
         for sale in [&one, &three, &cycled] {
-            store.create_sale(sale).await.unwrap();
-            let load = SaleLoad {
-                sale: sale.clone(),
-                remaining: 10,
-                buyers: vec![],
-                released: vec![],
-                counted: vec![],
-                segment: 0,
-                moves: Vec::new(),
-            };
-            gate.load(&load).await.unwrap();
+            rated.load(gate, sale).await;
         }
         let buy_as = |sale_id: i64, user_id: i64, order_id: i64| {
             let gate = gate.clone();
@@ -689,16 +680,16 @@ async fn a_buyer_at_the_limit_hears_so_and_keeps_no_place_in_the_rate() {
             matches!(cycle[3], Verdict::Rejected(Rejection::RateLimited { .. })),
             "{name}: {cycle:?}"
         );
-        if name == "redis" {
-            let rated = |sale_id: i64, user: i64| {
+        if *name == "redis" {
+            let has_rate = |sale_id: i64, user: i64| {
                 redis::cmd("HEXISTS")
-                    .arg(seckill::redis_client::keys::SaleKeys::new(&prefix, sale_id).rate)
+                    .arg(seckill::redis_client::keys::SaleKeys::new(&rated.prefix, sale_id).rate)
                     .arg(user)
                     .to_owned()
             };
-            let kept: i64 = rated(one.id, 42).query_async(&mut conn).await.unwrap();
+            let kept: i64 = has_rate(one.id, 42).query_async(&mut conn).await.unwrap();
             assert_eq!(kept, 0, "a winner at the limit keeps no rate time");
-            let kept: i64 = rated(three.id, 43).query_async(&mut conn).await.unwrap();
+            let kept: i64 = has_rate(three.id, 43).query_async(&mut conn).await.unwrap();
             assert_eq!(kept, 1, "the time of its purchases below the limit stays");
         }
     }
