@@ -493,10 +493,11 @@ mod tests {
             per_sec: 1.0,
             burst: 1,
         });
+        // A limit of two: each buyer's one purchase leaves them below it, still throttled.
         let state = Mutex::new(SaleState {
             remaining: 1_000_000,
             initial_stock: 1_000_000,
-            limit: 1,
+            limit: 2,
             begins_at: 0,
             ends_at: i64::MAX,
             paused: false,
@@ -521,6 +522,7 @@ mod tests {
         for user in 0..5000 {
             assert!(gate.decide(&state, &attempt(user)).is_ok());
         }
+        assert!(state.lock().unwrap().rate_tat.len() >= 1024);
         assert!(matches!(
             gate.decide(&state, &attempt(7)),
             Err(Rejection::RateLimited { .. })

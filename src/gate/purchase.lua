@@ -145,8 +145,8 @@ local function decide(i)
   -- (the sale open) can take nothing more and is told so (already_purchased, below)
   -- without spending a place in the rate, and the purchase that takes a buyer to the limit
   -- keeps none (a release takes one when it frees the slot: release.lua): in a storm most
-  -- winners reach the limit with their first purchase, and writing their times was 12-15%
-  -- of this script's cost (BENCHMARKS.md, session 32).
+  -- winners reach the limit with their first purchase, and without those writes this script
+  -- costs 13-23% less (BENCHMARKS.md, session 32).
   if interval > 0 and keep >= 0 and not (open and held[user] >= limit) then
     local tat = math.max(tats[user], now)
     local wait = tat - now - tolerance

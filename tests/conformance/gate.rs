@@ -586,9 +586,10 @@ async fn a_user_firing_requests_is_throttled_before_touching_the_stock() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_buyer_at_the_limit_hears_so_and_keeps_no_place_in_the_rate() {
     use seckill::gate::RateLimit;
-    // A burst of 3: without the exemption, the fourth quick attempt would wait.
+    // A burst of 3: without the exemption, the fourth quick attempt would wait. One
+    // attempt in ten seconds, so that no pause of a busy machine refills the burst.
     let rate = RateLimit {
-        per_sec: 1.0,
+        per_sec: 0.1,
         burst: 3,
     };
     let rated = RatedGates::start(rate).await;
@@ -949,6 +950,27 @@ async fn attempts_of_one_script_call_see_each_others_units_and_rate() {
         (deadline - 120_000..=deadline).contains(&(tats["8"] - 1000)),
         "{tats:?}"
     );
+
+    // At most 2 each: user 7's first purchase keeps its place in the rate, the second,
+    // which takes 7 to the limit, keeps none (as the memory gate decides attempt by
+    // attempt), and the third is told the limit, not the rate.
+    let _: () = open(5, 10, 2).query_async(&mut conn).await.unwrap();
+    let reply: redis::Value = call(5, 1000, 1000, &[(7, 1), (7, 1), (7, 1), (8, 1)])
+        .invoke_async(&mut conn)
+        .await
+        .unwrap();
+    let verdicts = seckill::gate::reply::verdicts_from_reply(&reply, 4).unwrap();
+    assert_eq!(
+        verdicts,
+        [
+            Verdict::Accepted { remaining: 9 },
+            Verdict::Accepted { remaining: 8 },
+            Verdict::Rejected(AlreadyPurchased),
+            Verdict::Accepted { remaining: 7 },
+        ]
+    );
+    let tats: std::collections::HashMap<String, i64> = hgetall(&mut conn, &keys(5)[4]).await;
+    assert_eq!(tats["7"], tats["8"], "{tats:?}");
 
     // The batch form: the same decisions, the call's three orders in one entry.
     let _: () = open(3, 3, 2).query_async(&mut conn).await.unwrap();
