@@ -513,6 +513,19 @@ impl RatedGates {
     }
 }
 
+/// One unit for `user_id`, no purchase token, an unsegmented sale: the rate tests' attempt.
+fn one_unit(sale_id: i64, user_id: i64, order_id: i64) -> Purchase {
+    Purchase {
+        sale_id,
+        user_id,
+        quantity: 1,
+        order_id,
+        token: None,
+        segments: 1,
+        after_move: false,
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_user_firing_requests_is_throttled_before_touching_the_stock() {
     use seckill::gate::RateLimit;
@@ -528,17 +541,9 @@ async fn a_user_firing_requests_is_throttled_before_touching_the_stock() {
         let mut verdicts = Vec::new();
         for _ in 0..12 {
             verdicts.push(
-                gate.purchase(Purchase {
-                    sale_id: sale.id,
-                    user_id: 42,
-                    quantity: 1,
-                    order_id: common::next_id(),
-                    token: None,
-                    segments: 1,
-                    after_move: false,
-                })
-                .await
-                .unwrap(),
+                gate.purchase(one_unit(sale.id, 42, common::next_id()))
+                    .await
+                    .unwrap(),
             );
         }
         let limited = verdicts
@@ -563,15 +568,7 @@ async fn a_user_firing_requests_is_throttled_before_touching_the_stock() {
         }
         // Another user is not affected, and the stock was never touched.
         let other = gate
-            .purchase(Purchase {
-                sale_id: sale.id,
-                user_id: 43,
-                quantity: 1,
-                order_id: common::next_id(),
-                token: None,
-                segments: 1,
-                after_move: false,
-            })
+            .purchase(one_unit(sale.id, 43, common::next_id()))
             .await
             .unwrap();
         assert_eq!(other, Verdict::Rejected(Rejection::NotStarted), "{name}");
@@ -606,17 +603,9 @@ async fn a_buyer_at_the_limit_hears_so_and_keeps_no_place_in_the_rate() {
         let buy_as = |sale_id: i64, user_id: i64, order_id: i64| {
             let gate = gate.clone();
             async move {
-                gate.purchase(Purchase {
-                    sale_id,
-                    user_id,
-                    quantity: 1,
-                    order_id,
-                    token: None,
-                    segments: 1,
-                    after_move: false,
-                })
-                .await
-                .unwrap()
+                gate.purchase(one_unit(sale_id, user_id, order_id))
+                    .await
+                    .unwrap()
             }
         };
         let buy = |sale_id: i64, user_id: i64| buy_as(sale_id, user_id, common::next_id());
