@@ -91,9 +91,9 @@ impl Store {
         user_id: i64,
     ) -> Result<i64, StoreError> {
         let q = format!(
-            "SELECT {} FROM orders WHERE sale_id = ? AND user_id = ? \
-             AND status IN ('pending_payment', 'paid'){}",
-            self.sum_int("quantity"),
+            "SELECT {} FROM {}{}",
+            self.sum_int("o.quantity"),
+            self.live_of_buyer(),
             if self.dialect == Dialect::MySql {
                 " FOR UPDATE"
             } else {

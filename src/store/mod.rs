@@ -3,6 +3,7 @@
 //! the few statements that differ). Owns the schema and every SQL statement; never
 //! decides a purchase (that is the gate's job) and is never called on the purchase path.
 
+mod buyers;
 pub mod counters;
 mod expiry;
 pub mod journal;
@@ -284,6 +285,12 @@ fn literal_list<T: std::fmt::Display>(values: impl Iterator<Item = T>) -> String
     list
 }
 
+/// The page cache of SQLite's write connection, KiB (SQLite's default: 2,000). The writer's
+/// per-user guard seeks the large run of the buyer index (`buyers`) for each buyer of a
+/// batch, and each merge rewrites that run: about 19 MB at a million buyers, which the
+/// default cache could not hold, so each seek read a page from the file (issue 27).
+const WRITER_CACHE_KIB: u32 = 32 * 1024;
+
 /// A page of a sale's live order ids (see `Store::live_order_ids`).
 pub const LIVE_ORDER_IDS: &str = "SELECT id FROM orders WHERE sale_id = ? AND id > ? \
      AND status IN ('pending_payment', 'paid') ORDER BY id LIMIT ?";
@@ -293,14 +300,16 @@ pub const LIVE_ORDER_IDS: &str = "SELECT id FROM orders WHERE sale_id = ? AND id
 pub const ORDERS_OF_USER: &str = "SELECT id, sale_id, user_id, quantity, price_cents, status, \
      accepted_at, pay_deadline, written_at FROM orders WHERE user_id = ? ORDER BY id DESC LIMIT ?";
 
-/// The same list on SQLite, which keeps no index by buyer alone (migration 14): one seek of
-/// `orders_by_sale_user` per sale, then a sort of this buyer's orders only. Its cost grows
-/// with the number of sales ever created (drafts and ended ones too; none is pruned), by a
-/// seek each, never with the orders of other buyers. An order is listed only while its
-/// sale's row exists: only drafts, which hold no orders, are ever deleted.
+/// The same list on SQLite, which keeps no index by buyer alone (migration 14): a seek of
+/// each run of the buyer index (see `buyers`) per sale, then a sort of this buyer's orders
+/// only. Its cost grows with the number of sales ever created (drafts and ended ones too;
+/// none is pruned), by two seeks each, never with the orders of other buyers. An order is
+/// listed only while its sale's row exists: only drafts, which hold no orders, are ever
+/// deleted.
 pub const SQLITE_ORDERS_OF_USER: &str = "SELECT id, sale_id, user_id, quantity, price_cents, \
-     status, accepted_at, pay_deadline, written_at FROM orders \
-     WHERE user_id = ? AND sale_id IN (SELECT id FROM sales) ORDER BY id DESC LIMIT ?";
+     status, accepted_at, pay_deadline, written_at FROM orders WHERE id IN \
+     (SELECT order_id FROM buyer_orders_all WHERE user_id = ? AND sale_id IN (SELECT id FROM sales)) \
+     ORDER BY id DESC LIMIT ?";
 
 /// The writer's guard on PostgreSQL: live units of each buyer of an array (`$1`, text) in
 /// a sale (`$2`), a lookup of (sale, buyer) per buyer (see `Store::held_by_buyers`).
@@ -338,6 +347,10 @@ pub struct Store {
     /// Where a stored phone without a country code is taken to be, when the migration
     /// normalises stored phones (`--phone-region`).
     phone_region: phonenumber::country::Id,
+    /// SQLite's buyer index (see `buyers`): entries added to its small run since the last
+    /// merge, shared by the store's clones, and how many make a merge due.
+    new_buyers: Arc<std::sync::atomic::AtomicI64>,
+    merge_buyers_every: i64,
 }
 
 /// Where a simulation strikes a write transaction (`Store::with_faults`): the process
@@ -461,7 +474,7 @@ impl Store {
                 Err(_) => {}
             }
         }
-        let pool_of = |size: u32| {
+        let pool_of = |size: u32, cache_kib: Option<u32>| {
             let pool = AnyPoolOptions::new()
                 .max_connections(size)
                 .min_connections(1)
@@ -479,6 +492,11 @@ impl Store {
                     sqlx::query("PRAGMA wal_autocheckpoint = 16000")
                         .execute(&mut *conn)
                         .await?;
+                    if let Some(kib) = cache_kib {
+                        sqlx::query(&format!("PRAGMA cache_size = -{kib}"))
+                            .execute(&mut *conn)
+                            .await?;
+                    }
                     sqlx::query(&format!("PRAGMA busy_timeout = {busy_ms}"))
                         .execute(conn)
                         .await
@@ -486,12 +504,15 @@ impl Store {
                 })
             })
         };
-        let pool = pool_of(max_connections.max(2))
+        let pool = pool_of(max_connections.max(2), None)
             .connect_with(options.clone())
             .await
             .map_err(failed)?;
         let writes = if dialect == Dialect::Sqlite {
-            pool_of(1).connect_with(options).await.map_err(failed)?
+            pool_of(1, Some(WRITER_CACHE_KIB))
+                .connect_with(options)
+                .await
+                .map_err(failed)?
         } else {
             pool.clone()
         };
@@ -502,6 +523,8 @@ impl Store {
             clock: crate::clock::wall(),
             faults: None,
             phone_region: phonenumber::country::Id::CN,
+            new_buyers: Arc::default(),
+            merge_buyers_every: buyers::MERGE_EVERY,
         })
     }
 
@@ -1419,11 +1442,14 @@ impl Store {
         if batch.is_empty() {
             return Ok(WriteOutcome::default());
         }
-        self.in_write_tx(|mut conn| async move {
-            let result = self.write_orders_in_tx(&mut conn, batch).await;
-            (conn, result)
-        })
-        .await
+        let outcome = self
+            .in_write_tx(|mut conn| async move {
+                let result = self.write_orders_in_tx(&mut conn, batch).await;
+                (conn, result)
+            })
+            .await?;
+        self.buyers_indexed(outcome.written).await;
+        Ok(outcome)
     }
 
     /// A pooled connection inside a write transaction. On SQLite it takes the write lock up
@@ -1574,6 +1600,9 @@ impl Store {
         if inserted != fresh.len() as u64 {
             return Err(StoreError::ConcurrentWrite);
         }
+        let entries: Vec<(i64, i64, i64)> =
+            fresh.iter().map(|o| (o.sale_id, o.user_id, o.id)).collect();
+        self.index_buyers(conn, &entries).await?;
         // One journal row per sale and batch, its units and how many orders: each order is
         // its own record already (units, written_at). A row per order doubled the rows and
         // index entries of a batch (PostgreSQL's CPU per order written fell by about a
@@ -1848,13 +1877,14 @@ impl Store {
             );
             fetch_text(&mut *conn, &q).await?
         } else {
+            // Through the buyer index's two runs (see `buyers`).
             let q = format!(
-                "SELECT user_id, {} FROM orders WHERE sale_id = ? AND user_id IN ({}) \
-                 AND status IN ('pending_payment', 'paid') GROUP BY user_id",
-                self.sum_int("quantity"),
+                "SELECT b.user_id, {} FROM buyer_orders_all b CROSS JOIN orders o \
+                 ON o.id = b.order_id WHERE b.sale_id = ? AND b.user_id IN ({}) \
+                 AND o.status IN ('pending_payment', 'paid') GROUP BY b.user_id",
+                self.sum_int("o.quantity"),
                 Self::placeholders(users.len())
             );
-            let q = self.sql(&q);
             let keep = self.keeps_shape(users.len(), 1000);
             let mut query = sqlx::query(&q).persistent(keep).bind(sale_id);
             for user in users {

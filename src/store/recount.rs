@@ -216,21 +216,43 @@ impl Store {
                 status.as_str()
             ))
         };
-        let q = format!(
-            "SELECT user_id, {}, {}, {}, {}, {} FROM orders WHERE sale_id = ? AND user_id > ? \
-             GROUP BY user_id ORDER BY user_id LIMIT ?",
+        let counted = [
             self.sum_int(&format!("CASE WHEN {live} THEN quantity ELSE 0 END")),
             count(OrderStatus::PendingPayment),
             count(OrderStatus::Paid),
             count(OrderStatus::Cancelled),
             count(OrderStatus::Expired),
-        );
-        let rows = sqlx::query(&self.sql(&q))
-            .bind(sale_id)
-            .bind(after_user)
-            .bind(chunk)
-            .fetch_all(&mut *conn)
-            .await?;
+        ]
+        .join(", ");
+        let rows = if self.dialect == Dialect::Sqlite {
+            // By the buyer index's runs (see `buyers`), which a GROUP BY cannot walk as one:
+            // the buyers up to the first run's `chunk`-th entry, each with all its orders.
+            let upto = self
+                .sqlite_buyers_bound(conn, sale_id, after_user, chunk)
+                .await?;
+            let q = format!(
+                "SELECT b.user_id, {counted} FROM buyer_orders_all b CROSS JOIN orders o \
+                 ON o.id = b.order_id WHERE b.sale_id = ? AND b.user_id > ? AND b.user_id <= ? \
+                 GROUP BY b.user_id ORDER BY b.user_id"
+            );
+            sqlx::query(&q)
+                .bind(sale_id)
+                .bind(after_user)
+                .bind(upto)
+                .fetch_all(&mut *conn)
+                .await?
+        } else {
+            let q = format!(
+                "SELECT user_id, {counted} FROM orders WHERE sale_id = ? AND user_id > ? \
+                 GROUP BY user_id ORDER BY user_id LIMIT ?"
+            );
+            sqlx::query(&self.sql(&q))
+                .bind(sale_id)
+                .bind(after_user)
+                .bind(chunk)
+                .fetch_all(&mut *conn)
+                .await?
+        };
         let mut last = None;
         for r in &rows {
             let user: i64 = r.try_get(0)?;
@@ -262,6 +284,36 @@ impl Store {
         Ok(last)
     }
 
+    /// On SQLite, the highest buyer (after `after_user`) whose entries are all within the
+    /// next `chunk` entries of each run of the buyer index: the lower of the runs' `chunk`-th
+    /// entries, or every buyer left when neither run holds that many.
+    async fn sqlite_buyers_bound(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        sale_id: i64,
+        after_user: i64,
+        chunk: i64,
+    ) -> Result<i64, StoreError> {
+        let mut upto = i64::MAX;
+        for run in ["buyer_orders", "buyer_orders_new"] {
+            let q = format!(
+                "SELECT MAX(user_id), COUNT(*) FROM (SELECT user_id FROM {run} \
+                 WHERE sale_id = ? AND user_id > ? ORDER BY user_id LIMIT ?) entries"
+            );
+            let row = sqlx::query(&q)
+                .bind(sale_id)
+                .bind(after_user)
+                .bind(chunk)
+                .fetch_one(&mut *conn)
+                .await?;
+            let (last, entries): (Option<i64>, i64) = (row.try_get(0)?, row.try_get(1)?);
+            if let Some(last) = last.filter(|_| entries >= chunk) {
+                upto = upto.min(last);
+            }
+        }
+        Ok(upto)
+    }
+
     /// Counts the payment intents of the sale's buyers in (`after_user`, `last_user`].
     async fn count_payments_of_users(
         &self,
@@ -271,15 +323,20 @@ impl Store {
         last_user: i64,
         counting: &mut Counting,
     ) -> Result<(), StoreError> {
-        let rows = sqlx::query(&self.sql(
+        let q = if self.dialect == Dialect::Sqlite {
+            "SELECT p.status, COUNT(*) FROM buyer_orders_all b CROSS JOIN payments p \
+             ON p.order_id = b.order_id WHERE b.sale_id = ? AND b.user_id > ? AND b.user_id <= ? \
+             GROUP BY p.status"
+        } else {
             "SELECT p.status, COUNT(*) FROM payments p JOIN orders o ON o.id = p.order_id \
-             WHERE o.sale_id = ? AND o.user_id > ? AND o.user_id <= ? GROUP BY p.status",
-        ))
-        .bind(sale_id)
-        .bind(after_user)
-        .bind(last_user)
-        .fetch_all(&mut *conn)
-        .await?;
+             WHERE o.sale_id = ? AND o.user_id > ? AND o.user_id <= ? GROUP BY p.status"
+        };
+        let rows = sqlx::query(&self.sql(q))
+            .bind(sale_id)
+            .bind(after_user)
+            .bind(last_user)
+            .fetch_all(&mut *conn)
+            .await?;
         for r in &rows {
             let status: String = r.try_get(0)?;
             if let Some(status) = PaymentStatus::parse(&status) {

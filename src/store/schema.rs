@@ -241,6 +241,39 @@ pub fn migrations(d: Dialect) -> Vec<(i64, Vec<String>)> {
         ),
         (13, narrow_orders_by_user(d)),
         (14, buyers_indexed_by_sale_only(d)),
+        (15, buyers_indexed_in_runs(d)),
+    ]
+}
+
+/// On SQLite, orders by (sale, buyer) in two runs of their own instead of an index on
+/// `orders` (see `store::buyers`): a writer's batch of a million-order sale wrote back a page
+/// of that index per order, and SQLite's CPU per order grew with the sale (issue 27). The
+/// orders there are moved into the large run in key order.
+fn buyers_indexed_in_runs(d: Dialect) -> Vec<String> {
+    if d != Dialect::Sqlite {
+        return Vec::new();
+    }
+    let run = |name: &str| {
+        format!(
+            "CREATE TABLE IF NOT EXISTS {name} (
+                sale_id INTEGER NOT NULL,
+                user_id INTEGER NOT NULL,
+                order_id INTEGER NOT NULL,
+                PRIMARY KEY (sale_id, user_id, order_id)
+            ) WITHOUT ROWID"
+        )
+    };
+    vec![
+        run("buyer_orders"),
+        run("buyer_orders_new"),
+        "INSERT INTO buyer_orders (sale_id, user_id, order_id) \
+         SELECT sale_id, user_id, id FROM orders ORDER BY sale_id, user_id, id"
+            .to_string(),
+        "DROP INDEX IF EXISTS orders_by_sale_user".to_string(),
+        "CREATE VIEW IF NOT EXISTS buyer_orders_all AS \
+         SELECT sale_id, user_id, order_id FROM buyer_orders \
+         UNION ALL SELECT sale_id, user_id, order_id FROM buyer_orders_new"
+            .to_string(),
     ]
 }
 

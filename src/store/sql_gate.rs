@@ -104,7 +104,12 @@ impl Store {
         p: &crate::model::NewOrder,
         how: SqlDecision,
     ) -> Result<SqlVerdict, StoreError> {
-        retry_transient(self.clock().as_ref(), || self.sql_purchase_once(p, how)).await
+        let verdict =
+            retry_transient(self.clock().as_ref(), || self.sql_purchase_once(p, how)).await?;
+        if matches!(verdict, SqlVerdict::Accepted { .. }) {
+            self.buyers_indexed(1).await;
+        }
+        Ok(verdict)
     }
 
     async fn sql_purchase_once(
@@ -161,8 +166,9 @@ impl Store {
             return Ok(SqlVerdict::Paused);
         }
         let held_query = format!(
-            "SELECT {} FROM orders WHERE sale_id = ? AND user_id = ? AND status IN ('pending_payment', 'paid')",
-            self.sum_int("quantity")
+            "SELECT {} FROM {}",
+            self.sum_int("o.quantity"),
+            self.live_of_buyer()
         );
         let remaining = match how {
             SqlDecision::Lock => stock,
@@ -242,6 +248,8 @@ impl Store {
         .bind(now)
         .execute(&mut *conn)
         .await?;
+        self.index_buyers(conn, &[(p.sale_id, p.user_id, p.id)])
+            .await?;
         let taken = Movement::new(p.sale_id, -p.quantity, Cause::Accepted).order(p.id);
         self.journal_rows_in(conn, &[taken], now).await?;
         // The counters in one statement, under the row lock this purchase holds.

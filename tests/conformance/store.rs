@@ -316,7 +316,7 @@ async fn migrations_are_idempotent_and_safe_to_race() {
         applied.sort();
         assert_eq!(
             applied,
-            vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14],
+            vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15],
             "{kind:?}: each version applied by exactly one process"
         );
         let store = Store::connect(&url, 2).await.unwrap();
@@ -492,7 +492,7 @@ async fn sqlite_is_created_on_first_use() {
     let store = Store::connect(&url, 2).await.unwrap();
     assert_eq!(
         store.migrate().await.unwrap(),
-        vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]
+        vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]
     );
 }
 
@@ -824,7 +824,7 @@ async fn recount(store: &Store, sale_id: i64) -> seckill::store::Recount {
 }
 
 /// On SQLite no index holds orders by buyer alone (every writer batch of a big sale paid
-/// for its pages): a buyer's list seeks `orders_by_sale_user` once per sale. On every
+/// for its pages): a buyer's list seeks each run of the buyer index once per sale. On every
 /// backend the list is newest first across sales and stops at its limit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_buyers_list_is_newest_first_across_sales_and_sqlite_seeks_it_per_sale() {
@@ -840,11 +840,13 @@ async fn a_buyers_list_is_newest_first_across_sales_and_sqlite_seeks_it_per_sale
             .collect();
     assert!(by_buyer.is_empty(), "SQLite still indexes orders by buyer");
     let plan = sqlite_plan(&store, store.orders_of_user_query(), &[1, 10]).await;
-    assert!(
-        plan.iter()
-            .any(|step| step.contains("orders_by_sale_user (sale_id=? AND user_id=?)")),
-        "SQLite, not a seek per sale: {plan:?}"
-    );
+    for run in ["buyer_orders", "buyer_orders_new"] {
+        let seek = format!("SEARCH {run} USING PRIMARY KEY (sale_id=? AND user_id=?)");
+        assert!(
+            plan.iter().any(|step| step.contains(&seek)),
+            "SQLite, not a seek of {run} per sale: {plan:?}"
+        );
+    }
 
     for kind in ALL_SQL {
         let store = if kind == Sql::Sqlite {
@@ -931,6 +933,194 @@ async fn sqlite_orders_hold_no_constraint_an_ignored_insert_could_hide() {
         strings("SELECT name FROM sqlite_master WHERE type = 'trigger' AND tbl_name = 'orders'")
             .await;
     assert!(triggers.is_empty(), "triggers on orders: {triggers:?}");
+}
+
+/// SQLite keeps orders by (sale, buyer) in two runs (`store::buyers`): each written order's
+/// entry goes to the small one, which is merged into the large one every so many entries.
+/// Across merges every order has exactly one entry, and what reads orders by buyer (the
+/// writer's per-user guard, a SQL gate's, a buyer's list, the recount) sees both runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_buyer_index_runs_hold_each_order_once_across_merges() {
+    use seckill::store::sql_gate::{SqlDecision, SqlVerdict};
+    use sqlx::Row;
+    let (store, _) = common::fresh_store(Sql::Sqlite).await;
+    let store = store.with_buyers_merged_every(1_500);
+    let count = |sql: &'static str| {
+        let pool = store.pool().clone();
+        async move {
+            sqlx::query(sql)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+                .try_get::<i64, _>(0)
+                .unwrap()
+        }
+    };
+    let sale = common::sale(common::next_id(), 10_000, 2);
+    store.create_sale(&sale).await.unwrap();
+    // Three batches of 1,000 orders, 200 buyers in the first and the last: the second
+    // batch's commit brings the small run to 2,000 entries, past the merge's 1,500, so
+    // those 200 hold an order in each run.
+    let twice = 7_000_000;
+    let mut mine = Vec::new();
+    for round in 0..3 {
+        let batch: Vec<NewOrder> = (0..1_000)
+            .map(|i| match i {
+                0..200 if round != 1 => common::order(sale.id, twice + i),
+                _ => common::order(sale.id, 8_000_000 + round * 1_000 + i),
+            })
+            .collect();
+        mine.extend(batch.iter().filter(|o| o.user_id == twice).map(|o| o.id));
+        store.write_orders(&batch).await.unwrap();
+    }
+    let merged = count("SELECT COUNT(*) FROM buyer_orders").await;
+    let new = count("SELECT COUNT(*) FROM buyer_orders_new").await;
+    assert_eq!(
+        (merged, new),
+        (2_000, 1_000),
+        "one merge, after the second batch"
+    );
+
+    // A SQL gate's purchase is indexed too; a buyer of two units, one in each run, is at
+    // the limit for both guards.
+    let direct = NewOrder {
+        quantity: 1,
+        ..common::order(sale.id, 9_000_000)
+    };
+    let verdict = store
+        .sql_purchase(&direct, SqlDecision::Conditional)
+        .await
+        .unwrap();
+    assert!(
+        matches!(verdict, SqlVerdict::Accepted { .. }),
+        "{verdict:?}"
+    );
+    let over = common::order(sale.id, twice);
+    assert!(matches!(
+        store.write_orders(std::slice::from_ref(&over)).await,
+        Err(StoreError::UserLimit { held: 2, .. })
+    ));
+    assert_eq!(
+        store
+            .sql_purchase(&over, SqlDecision::Conditional)
+            .await
+            .unwrap(),
+        SqlVerdict::AlreadyPurchased
+    );
+    // A buyer whose two orders are one in each run after the next merge.
+    let split = common::order(sale.id, 8_002_999);
+    store.merge_new_buyers().await.unwrap();
+    store
+        .write_orders(std::slice::from_ref(&split))
+        .await
+        .unwrap();
+    assert_eq!(count("SELECT COUNT(*) FROM buyer_orders_new").await, 1);
+
+    let orders = count("SELECT COUNT(*) FROM orders").await;
+    assert_eq!(orders, 3_002);
+    assert_eq!(
+        count("SELECT COUNT(*) FROM buyer_orders_all").await,
+        orders,
+        "an entry per order"
+    );
+    assert_eq!(
+        count(
+            "SELECT COUNT(*) FROM orders o WHERE NOT EXISTS (SELECT 1 FROM buyer_orders_all b \
+             WHERE b.order_id = o.id AND b.sale_id = o.sale_id AND b.user_id = o.user_id)"
+        )
+        .await,
+        0,
+        "an order without its entry"
+    );
+    let listed: Vec<i64> = store
+        .orders_of_user(8_002_999, 10)
+        .await
+        .unwrap()
+        .iter()
+        .map(|o| o.id)
+        .collect();
+    assert_eq!(
+        listed.len(),
+        2,
+        "the buyer's orders in both runs: {listed:?}"
+    );
+    assert!(listed[0] > listed[1], "newest first: {listed:?}");
+    mine.sort_unstable_by(|a, b| b.cmp(a));
+    let theirs: Vec<i64> = store
+        .orders_of_user(twice, 10)
+        .await
+        .unwrap()
+        .iter()
+        .map(|o| o.id)
+        .collect();
+    assert_eq!(theirs, mine);
+
+    // The recount reads buyers in chunks smaller than either run; it counts each once.
+    let pace = seckill::store::Pace {
+        chunk: 97,
+        share: 1.0,
+    };
+    let recount = store
+        .recount_paced(sale.id, pace, 10_000, &|_| {})
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(recount.agrees(), "{recount:?}");
+    assert_eq!(recount.counted.live_units, 3_002);
+    assert_eq!(recount.counted.live_buyers, 2_801);
+    assert_eq!(recount.orders, 3_002);
+    assert_eq!(recount.buyers.map(|b| b.len()), Some(2_801));
+}
+
+/// A SQLite file from before the buyer index's runs (migration 15) has its orders' entries
+/// moved into the large run, and loses the index on `orders` they replace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_migration_moves_the_orders_there_into_the_buyer_index() {
+    use sqlx::Row;
+    let (store, _) = common::fresh_store(Sql::Sqlite).await;
+    let sale = common::sale(common::next_id(), 1_000, 1);
+    store.create_sale(&sale).await.unwrap();
+    let batch: Vec<NewOrder> = (0..300)
+        .map(|u| common::order(sale.id, 5_000 + u))
+        .collect();
+    store.write_orders(&batch).await.unwrap();
+    // Back to the schema of migration 14: an index on `orders`, no runs.
+    for sql in [
+        "DROP VIEW buyer_orders_all",
+        "DROP TABLE buyer_orders",
+        "DROP TABLE buyer_orders_new",
+        "CREATE INDEX orders_by_sale_user ON orders (sale_id, user_id)",
+        "DELETE FROM schema_migrations WHERE version = 15",
+    ] {
+        sqlx::query(sql).execute(store.pool()).await.unwrap();
+    }
+    assert_eq!(store.migrate().await.unwrap(), vec![15]);
+    let count = |sql: &'static str| {
+        let pool = store.pool().clone();
+        async move {
+            sqlx::query(sql)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+                .try_get::<i64, _>(0)
+                .unwrap()
+        }
+    };
+    assert_eq!(count("SELECT COUNT(*) FROM buyer_orders").await, 300);
+    assert_eq!(count("SELECT COUNT(*) FROM buyer_orders_new").await, 0);
+    assert_eq!(
+        count(
+            "SELECT COUNT(*) FROM pragma_index_list('orders') WHERE name = 'orders_by_sale_user'"
+        )
+        .await,
+        0
+    );
+    // The per-user guard finds them there.
+    let again = common::order(sale.id, 5_123);
+    assert!(matches!(
+        store.write_orders(std::slice::from_ref(&again)).await,
+        Err(StoreError::UserLimit { held: 1, .. })
+    ));
 }
 
 /// SQLite's plan for `sql` bound to `args`: the detail of each step.
