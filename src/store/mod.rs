@@ -347,10 +347,8 @@ pub struct Store {
     /// Where a stored phone without a country code is taken to be, when the migration
     /// normalises stored phones (`--phone-region`).
     phone_region: phonenumber::country::Id,
-    /// SQLite's buyer index (see `buyers`): entries added to its small run since the last
-    /// merge, shared by the store's clones, and how many make a merge due.
-    new_buyers: Arc<std::sync::atomic::AtomicI64>,
-    merge_buyers_every: i64,
+    /// Where merging SQLite's buyer index stands (see `buyers`).
+    buyer_merge: buyers::MergeState,
 }
 
 /// Where a simulation strikes a write transaction (`Store::with_faults`): the process
@@ -523,8 +521,7 @@ impl Store {
             clock: crate::clock::wall(),
             faults: None,
             phone_region: phonenumber::country::Id::CN,
-            new_buyers: Arc::default(),
-            merge_buyers_every: buyers::MERGE_EVERY,
+            buyer_merge: buyers::MergeState::default(),
         })
     }
 

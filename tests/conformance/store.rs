@@ -944,7 +944,7 @@ async fn sqlite_buyer_index_runs_hold_each_order_once_across_merges() {
     use seckill::store::sql_gate::{SqlDecision, SqlVerdict};
     use sqlx::Row;
     let (store, _) = common::fresh_store(Sql::Sqlite).await;
-    let store = store.with_buyers_merged_every(1_500);
+    let store = store.with_buyers_merged_every(1_500, 700);
     let count = |sql: &'static str| {
         let pool = store.pool().clone();
         async move {
@@ -958,9 +958,11 @@ async fn sqlite_buyer_index_runs_hold_each_order_once_across_merges() {
     };
     let sale = common::sale(common::next_id(), 10_000, 2);
     store.create_sale(&sale).await.unwrap();
-    // Three batches of 1,000 orders, 200 buyers in the first and the last: the second
-    // batch's commit brings the small run to 2,000 entries, past the merge's 1,500, so
-    // those 200 hold an order in each run.
+    // Three batches of 1,000 orders, 200 buyers in the first and the last. The second
+    // batch's commit brings the small run to 2,000 entries, past the merge's 1,500: a
+    // merge begins, 700 entries a commit in key order. Those 200 buyers' ids are the
+    // lowest, so their first orders move at once and their second ones, written behind
+    // the merge, stay: they hold an order in each run.
     let twice = 7_000_000;
     let mut mine = Vec::new();
     for round in 0..3 {
@@ -975,11 +977,12 @@ async fn sqlite_buyer_index_runs_hold_each_order_once_across_merges() {
     }
     let merged = count("SELECT COUNT(*) FROM buyer_orders").await;
     let new = count("SELECT COUNT(*) FROM buyer_orders_new").await;
-    assert_eq!(
-        (merged, new),
-        (2_000, 1_000),
-        "one merge, after the second batch"
+    assert_eq!((merged, new), (1_400, 1_600), "two steps of 700");
+    let runs_of_twice = (
+        count("SELECT COUNT(*) FROM buyer_orders WHERE user_id = 7000000").await,
+        count("SELECT COUNT(*) FROM buyer_orders_new WHERE user_id = 7000000").await,
     );
+    assert_eq!(runs_of_twice, (1, 1));
 
     // A SQL gate's purchase is indexed too; a buyer of two units, one in each run, is at
     // the limit for both guards.
@@ -1007,9 +1010,12 @@ async fn sqlite_buyer_index_runs_hold_each_order_once_across_merges() {
             .unwrap(),
         SqlVerdict::AlreadyPurchased
     );
-    // A buyer whose two orders are one in each run after the next merge.
+    // The SQL gate's commit took the merge's third step; the rest moves at once here.
+    assert_eq!(count("SELECT COUNT(*) FROM buyer_orders").await, 2_100);
+    assert_eq!(store.merge_new_buyers().await.unwrap(), 901);
+    assert_eq!(count("SELECT COUNT(*) FROM buyer_orders").await, 3_001);
+    // A buyer whose two orders are one in each run.
     let split = common::order(sale.id, 8_002_999);
-    store.merge_new_buyers().await.unwrap();
     store
         .write_orders(std::slice::from_ref(&split))
         .await
