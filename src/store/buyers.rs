@@ -15,7 +15,7 @@
 //! run to the other in one transaction. PostgreSQL and MySQL keep `orders_by_sale_user`:
 //! their cost per order was flat at a million orders already.
 
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use sqlx::Row;
@@ -42,14 +42,15 @@ pub(super) const LIVE_OF_BUYER: &str = "orders o WHERE o.sale_id = ? AND o.user_
      AND o.status IN ('pending_payment', 'paid')";
 
 impl Store {
-    /// The FROM and WHERE of one buyer's live orders in one sale (see
-    /// [`SQLITE_LIVE_OF_BUYER`]).
-    pub(super) fn live_of_buyer(&self) -> &'static str {
-        if self.dialect == Dialect::Sqlite {
+    /// The units one buyer holds in one sale's live orders (`?` the sale, then the buyer):
+    /// on SQLite through both runs (see [`SQLITE_LIVE_OF_BUYER`]).
+    pub fn live_units_of_buyer_query(&self) -> String {
+        let from = if self.dialect == Dialect::Sqlite {
             SQLITE_LIVE_OF_BUYER
         } else {
             LIVE_OF_BUYER
-        }
+        };
+        format!("SELECT {} FROM {from}", self.sum_int("o.quantity"))
     }
 
     /// Adds the entries of orders just inserted in this transaction, as (sale, buyer,
@@ -83,14 +84,25 @@ impl Store {
     /// Counts `n` entries committed to the small run; once `MERGE_EVERY` have gathered, a
     /// merge begins, and each call until it is through moves its next step. A failed step
     /// is told and tried again at the next call: the entries stay readable in the small
-    /// run. Counted since this process started: after a restart the small run may hold up
-    /// to twice `MERGE_EVERY` before its merge.
+    /// run. The first call in a process counts what the small run holds already (written
+    /// before a restart), so that restarts cannot keep it from ever merging.
     pub(super) async fn buyers_indexed(&self, n: usize) {
         if self.dialect != Dialect::Sqlite || n == 0 {
             return;
         }
         let merge = &self.buyer_merge;
-        let gathered = merge.gathered.fetch_add(n as i64, Ordering::Relaxed) + n as i64;
+        let mut n = n as i64;
+        if !merge.counted.swap(true, Ordering::Relaxed) {
+            match self.count_new_buyers().await {
+                // This call's own entries are in it already.
+                Ok(held) => n = n.max(held),
+                Err(e) => {
+                    merge.counted.store(false, Ordering::Relaxed);
+                    tracing::warn!(error = %e, "counting new buyers' index entries failed; will retry");
+                }
+            }
+        }
+        let gathered = merge.gathered.fetch_add(n, Ordering::Relaxed) + n;
         let from = {
             let mut after = lock(&merge.after);
             match *after {
@@ -112,6 +124,14 @@ impl Store {
             }
         };
         *lock(&merge.after) = next;
+    }
+
+    /// The entries in the small run.
+    async fn count_new_buyers(&self) -> Result<i64, StoreError> {
+        Ok(sqlx::query("SELECT COUNT(*) FROM buyer_orders_new")
+            .fetch_one(&self.pool)
+            .await?
+            .try_get(0)?)
     }
 
     /// Moves every entry of the small run into the large one, step by step; returns how
@@ -211,6 +231,8 @@ const FIRST: Key = [i64::MIN; 3];
 pub(super) struct MergeState {
     /// Entries committed to the small run since the last merge began.
     gathered: Arc<AtomicI64>,
+    /// Whether `gathered` has counted what the small run held when this process began.
+    counted: Arc<AtomicBool>,
     /// The last key the merge under way has moved (`FIRST` before its first step); `None`
     /// between merges.
     after: Arc<Mutex<Option<Key>>>,
@@ -222,6 +244,7 @@ impl Default for MergeState {
     fn default() -> Self {
         MergeState {
             gathered: Arc::default(),
+            counted: Arc::default(),
             after: Arc::default(),
             every: MERGE_EVERY,
             step: MERGE_STEP,

@@ -91,9 +91,8 @@ impl Store {
         user_id: i64,
     ) -> Result<i64, StoreError> {
         let q = format!(
-            "SELECT {} FROM {}{}",
-            self.sum_int("o.quantity"),
-            self.live_of_buyer(),
+            "{}{}",
+            self.live_units_of_buyer_query(),
             if self.dialect == Dialect::MySql {
                 " FOR UPDATE"
             } else {

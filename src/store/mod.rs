@@ -1577,11 +1577,11 @@ impl Store {
             .iter()
             .filter(|o| !existing.contains(&o.id) && seen.insert(o.id))
             .collect();
-        // In buyer order, the two indexes keyed by buyer take the batch's entries page by
-        // page instead of at random: on SQLite, whose page cache is a few MB, a random
-        // order read and wrote each of their pages several times per batch once a sale
-        // outgrew the cache (issue 27: CPU per order grew with the sale). Stable, so each
-        // buyer's orders keep their order.
+        // In buyer order, the indexes keyed by buyer (on SQLite, the buyer index's small
+        // run: see `buyers`) take the batch's entries page by page instead of at random: on
+        // SQLite, whose page cache is a few MB, a random order read and wrote each of their
+        // pages several times per batch once a sale outgrew the cache (issue 27: CPU per
+        // order grew with the sale). Stable, so each buyer's orders keep their order.
         fresh.sort_by_key(|o| (o.sale_id, o.user_id));
         let mut tallies = tallies::Tallies::default();
         let new_buyers = self

@@ -18,7 +18,8 @@ use crate::model::OrderStatus;
 /// How a recount walks the rows.
 #[derive(Debug, Clone, Copy)]
 pub struct Pace {
-    /// Buyers (or journal rows) read per query.
+    /// Buyers (or journal rows) read per query (on SQLite, buyers within this many entries of
+    /// each run of the buyer index: see `Store::recount_paced`).
     pub chunk: i64,
     /// The share of its time a recount spends reading (1: no pause between chunks).
     pub share: f64,
@@ -198,8 +199,9 @@ impl Store {
         }))
     }
 
-    /// Counts the orders of the next `chunk` buyers (by user id, after `after_user`); the
-    /// last buyer counted, `None` when there were none left.
+    /// Counts the orders of the next `chunk` buyers (by user id, after `after_user`; on
+    /// SQLite, of the buyers within the next `chunk` entries of each run of the buyer index,
+    /// up to twice as many); the last buyer counted, `None` when there were none left.
     async fn count_buyers_chunk(
         &self,
         conn: &mut sqlx::AnyConnection,

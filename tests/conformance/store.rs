@@ -942,20 +942,17 @@ async fn sqlite_orders_hold_no_constraint_an_ignored_insert_could_hide() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_buyer_index_runs_hold_each_order_once_across_merges() {
     use seckill::store::sql_gate::{SqlDecision, SqlVerdict};
-    use sqlx::Row;
     let (store, _) = common::fresh_store(Sql::Sqlite).await;
     let store = store.with_buyers_merged_every(1_500, 700);
-    let count = |sql: &'static str| {
-        let pool = store.pool().clone();
-        async move {
-            sqlx::query(sql)
-                .fetch_one(&pool)
-                .await
-                .unwrap()
-                .try_get::<i64, _>(0)
-                .unwrap()
-        }
-    };
+    // A buyer's units are a seek of each run, not a walk of either.
+    let plan = sqlite_plan(&store, &store.live_units_of_buyer_query(), &[1, 2]).await;
+    for run in ["buyer_orders", "buyer_orders_new"] {
+        let seek = format!("SEARCH {run} USING PRIMARY KEY (sale_id=? AND user_id=?)");
+        assert!(
+            plan.iter().any(|step| step.contains(&seek)),
+            "not a seek of {run}: {plan:?}"
+        );
+    }
     let sale = common::sale(common::next_id(), 10_000, 2);
     store.create_sale(&sale).await.unwrap();
     // Three batches of 1,000 orders, 200 buyers in the first and the last. The second
@@ -975,12 +972,20 @@ async fn sqlite_buyer_index_runs_hold_each_order_once_across_merges() {
         mine.extend(batch.iter().filter(|o| o.user_id == twice).map(|o| o.id));
         store.write_orders(&batch).await.unwrap();
     }
-    let merged = count("SELECT COUNT(*) FROM buyer_orders").await;
-    let new = count("SELECT COUNT(*) FROM buyer_orders_new").await;
+    let merged = count_of(&store, "SELECT COUNT(*) FROM buyer_orders").await;
+    let new = count_of(&store, "SELECT COUNT(*) FROM buyer_orders_new").await;
     assert_eq!((merged, new), (1_400, 1_600), "two steps of 700");
     let runs_of_twice = (
-        count("SELECT COUNT(*) FROM buyer_orders WHERE user_id = 7000000").await,
-        count("SELECT COUNT(*) FROM buyer_orders_new WHERE user_id = 7000000").await,
+        count_of(
+            &store,
+            "SELECT COUNT(*) FROM buyer_orders WHERE user_id = 7000000",
+        )
+        .await,
+        count_of(
+            &store,
+            "SELECT COUNT(*) FROM buyer_orders_new WHERE user_id = 7000000",
+        )
+        .await,
     );
     assert_eq!(runs_of_twice, (1, 1));
 
@@ -1010,27 +1015,58 @@ async fn sqlite_buyer_index_runs_hold_each_order_once_across_merges() {
             .unwrap(),
         SqlVerdict::AlreadyPurchased
     );
-    // The SQL gate's commit took the merge's third step; the rest moves at once here.
-    assert_eq!(count("SELECT COUNT(*) FROM buyer_orders").await, 2_100);
+    // The SQL gate's commit takes the merge's third step, off the buyer's answer.
+    let mut merged = 0;
+    for _ in 0..400 {
+        merged = count_of(&store, "SELECT COUNT(*) FROM buyer_orders").await;
+        if merged == 2_100 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    assert_eq!(merged, 2_100, "the SQL gate's step");
+    // A recount in chunks smaller than either run, each of which bounds some of them.
+    let pace = seckill::store::Pace {
+        chunk: 97,
+        share: 1.0,
+    };
+    let recount = store
+        .recount_paced(sale.id, pace, 10_000, &|_| {})
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(recount.agrees(), "{recount:?}");
+    assert_eq!(
+        (recount.counted.live_units, recount.counted.live_buyers),
+        (3_001, 2_801)
+    );
+    // The rest moves at once here.
     assert_eq!(store.merge_new_buyers().await.unwrap(), 901);
-    assert_eq!(count("SELECT COUNT(*) FROM buyer_orders").await, 3_001);
+    assert_eq!(
+        count_of(&store, "SELECT COUNT(*) FROM buyer_orders").await,
+        3_001
+    );
     // A buyer whose two orders are one in each run.
     let split = common::order(sale.id, 8_002_999);
     store
         .write_orders(std::slice::from_ref(&split))
         .await
         .unwrap();
-    assert_eq!(count("SELECT COUNT(*) FROM buyer_orders_new").await, 1);
+    assert_eq!(
+        count_of(&store, "SELECT COUNT(*) FROM buyer_orders_new").await,
+        1
+    );
 
-    let orders = count("SELECT COUNT(*) FROM orders").await;
+    let orders = count_of(&store, "SELECT COUNT(*) FROM orders").await;
     assert_eq!(orders, 3_002);
     assert_eq!(
-        count("SELECT COUNT(*) FROM buyer_orders_all").await,
+        count_of(&store, "SELECT COUNT(*) FROM buyer_orders_all").await,
         orders,
         "an entry per order"
     );
     assert_eq!(
-        count(
+        count_of(
+            &store,
             "SELECT COUNT(*) FROM orders o WHERE NOT EXISTS (SELECT 1 FROM buyer_orders_all b \
              WHERE b.order_id = o.id AND b.sale_id = o.sale_id AND b.user_id = o.user_id)"
         )
@@ -1061,11 +1097,7 @@ async fn sqlite_buyer_index_runs_hold_each_order_once_across_merges() {
         .collect();
     assert_eq!(theirs, mine);
 
-    // The recount reads buyers in chunks smaller than either run; it counts each once.
-    let pace = seckill::store::Pace {
-        chunk: 97,
-        share: 1.0,
-    };
+    // Again with the small run all but empty.
     let recount = store
         .recount_paced(sale.id, pace, 10_000, &|_| {})
         .await
@@ -1078,11 +1110,44 @@ async fn sqlite_buyer_index_runs_hold_each_order_once_across_merges() {
     assert_eq!(recount.buyers.map(|b| b.len()), Some(2_801));
 }
 
+/// A process counts the entries a previous one left in the small run towards its first
+/// merge: restarts before each merge came due would otherwise let the small run grow
+/// without end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_buyer_index_counts_what_a_previous_process_left_to_merge() {
+    let (store, url) = common::fresh_store(Sql::Sqlite).await;
+    let sale = common::sale(common::next_id(), 1_000, 1);
+    store.create_sale(&sale).await.unwrap();
+    let batch = |from: i64| -> Vec<NewOrder> {
+        (from..from + 100)
+            .map(|u| common::order(sale.id, u))
+            .collect()
+    };
+    store.write_orders(&batch(1_000)).await.unwrap();
+    store.write_orders(&batch(2_000)).await.unwrap();
+    assert_eq!(
+        count_of(&store, "SELECT COUNT(*) FROM buyer_orders_new").await,
+        200
+    );
+    let next = Store::connect(&url, 2)
+        .await
+        .unwrap()
+        .with_buyers_merged_every(250, 1_000);
+    next.write_orders(&batch(3_000)).await.unwrap();
+    assert_eq!(
+        count_of(&next, "SELECT COUNT(*) FROM buyer_orders_new").await,
+        0
+    );
+    assert_eq!(
+        count_of(&next, "SELECT COUNT(*) FROM buyer_orders").await,
+        300
+    );
+}
+
 /// A SQLite file from before the buyer index's runs (migration 15) has its orders' entries
 /// moved into the large run, and loses the index on `orders` they replace.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_migration_moves_the_orders_there_into_the_buyer_index() {
-    use sqlx::Row;
     let (store, _) = common::fresh_store(Sql::Sqlite).await;
     let sale = common::sale(common::next_id(), 1_000, 1);
     store.create_sale(&sale).await.unwrap();
@@ -1101,21 +1166,17 @@ async fn sqlite_migration_moves_the_orders_there_into_the_buyer_index() {
         sqlx::query(sql).execute(store.pool()).await.unwrap();
     }
     assert_eq!(store.migrate().await.unwrap(), vec![15]);
-    let count = |sql: &'static str| {
-        let pool = store.pool().clone();
-        async move {
-            sqlx::query(sql)
-                .fetch_one(&pool)
-                .await
-                .unwrap()
-                .try_get::<i64, _>(0)
-                .unwrap()
-        }
-    };
-    assert_eq!(count("SELECT COUNT(*) FROM buyer_orders").await, 300);
-    assert_eq!(count("SELECT COUNT(*) FROM buyer_orders_new").await, 0);
     assert_eq!(
-        count(
+        count_of(&store, "SELECT COUNT(*) FROM buyer_orders").await,
+        300
+    );
+    assert_eq!(
+        count_of(&store, "SELECT COUNT(*) FROM buyer_orders_new").await,
+        0
+    );
+    assert_eq!(
+        count_of(
+            &store,
             "SELECT COUNT(*) FROM pragma_index_list('orders') WHERE name = 'orders_by_sale_user'"
         )
         .await,
@@ -1127,6 +1188,17 @@ async fn sqlite_migration_moves_the_orders_there_into_the_buyer_index() {
         store.write_orders(std::slice::from_ref(&again)).await,
         Err(StoreError::UserLimit { held: 1, .. })
     ));
+}
+
+/// The one integer `sql` answers.
+async fn count_of(store: &Store, sql: &str) -> i64 {
+    use sqlx::Row;
+    sqlx::query(sql)
+        .fetch_one(store.pool())
+        .await
+        .unwrap()
+        .try_get::<i64, _>(0)
+        .unwrap()
 }
 
 /// SQLite's plan for `sql` bound to `args`: the detail of each step.
