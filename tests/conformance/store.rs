@@ -1030,12 +1030,7 @@ async fn sqlite_buyer_index_runs_hold_each_order_once_across_merges() {
         chunk: 97,
         share: 1.0,
     };
-    let recount = store
-        .recount_paced(sale.id, pace, 10_000, &|_| {})
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(recount.agrees(), "{recount:?}");
+    let recount = agreeing_recount(&store, sale.id, pace).await;
     assert_eq!(
         (recount.counted.live_units, recount.counted.live_buyers),
         (3_001, 2_801)
@@ -1098,12 +1093,7 @@ async fn sqlite_buyer_index_runs_hold_each_order_once_across_merges() {
     assert_eq!(theirs, mine);
 
     // Again with the small run all but empty.
-    let recount = store
-        .recount_paced(sale.id, pace, 10_000, &|_| {})
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(recount.agrees(), "{recount:?}");
+    let recount = agreeing_recount(&store, sale.id, pace).await;
     assert_eq!(recount.counted.live_units, 3_002);
     assert_eq!(recount.counted.live_buyers, 2_801);
     assert_eq!(recount.orders, 3_002);
@@ -1199,6 +1189,21 @@ async fn count_of(store: &Store, sql: &str) -> i64 {
         .unwrap()
         .try_get::<i64, _>(0)
         .unwrap()
+}
+
+/// The sale recounted at `pace`, which must agree with the kept figures.
+async fn agreeing_recount(
+    store: &Store,
+    sale_id: i64,
+    pace: seckill::store::Pace,
+) -> seckill::store::Recount {
+    let recount = store
+        .recount_paced(sale_id, pace, 10_000, &|_| {})
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(recount.agrees(), "{recount:?}");
+    recount
 }
 
 /// SQLite's plan for `sql` bound to `args`: the detail of each step.
