@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex};
 use sqlx::Row;
 
 use super::{Dialect, Store, StoreError};
+use crate::model::NewOrder;
 
 /// New entries gathered before they are merged into the large run. Smaller merges more
 /// often (each rewrites the large run's pages); larger makes the small run's pages many.
@@ -53,18 +54,18 @@ impl Store {
         format!("SELECT {} FROM {from}", self.sum_int("o.quantity"))
     }
 
-    /// Adds the entries of orders just inserted in this transaction, as (sale, buyer,
-    /// order): SQLite's buyer index; nothing elsewhere, whose index on `orders` does it.
+    /// Adds the entries of orders just inserted in this transaction to SQLite's buyer
+    /// index; nothing elsewhere, whose index on `orders` does it.
     /// After the commit, [`Store::buyers_indexed`] counts them towards a merge.
     pub(super) async fn index_buyers(
         &self,
         conn: &mut sqlx::AnyConnection,
-        entries: &[(i64, i64, i64)],
+        orders: &[&NewOrder],
     ) -> Result<(), StoreError> {
         if self.dialect != Dialect::Sqlite {
             return Ok(());
         }
-        for chunk in self.statement_chunks(entries, 300) {
+        for chunk in self.statement_chunks(orders, 300) {
             // `OR IGNORE` for the reason the orders' insert has it: no statement journal. An
             // entry can only clash with itself: the order's id is in it, and the order
             // was not in SQL before this transaction.
@@ -73,8 +74,8 @@ impl Store {
                 vec!["(?, ?, ?)"; chunk.len()].join(",")
             );
             let mut query = sqlx::query(&q).persistent(self.keeps_shape(chunk.len(), 300));
-            for (sale_id, user_id, order_id) in chunk {
-                query = query.bind(*sale_id).bind(*user_id).bind(*order_id);
+            for o in chunk {
+                query = query.bind(o.sale_id).bind(o.user_id).bind(o.id);
             }
             query.execute(&mut *conn).await?;
         }

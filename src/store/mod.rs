@@ -1599,9 +1599,7 @@ impl Store {
         if inserted != fresh.len() as u64 {
             return Err(StoreError::ConcurrentWrite);
         }
-        let entries: Vec<(i64, i64, i64)> =
-            fresh.iter().map(|o| (o.sale_id, o.user_id, o.id)).collect();
-        self.index_buyers(conn, &entries).await?;
+        self.index_buyers(conn, &fresh).await?;
         // One journal row per sale and batch, its units and how many orders: each order is
         // its own record already (units, written_at). A row per order doubled the rows and
         // index entries of a batch (PostgreSQL's CPU per order written fell by about a

@@ -246,8 +246,7 @@ impl Store {
         .bind(now)
         .execute(&mut *conn)
         .await?;
-        self.index_buyers(conn, &[(p.sale_id, p.user_id, p.id)])
-            .await?;
+        self.index_buyers(conn, &[p]).await?;
         let taken = Movement::new(p.sale_id, -p.quantity, Cause::Accepted).order(p.id);
         self.journal_rows_in(conn, &[taken], now).await?;
         // The counters in one statement, under the row lock this purchase holds.
