@@ -287,10 +287,13 @@ fn literal_list<T: std::fmt::Display>(values: impl Iterator<Item = T>) -> String
 
 /// The page cache of SQLite's write connection, KiB (SQLite's default: 2,000). The writer's
 /// per-user guard seeks the large run of the buyer index (`buyers`) for each buyer of a
-/// batch, and each merge rewrites that run: about 19 MB at a million buyers, which the
-/// default cache could not hold, so each seek read a page from the file (issue 27). Its
-/// whole size counts in the process's memory once filled: 32 MB took a 1M-buyer storm's
-/// RSS to 82-92 MB, against issue 27's 100.
+/// batch, and each merge rewrites that run; the default cache held too little of it, and
+/// each seek read a page from the file (issue 27). At a million buyers the run is 8,184
+/// pages, 33 MB (`dbstat` after a 1M storm), more than this cache too: what it misses comes
+/// from the OS's page cache (at the end of a 1M storm SQLite read 1.6-2.1 KB per order from
+/// files, checkpoints included). 40 MB, which holds the run, read 0.8 KB but spent no less
+/// CPU per order over six 1M storms, for 17 MB more RSS (91-92 MB after the storm, against
+/// issue 27's 100): its whole size counts in the process's memory once filled.
 const WRITER_CACHE_KIB: u32 = 24 * 1024;
 
 /// A page of a sale's live order ids (see `Store::live_order_ids`).
