@@ -14,7 +14,9 @@ use async_trait::async_trait;
 
 use super::layer::Layer;
 
-use super::{Gate, GateError, GateStock, Purchase, Release, Released, SaleLoad, Verdict};
+use super::{
+    Gate, GateError, GateStock, Purchase, Release, Released, SaleLoad, SegmentCheck, Verdict,
+};
 
 pub struct Breaker {
     inner: Arc<dyn Gate>,
@@ -253,8 +255,58 @@ impl Breaker {
     }
 }
 
+impl Breaker {
+    /// One call that answers many items at once (the scheduler's and the audit's reads of
+    /// every sale): with one circuit, a call of the first item's sale, refused while the
+    /// circuit is open, bounded by `limit`, and a failure for the circuit when every item
+    /// failed. With a circuit per sale (a cluster), each item is a call of its own sale.
+    async fn call_many<'s, I, T, F, Fut>(
+        &'s self,
+        items: &'s [I],
+        sale_of: fn(&I) -> i64,
+        call: F,
+    ) -> Vec<Result<T, GateError>>
+    where
+        F: Fn(&'s [I]) -> Fut,
+        Fut: std::future::Future<Output = Vec<Result<T, GateError>>>,
+    {
+        let Some(first) = items.first() else {
+            return Vec::new();
+        };
+        if let Circuits::PerSale(_) = &self.circuits {
+            let mut answers = Vec::with_capacity(items.len());
+            for item in items {
+                let one = async { only_answer(call(std::slice::from_ref(item)).await) };
+                answers.push(self.call(sale_of(item), one, CALL_TIMEOUT).await);
+            }
+            return answers;
+        }
+        let all = async {
+            let answers = call(items).await;
+            match answers.iter().find_map(|a| a.as_ref().err()) {
+                Some(e) if answers.iter().all(|a| a.is_err()) => Err(e.for_another_waiter()),
+                _ => Ok(answers),
+            }
+        };
+        match self.call(sale_of(first), all, BATCH_TIMEOUT).await {
+            Ok(answers) => answers,
+            Err(e) => items.iter().map(|_| Err(e.for_another_waiter())).collect(),
+        }
+    }
+}
+
+/// The one answer of a call made for one item.
+fn only_answer<T>(answers: Vec<Result<T, GateError>>) -> Result<T, GateError> {
+    answers
+        .into_iter()
+        .next()
+        .unwrap_or_else(|| Err(GateError::BadReply("no answer for the item".into())))
+}
+
 /// A purchase script answers in well under a millisecond; a second means Redis is away.
 const CALL_TIMEOUT: Duration = Duration::from_secs(1);
+/// One call for thousands of sales takes a few milliseconds of Redis.
+const BATCH_TIMEOUT: Duration = Duration::from_secs(5);
 /// Loading a sale may move many buyers in chunks.
 const LOAD_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -363,6 +415,15 @@ impl Layer for Breaker {
         .await
     }
 
+    async fn check_segments(&self, parts: &[(i64, i64)]) -> Vec<Result<SegmentCheck, GateError>> {
+        self.call_many(
+            parts,
+            |(sale_id, _)| *sale_id,
+            |parts| self.inner.check_segments(parts),
+        )
+        .await
+    }
+
     async fn segment_stocks(
         &self,
         sale_id: i64,
@@ -401,6 +462,11 @@ impl Layer for Breaker {
 
     async fn stock(&self, sale_id: i64) -> Result<Option<GateStock>, GateError> {
         self.call(sale_id, self.inner.stock(sale_id), CALL_TIMEOUT)
+            .await
+    }
+
+    async fn stocks(&self, sale_ids: &[i64]) -> Vec<Result<Option<GateStock>, GateError>> {
+        self.call_many(sale_ids, |sale_id| *sale_id, |ids| self.inner.stocks(ids))
             .await
     }
 

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 
 use super::{
     Gate, GateError, GateStock, LoadStart, LoadTicket, MoveLeg, MoveStep, Purchase, Release,
-    Released, SaleLoad, Spend, Verdict,
+    Released, SaleLoad, SegmentCheck, Spend, Verdict,
 };
 use crate::model::NewOrder;
 
@@ -73,6 +73,10 @@ pub trait Layer: Send + Sync {
         self.inner().forget_segment_if_stale(sale_id, segment).await
     }
 
+    async fn check_segments(&self, parts: &[(i64, i64)]) -> Vec<Result<SegmentCheck, GateError>> {
+        self.inner().check_segments(parts).await
+    }
+
     fn know_segments(&self, sales: &[(i64, i64)]) {
         self.inner().know_segments(sales)
     }
@@ -111,6 +115,10 @@ pub trait Layer: Send + Sync {
 
     async fn stock(&self, sale_id: i64) -> Result<Option<GateStock>, GateError> {
         self.inner().stock(sale_id).await
+    }
+
+    async fn stocks(&self, sale_ids: &[i64]) -> Vec<Result<Option<GateStock>, GateError>> {
+        self.inner().stocks(sale_ids).await
     }
 
     async fn release(&self, r: Release) -> Result<Released, GateError> {
@@ -193,6 +201,10 @@ impl<T: Layer> Gate for T {
         Layer::forget_segment_if_stale(self, sale_id, segment).await
     }
 
+    async fn check_segments(&self, parts: &[(i64, i64)]) -> Vec<Result<SegmentCheck, GateError>> {
+        Layer::check_segments(self, parts).await
+    }
+
     fn know_segments(&self, sales: &[(i64, i64)]) {
         Layer::know_segments(self, sales)
     }
@@ -231,6 +243,10 @@ impl<T: Layer> Gate for T {
 
     async fn stock(&self, sale_id: i64) -> Result<Option<GateStock>, GateError> {
         Layer::stock(self, sale_id).await
+    }
+
+    async fn stocks(&self, sale_ids: &[i64]) -> Vec<Result<Option<GateStock>, GateError>> {
+        Layer::stocks(self, sale_ids).await
     }
 
     async fn release(&self, r: Release) -> Result<Released, GateError> {

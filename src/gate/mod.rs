@@ -197,6 +197,18 @@ pub enum MoveStep {
     NotLoaded,
 }
 
+/// What the scheduler's check found of one segment of a sale (see `Gate::check_segments`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SegmentCheck {
+    /// In the gate, loaded into the server that answers now.
+    Loaded,
+    /// It had been loaded into another Redis server (a failover, a restart with older
+    /// data): forgotten now, to be rebuilt from SQL and its stream.
+    Forgotten,
+    /// Not in the gate, or not known to be: a load decides.
+    Unloaded,
+}
+
 /// How a request to rebuild a sale in the gate began.
 #[derive(Debug)]
 pub enum LoadStart {
@@ -451,6 +463,24 @@ pub trait Gate: Send + Sync {
         self.forget_if_stale(sale_id).await
     }
 
+    /// Checks many segments, `(sale, segment)`, once a second for the scheduler: forgets
+    /// each one whose state is stale, as [`Gate::forget_segment_if_stale`], and says which
+    /// are loaded. One answer per segment, in order. A gate on one Redis server checks them
+    /// all in one call: a call per sale was most of what a thousand idle sales cost.
+    async fn check_segments(&self, parts: &[(i64, i64)]) -> Vec<Result<SegmentCheck, GateError>> {
+        let mut checks = Vec::with_capacity(parts.len());
+        for (sale_id, segment) in parts {
+            checks.push(
+                match self.forget_segment_if_stale(*sale_id, *segment).await {
+                    Ok(true) => Ok(SegmentCheck::Forgotten),
+                    Ok(false) => Ok(SegmentCheck::Unloaded),
+                    Err(e) => Err(e),
+                },
+            );
+        }
+        checks
+    }
+
     /// Tells the gate how many segments each sale has (from SQL, where it is fixed at
     /// approval), for the calls that name a sale but no buyer (stock, pause, ...).
     fn know_segments(&self, _sales: &[(i64, i64)]) {}
@@ -500,6 +530,16 @@ pub trait Gate: Send + Sync {
 
     /// None when the sale is not in the gate.
     async fn stock(&self, sale_id: i64) -> Result<Option<GateStock>, GateError>;
+
+    /// [`Gate::stock`] of many sales, one answer each, in order: what the audit reads of
+    /// every live sale each round, in one call where the gate can.
+    async fn stocks(&self, sale_ids: &[i64]) -> Vec<Result<Option<GateStock>, GateError>> {
+        let mut stocks = Vec::with_capacity(sale_ids.len());
+        for sale_id in sale_ids {
+            stocks.push(self.stock(*sale_id).await);
+        }
+        stocks
+    }
 
     /// Gives an order's units back and frees its buyer's slot, exactly once per order.
     async fn release(&self, r: Release) -> Result<Released, GateError>;

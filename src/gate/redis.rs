@@ -11,7 +11,7 @@ use crate::redis_client::{RedisClient, RedisConn};
 
 use super::{
     Gate, GateError, GateStock, LoadStart, LoadTicket, MoveLeg, MoveStep, Purchase, RateLimit,
-    Release, Released, SaleLoad, Spend, Verdict,
+    Release, Released, SaleLoad, SegmentCheck, Spend, Verdict,
 };
 
 /// How long a sale's gate keys outlive its end, for late order lookups and stats.
@@ -27,6 +27,9 @@ const STAGE_COUNTED_FIELDS: usize = 100;
 const STAGED_TTL_MS: u64 = 600_000;
 /// A load lock's lease; its holder renews it every third of it while it works.
 const LOAD_LEASE_MS: u64 = 10_000;
+/// Segments per call of the scheduler's check (`check_loaded.lua`), and sales per pipeline
+/// of the audit's reads: a call of a thousand takes Redis about a millisecond.
+const SALES_PER_CALL: usize = 1000;
 pub struct RedisGate {
     conn: RedisConn,
     prefix: String,
@@ -44,6 +47,7 @@ pub struct RedisGate {
     unlock: Script,
     confirm: Script,
     forget_stale: Script,
+    check_loaded: Script,
     take_move: Script,
     give_move: Script,
     /// Segments per sale, as SQL has them (told by `know_segments`, or read from Redis).
@@ -94,6 +98,7 @@ impl RedisGate {
                 include_str!("confirm_written.lua")
             )),
             forget_stale: Script::new(crate::redis_client::lease::FORGET_STALE_LUA),
+            check_loaded: Script::new(include_str!("check_loaded.lua")),
             take_move: Script::new(include_str!("take_move.lua")),
             give_move: Script::new(include_str!("give_move.lua")),
             segments: Default::default(),
@@ -227,6 +232,7 @@ impl RedisGate {
             &self.unlock,
             &self.confirm,
             &self.forget_stale,
+            &self.check_loaded,
             &self.take_move,
             &self.give_move,
         ] {
@@ -440,6 +446,56 @@ impl RedisGate {
 }
 
 /// How many buyers `buyers` names (a snapshot's are sorted and distinct already).
+/// A segment's figures as the stock read answers them: (stock, paused) of its hash, its
+/// buyers, its accepted orders.
+type SegmentFigures = ((Option<i64>, Option<String>), i64, i64);
+
+/// Adds the reads of a segment's figures to `pipe`: three replies.
+fn segment_figures(pipe: &mut redis::Pipeline, k: &SaleKeys) {
+    pipe.cmd("HMGET")
+        .arg(&k.sale)
+        .arg("stock")
+        .arg("paused")
+        .cmd("HLEN")
+        .arg(&k.buyers)
+        .cmd("HLEN")
+        .arg(&k.accepted);
+}
+
+/// Adds a segment's figures to its sale's; a segment not in the gate adds nothing.
+fn add_segment(total: &mut Option<GateStock>, ((stock, paused), buyers, accepted): SegmentFigures) {
+    let Some(remaining) = stock else { return };
+    let t = total.get_or_insert(GateStock::default());
+    t.remaining += remaining;
+    t.paused |= paused.as_deref() == Some("1");
+    t.buyers += buyers;
+    t.accepted += accepted;
+}
+
+/// A sale's stock from the next `segments` segments' replies of a pipeline of
+/// `segment_figures`.
+fn sum_segments(
+    segments: usize,
+    replies: &mut impl Iterator<Item = redis::Value>,
+) -> Result<Option<GateStock>, GateError> {
+    let mut total = None;
+    for _ in 0..segments {
+        let mut next = || {
+            replies
+                .next()
+                .ok_or_else(|| GateError::BadReply("a stock read's reply was short".into()))
+        };
+        let (fields, buyers, accepted) = (next()?, next()?, next()?);
+        let figures = (
+            redis::from_redis_value(fields).map_err(redis::RedisError::from)?,
+            redis::from_redis_value(buyers).map_err(redis::RedisError::from)?,
+            redis::from_redis_value(accepted).map_err(redis::RedisError::from)?,
+        );
+        add_segment(&mut total, figures);
+    }
+    Ok(total)
+}
+
 fn distinct_buyers(buyers: &[(i64, i64)]) -> usize {
     if buyers.windows(2).all(|w| w[0].0 < w[1].0) {
         return buyers.len();
@@ -767,6 +823,51 @@ impl Gate for RedisGate {
         Ok(forgotten == 1)
     }
 
+    async fn check_segments(&self, parts: &[(i64, i64)]) -> Vec<Result<SegmentCheck, GateError>> {
+        let mut keys = Vec::with_capacity(parts.len());
+        for (sale_id, segment) in parts {
+            keys.push(
+                self.segments_of(*sale_id)
+                    .await
+                    .map(|n| self.segment_keys(*sale_id, n, *segment)),
+            );
+        }
+        // A cluster keeps each sale in a slot of its own: one call per segment there.
+        let per_call = if self.conn.is_cluster() {
+            1
+        } else {
+            SALES_PER_CALL
+        };
+        let mut conn = self.conn.clone();
+        let mut checks = Vec::with_capacity(parts.len());
+        for group in keys.chunks(per_call) {
+            let mut call = self.check_loaded.prepare_invoke();
+            for k in group.iter().flatten() {
+                call.key(&k.sale);
+            }
+            let answers: Result<Vec<i64>, GateError> = match group.iter().any(|k| k.is_ok()) {
+                true => call.invoke_async(&mut conn).await.map_err(GateError::from),
+                false => Ok(Vec::new()),
+            };
+            let mut answers = answers.map(Vec::into_iter);
+            for k in group {
+                checks.push(match (k, &mut answers) {
+                    (Err(e), _) => Err(e.for_another_waiter()),
+                    (Ok(_), Err(e)) => Err(e.for_another_waiter()),
+                    (Ok(_), Ok(answers)) => match answers.next() {
+                        Some(1) => Ok(SegmentCheck::Loaded),
+                        Some(0) => Ok(SegmentCheck::Unloaded),
+                        Some(-1) => Ok(SegmentCheck::Forgotten),
+                        other => Err(GateError::BadReply(format!(
+                            "check_loaded.lua answered {other:?}"
+                        ))),
+                    },
+                });
+            }
+        }
+        checks
+    }
+
     fn know_segments(&self, sales: &[(i64, i64)]) {
         for (sale_id, segments) in sales {
             self.remember_segments(*sale_id, (*segments).max(1));
@@ -876,26 +977,49 @@ impl Gate for RedisGate {
         let mut total: Option<GateStock> = None;
         // A segmented sale's figures are the sum of its segments' (each on its own master).
         for k in self.all_keys(sale_id).await? {
-            let (fields, buyers, accepted): ((Option<i64>, Option<String>), i64, i64) =
-                redis::pipe()
-                    .cmd("HMGET")
-                    .arg(&k.sale)
-                    .arg("stock")
-                    .arg("paused")
-                    .cmd("HLEN")
-                    .arg(&k.buyers)
-                    .cmd("HLEN")
-                    .arg(&k.accepted)
-                    .query_async(&mut conn)
-                    .await?;
-            let Some(remaining) = fields.0 else { continue };
-            let t = total.get_or_insert(GateStock::default());
-            t.remaining += remaining;
-            t.paused |= fields.1.as_deref() == Some("1");
-            t.buyers += buyers;
-            t.accepted += accepted;
+            let mut pipe = redis::pipe();
+            segment_figures(&mut pipe, &k);
+            let figures: SegmentFigures = pipe.query_async(&mut conn).await?;
+            add_segment(&mut total, figures);
         }
         Ok(total)
+    }
+
+    async fn stocks(&self, sale_ids: &[i64]) -> Vec<Result<Option<GateStock>, GateError>> {
+        let mut stocks = Vec::with_capacity(sale_ids.len());
+        // A cluster keeps each sale in a slot of its own, on any master: a call per sale.
+        if self.conn.is_cluster() {
+            for sale_id in sale_ids {
+                stocks.push(self.stock(*sale_id).await);
+            }
+            return stocks;
+        }
+        let mut conn = self.conn.clone();
+        for group in sale_ids.chunks(SALES_PER_CALL) {
+            let mut keys = Vec::with_capacity(group.len());
+            let mut pipe = redis::pipe();
+            for sale_id in group {
+                let sale_keys = self.all_keys(*sale_id).await;
+                for k in sale_keys.iter().flatten() {
+                    segment_figures(&mut pipe, k);
+                }
+                keys.push(sale_keys);
+            }
+            let replies: Result<Vec<redis::Value>, GateError> = match keys.iter().any(|k| k.is_ok())
+            {
+                true => pipe.query_async(&mut conn).await.map_err(GateError::from),
+                false => Ok(Vec::new()),
+            };
+            let mut replies = replies.map(Vec::into_iter);
+            for sale_keys in &keys {
+                stocks.push(match (sale_keys, &mut replies) {
+                    (Err(e), _) => Err(e.for_another_waiter()),
+                    (Ok(_), Err(e)) => Err(e.for_another_waiter()),
+                    (Ok(segments), Ok(replies)) => sum_segments(segments.len(), replies),
+                });
+            }
+        }
+        stocks
     }
 
     async fn end_early(&self, sale_id: i64, at: i64) -> Result<(), GateError> {

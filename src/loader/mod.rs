@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
-use crate::gate::{Gate, GateError, LoadStart, LoadTicket, SaleLoad};
+use crate::gate::{Gate, GateError, LoadStart, LoadTicket, SaleLoad, SegmentCheck};
 use crate::model::{BySale, Sale};
 use crate::store::journal::{Cause, Movement};
 use crate::store::{Store, StoreError};
@@ -431,7 +431,10 @@ const LOAD_DEADLINE: Duration = Duration::from_secs(60);
 /// How long a rebuild waits for order writers holding batches read from Redis.
 const WAIT_FOR_WRITERS: Duration = Duration::from_secs(15);
 
-/// Loads every approved sale that opens within `ahead_ms` and has not ended.
+/// Loads every approved sale that opens within `ahead_ms` and has not ended, and rebuilds
+/// every segment found loaded into another Redis server. Every segment of every such sale is
+/// checked in one gate call (`Gate::check_segments`): a sale loaded and current costs no
+/// call of its own.
 pub async fn preload(
     store: &Store,
     gate: &dyn Gate,
@@ -439,15 +442,28 @@ pub async fn preload(
     ahead_ms: i64,
 ) -> Result<usize, LoadError> {
     let now = store.now_ms();
+    let sales: Vec<Arc<Sale>> = cache
+        .all()
+        .into_iter()
+        .filter(|s| s.ends_at > now)
+        .collect();
+    let sizes: Vec<(i64, i64)> = sales.iter().map(|s| (s.id, s.segments)).collect();
+    gate.know_segments(&sizes);
+    let parts: Vec<(i64, i64)> = sales
+        .iter()
+        .flat_map(|s| (0..s.segments.max(1)).map(move |segment| (s.id, segment)))
+        .collect();
+    let mut checks = gate.check_segments(&parts).await.into_iter();
     let mut loaded = 0;
     let mut first_error = None;
-    for sale in cache.all() {
-        if sale.ends_at <= now {
-            continue;
-        }
+    for sale in &sales {
+        let sale_checks: Vec<_> = checks
+            .by_ref()
+            .take(sale.segments.max(1) as usize)
+            .collect();
         // Each sale on its own: one whose Redis master is away must not keep the others
         // from being loaded or rebuilt.
-        match preload_one(store, gate, cache, &sale, now + ahead_ms).await {
+        match preload_one(store, gate, cache, sale, sale_checks, now + ahead_ms).await {
             Ok(true) => loaded += 1,
             Ok(false) => {}
             Err(e) => {
@@ -462,24 +478,32 @@ pub async fn preload(
     }
 }
 
+/// Loads the sale if it opens before `opens_before` and a segment is not known to be
+/// loaded, by `checks` (one per segment, in order).
 async fn preload_one(
     store: &Store,
     gate: &dyn Gate,
     cache: &SaleCache,
     sale: &Sale,
+    checks: Vec<Result<SegmentCheck, GateError>>,
     opens_before: i64,
 ) -> Result<bool, LoadError> {
-    gate.know_segments(&[(sale.id, sale.segments)]);
-    for segment in 0..sale.segments.max(1) {
-        if gate.forget_segment_if_stale(sale.id, segment).await? {
-            tracing::warn!(
-                sale = sale.id,
-                segment,
-                "the sale's gate was loaded into another Redis server (a failover, or a restart with older data): rebuilding it from SQL and its stream"
-            );
+    let mut whole = checks.len() == sale.segments.max(1) as usize;
+    for (segment, check) in checks.into_iter().enumerate() {
+        match check? {
+            SegmentCheck::Loaded => {}
+            SegmentCheck::Unloaded => whole = false,
+            SegmentCheck::Forgotten => {
+                whole = false;
+                tracing::warn!(
+                    sale = sale.id,
+                    segment,
+                    "the sale's gate was loaded into another Redis server (a failover, or a restart with older data): rebuilding it from SQL and its stream"
+                );
+            }
         }
     }
-    Ok(sale.begins_at <= opens_before && load_sale(store, gate, cache, sale).await?)
+    Ok(sale.begins_at <= opens_before && !whole && load_sale(store, gate, cache, sale).await?)
 }
 
 #[cfg(test)]

@@ -136,6 +136,9 @@ pub struct Counts {
     pub dead: i64,
 }
 
+/// A sale's orders not yet in SQL, as (user, quantity), and its dead letters.
+pub type Unwritten = (Vec<(i64, i64)>, i64);
+
 /// The producer's side of the order log, as the edge, the audit, readiness and the
 /// scheduler see it: what waits in it and for whom. One per deployment, held as a trait
 /// object: the local log, the Redis streams, or nothing at all (the SQL gates write SQL
@@ -157,6 +160,20 @@ pub trait Backlog: Send + Sync {
         segments: i64,
         cap: usize,
     ) -> Result<Option<(Vec<(i64, i64)>, i64)>, LogError>;
+
+    /// [`Backlog::unwritten`] of many sales, `(sale, segments)`, one answer each, in order:
+    /// what the audit reads of every live sale each round, in one call where the log can.
+    async fn unwritten_of_sales(
+        &self,
+        sales: &[(i64, i64)],
+        cap: usize,
+    ) -> Vec<Result<Option<Unwritten>, LogError>> {
+        let mut answers = Vec::with_capacity(sales.len());
+        for (sale, segments) in sales {
+            answers.push(self.unwritten(*sale, *segments, cap).await);
+        }
+        answers
+    }
 
     /// The buyer's orders answered `ok` and not yet in SQL, as (order, sale, quantity).
     /// `sales` are the recent sales as (sale, units the buyer holds in SQL, segments): a

@@ -17,7 +17,7 @@ use async_trait::async_trait;
 use redis::aio::MultiplexedConnection;
 use redis::{Script, Value};
 
-use super::{Batch, Delivery, LogError, Malformed, OrderLog, Receipt};
+use super::{Batch, Delivery, LogError, Malformed, OrderLog, Receipt, Unwritten};
 use crate::model::NewOrder;
 use crate::redis_client::keys::{SaleKeys, WRITER_GROUP};
 use crate::redis_client::{RedisClient, RedisConn};
@@ -237,6 +237,36 @@ impl StreamLog {
         }
         let set_aside: i64 = call.invoke_async(&mut self.conn.clone()).await?;
         Ok(set_aside == 1)
+    }
+
+    /// Those of `streams` (all on one server) with entries pending in some consumer, asked
+    /// of them all in one pipeline: the reclaim's XAUTOCLAIM, stream by stream, was one call
+    /// a second per idle sale. Streams whose group is missing get it back.
+    async fn streams_with_pending(&self, streams: Vec<String>) -> Result<Vec<String>, LogError> {
+        let mut conn = self.conn.clone();
+        let mut pending = Vec::new();
+        for group in streams.chunks(SALES_PER_PIPELINE) {
+            let mut pipe = redis::pipe();
+            pipe.ignore_errors();
+            for stream in group {
+                pipe.cmd("XPENDING").arg(stream).arg(WRITER_GROUP);
+            }
+            let replies: Vec<redis::RedisResult<Value>> = pipe.query_async(&mut conn).await?;
+            for (stream, reply) in group.iter().zip(replies) {
+                match reply {
+                    // The summary form: [count, lowest id, highest id, consumers].
+                    Ok(Value::Array(summary)) => {
+                        if !matches!(summary.first(), Some(Value::Int(0)) | None) {
+                            pending.push(stream.clone());
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(e) if e.code() == Some("NOGROUP") => self.ensure_group(stream).await?,
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+        Ok(pending)
     }
 
     async fn ensure_group(&self, stream: &str) -> Result<(), LogError> {
@@ -595,7 +625,12 @@ impl OrderLog for StreamLog {
         let count = self.entries_for(max);
         let mut batch = Batch::default();
         let mut conn = self.conn.clone();
-        for stream in self.streams() {
+        let streams = match self.conn.is_cluster() {
+            // Each stream in a slot of its own, on any master: each is asked on its own.
+            true => self.streams(),
+            false => self.streams_with_pending(self.streams()).await?,
+        };
+        for stream in streams {
             let reply: Result<Value, redis::RedisError> = redis::cmd("XAUTOCLAIM")
                 .arg(&stream)
                 .arg(WRITER_GROUP)
@@ -726,8 +761,25 @@ impl super::Backlog for StreamLog {
         sale: i64,
         segments: i64,
         cap: usize,
-    ) -> Result<Option<(Vec<(i64, i64)>, i64)>, LogError> {
+    ) -> Result<Option<Unwritten>, LogError> {
         unwritten_orders(&mut self.conn.clone(), &self.prefix, sale, segments, cap).await
+    }
+
+    async fn unwritten_of_sales(
+        &self,
+        sales: &[(i64, i64)],
+        cap: usize,
+    ) -> Vec<Result<Option<Unwritten>, LogError>> {
+        let mut conn = self.conn.clone();
+        if !self.conn.is_cluster() {
+            return unwritten_of_many(&mut conn, &self.prefix, sales, cap).await;
+        }
+        // A cluster keeps each sale in a slot of its own, on any master: a read per sale.
+        let mut answers = Vec::with_capacity(sales.len());
+        for (sale, segments) in sales {
+            answers.push(unwritten_orders(&mut conn, &self.prefix, *sale, *segments, cap).await);
+        }
+        answers
     }
 
     async fn queued_of_user(
@@ -853,43 +905,120 @@ pub async fn unwritten_orders(
     sale_id: i64,
     segments: i64,
     cap: usize,
-) -> Result<Option<(Vec<(i64, i64)>, i64)>, LogError> {
-    let mut orders = Vec::new();
-    let mut dead_letters = 0;
-    for s in 0..segments.max(1) {
-        let k = SaleKeys::for_segment(prefix, sale_id, segments, s);
-        let (entries, dead): (Value, i64) = redis::pipe()
-            .cmd("XRANGE")
-            .arg(&k.stream)
-            .arg("-")
-            .arg("+")
-            .arg("COUNT")
-            .arg(cap + 1)
-            .cmd("XLEN")
-            .arg(&k.dead)
-            .query_async(conn)
-            .await?;
-        let mut batch = Batch::default();
-        collect_entries(&k.stream, &entries, &mut batch);
-        let read = match &entries {
-            Value::Array(e) => e.len(),
-            _ => 0,
-        };
-        if read > cap {
+) -> Result<Option<Unwritten>, LogError> {
+    let mut found = (Vec::new(), 0);
+    for k in streams_of(prefix, sale_id, segments) {
+        let mut pipe = redis::pipe();
+        stream_reads(&mut pipe, &k, cap);
+        let replies: Vec<Value> = pipe.query_async(conn).await?;
+        if !add_stream(&k, &mut replies.into_iter(), cap, &mut found)? {
             return Ok(None);
         }
-        // An entry that does not parse is in the stream (and in the gate) but can never be
-        // written: count it with the dead letters.
-        let unreadable = batch.malformed.len() as i64;
-        orders.extend(
-            batch
-                .deliveries
-                .iter()
-                .map(|d| (d.order.user_id, d.order.quantity)),
-        );
-        dead_letters += dead + unreadable;
     }
-    Ok(Some((orders, dead_letters)))
+    Ok(Some(found))
+}
+
+/// [`unwritten_orders`] of many sales, `(sale, segments)`, in one pipeline per
+/// `SALES_PER_PIPELINE` sales: every stream of one server (standalone or Sentinel).
+async fn unwritten_of_many(
+    conn: &mut RedisConn,
+    prefix: &str,
+    sales: &[(i64, i64)],
+    cap: usize,
+) -> Vec<Result<Option<Unwritten>, LogError>> {
+    let mut answers = Vec::with_capacity(sales.len());
+    for group in sales.chunks(SALES_PER_PIPELINE) {
+        let streams: Vec<Vec<SaleKeys>> = group
+            .iter()
+            .map(|(sale, segments)| streams_of(prefix, *sale, *segments))
+            .collect();
+        let mut pipe = redis::pipe();
+        for k in streams.iter().flatten() {
+            stream_reads(&mut pipe, k, cap);
+        }
+        let replies: Vec<Value> = match pipe.query_async(conn).await {
+            Ok(replies) => replies,
+            Err(e) => {
+                answers.extend(group.iter().map(|_| Err(LogError::Redis(e.clone()))));
+                continue;
+            }
+        };
+        let mut replies = replies.into_iter();
+        for sale_streams in &streams {
+            let mut found = (Vec::new(), 0);
+            let mut counted = Ok(true);
+            for k in sale_streams {
+                // Every stream's replies are taken, so that the next sale reads its own.
+                let added = add_stream(k, &mut replies, cap, &mut found);
+                if counted.as_ref().is_ok_and(|c| *c) {
+                    counted = added;
+                }
+            }
+            answers.push(counted.map(|counted| counted.then_some(found)));
+        }
+    }
+    answers
+}
+
+/// Sales per pipeline of the audit's reads.
+const SALES_PER_PIPELINE: usize = 1000;
+
+/// The keys of each of a sale's streams (one per segment).
+fn streams_of(prefix: &str, sale_id: i64, segments: i64) -> Vec<SaleKeys> {
+    (0..segments.max(1))
+        .map(|s| SaleKeys::for_segment(prefix, sale_id, segments, s))
+        .collect()
+}
+
+/// Adds to `pipe` the reads of a stream's unwritten entries (at most `cap + 1`) and of its
+/// dead letters' count: two replies.
+fn stream_reads(pipe: &mut redis::Pipeline, k: &SaleKeys, cap: usize) {
+    pipe.cmd("XRANGE")
+        .arg(&k.stream)
+        .arg("-")
+        .arg("+")
+        .arg("COUNT")
+        .arg(cap + 1)
+        .cmd("XLEN")
+        .arg(&k.dead);
+}
+
+/// Adds a stream's unwritten orders and dead letters to `found` from the next two replies
+/// of `stream_reads`; false when it holds more than `cap` entries.
+fn add_stream(
+    k: &SaleKeys,
+    replies: &mut impl Iterator<Item = Value>,
+    cap: usize,
+    found: &mut Unwritten,
+) -> Result<bool, LogError> {
+    let (Some(entries), Some(dead)) = (replies.next(), replies.next()) else {
+        let short = (
+            redis::ErrorKind::UnexpectedReturnType,
+            "a read of the streams got fewer replies than it asked for",
+        );
+        return Err(redis::RedisError::from(short).into());
+    };
+    let dead: i64 = redis::from_redis_value(dead).map_err(redis::RedisError::from)?;
+    let mut batch = Batch::default();
+    collect_entries(&k.stream, &entries, &mut batch);
+    let read = match &entries {
+        Value::Array(e) => e.len(),
+        _ => 0,
+    };
+    if read > cap {
+        return Ok(false);
+    }
+    // An entry that does not parse is in the stream (and in the gate) but can never be
+    // written: count it with the dead letters.
+    let unreadable = batch.malformed.len() as i64;
+    found.0.extend(
+        batch
+            .deliveries
+            .iter()
+            .map(|d| (d.order.user_id, d.order.quantity)),
+    );
+    found.1 += dead + unreadable;
+    Ok(true)
 }
 
 /// Backlog of a sale's order log: (entries not yet written, of which pending in a

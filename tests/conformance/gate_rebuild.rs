@@ -9,7 +9,9 @@ use crate::common::order;
 use std::sync::Arc;
 
 use seckill::gate::redis::RedisGate;
-use seckill::gate::{Gate, LoadStart, Purchase, Rejection, Release, Released, SaleLoad, Verdict};
+use seckill::gate::{
+    Gate, LoadStart, Purchase, Rejection, Release, Released, SaleLoad, SegmentCheck, Verdict,
+};
 use seckill::loader::{self, SaleCache};
 use seckill::model::{NewOrder, Sale};
 use seckill::redis_client::keys::SaleKeys;
@@ -301,6 +303,75 @@ async fn a_gate_from_another_redis_server_is_rebuilt_once() {
         !g.forget_if_stale(sale.id).await.unwrap(),
         "kept from now on"
     );
+}
+
+/// The scheduler's check of every sale, in one call: a sale loaded here is left alone, one
+/// loaded into another server is forgotten (and rebuilt by the preload), one missing is
+/// loaded; the audit's read of every sale's stock answers each as a read of its own does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_check_of_many_sales_finds_each_loaded_stale_or_missing() {
+    let (store, _) = common::fresh_store(common::Sql::Sqlite).await;
+    let prefix = common::unique("checkmany");
+    let current = sale_with_buyers(&store, 100, 10).await;
+    let stale = sale_with_buyers(&store, 50, 5).await;
+    let missing = sale_with_buyers(&store, 30, 3).await;
+    let g = gate(&prefix).await;
+    let cache = SaleCache::default();
+    for sale in [&current, &stale] {
+        assert!(loader::load_sale(&store, g.as_ref(), &cache, sale)
+            .await
+            .unwrap());
+    }
+    let _: () = redis::cmd("HSET")
+        .arg(&SaleKeys::new(&prefix, stale.id).sale)
+        .arg("server")
+        .arg("0123456789abcdef")
+        .arg("stock")
+        .arg(49)
+        .query_async(&mut redis().await)
+        .await
+        .unwrap();
+    let parts = [(current.id, 0), (stale.id, 0), (missing.id, 0)];
+    let checks: Vec<SegmentCheck> = g
+        .check_segments(&parts)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    use SegmentCheck::{Forgotten, Loaded, Unloaded};
+    assert_eq!(checks, [Loaded, Forgotten, Unloaded]);
+    assert!(!g.is_loaded(stale.id).await.unwrap(), "forgotten");
+    let again: Vec<SegmentCheck> = g
+        .check_segments(&parts)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(again, [Loaded, Unloaded, Unloaded], "forgotten once");
+
+    let stocks: Vec<Option<i64>> = g
+        .stocks(&[current.id, stale.id, missing.id])
+        .await
+        .into_iter()
+        .map(|s| s.unwrap().map(|s| s.remaining))
+        .collect();
+    assert_eq!(stocks, [Some(90), None, None]);
+    let one = g.stock(current.id).await.unwrap();
+    assert_eq!(g.stocks(&[current.id]).await.remove(0).unwrap(), one);
+
+    // The preload loads what the check found missing or forgot, from SQL.
+    cache.replace(vec![current.clone(), stale.clone(), missing.clone()]);
+    let loaded = loader::preload(&store, g.as_ref(), &cache, 60_000)
+        .await
+        .unwrap();
+    assert_eq!(loaded, 2);
+    let stocks: Vec<Option<i64>> = g
+        .stocks(&[current.id, stale.id, missing.id])
+        .await
+        .into_iter()
+        .map(|s| s.unwrap().map(|s| s.remaining))
+        .collect();
+    assert_eq!(stocks, [Some(90), Some(45), Some(27)]);
 }
 
 /// A repair or an approval reads the gate right after loading it: when another process

@@ -18,7 +18,7 @@ use seckill::config::EntryForm;
 use seckill::gate::redis::RedisGate;
 use seckill::gate::{Gate, Purchase, SaleLoad, Verdict};
 use seckill::orderlog::redis_stream::StreamLog;
-use seckill::orderlog::{OrderLog, Receipt};
+use seckill::orderlog::{Backlog, OrderLog, Receipt};
 use seckill::redis_client::keys::SaleKeys;
 use seckill::store::Store;
 use seckill::writer::{Writer, WriterStats};
@@ -503,6 +503,27 @@ async fn a_batch_entrys_orders_are_written_and_its_refused_one_set_aside_alone()
     assert_eq!((in_flight, unreadable), (vec![(5, 1), (7, 1), (9, 1)], 1));
 
     let log = s.consumer(Duration::from_secs(10), sale_id).await;
+    // The audit reads every sale's stream in one pipeline: each answers as its own read,
+    // and a stream with more than the cap is too much to count.
+    let empty = common::next_id();
+    let many: Vec<_> = log
+        .unwritten_of_sales(&[(empty, 1), (sale_id, 1), (empty, 1)], 100)
+        .await
+        .into_iter()
+        .map(|r| {
+            r.unwrap().map(|(mut orders, dead)| {
+                orders.sort();
+                (orders, dead)
+            })
+        })
+        .collect();
+    let this = (vec![(5, 1), (7, 1), (9, 1)], 1);
+    let none = (vec![], 0);
+    assert_eq!(many, [Some(none.clone()), Some(this), Some(none)]);
+    let capped = log.unwritten_of_sales(&[(sale_id, 1), (empty, 1)], 1).await;
+    let capped: Vec<_> = capped.into_iter().map(Result::unwrap).collect();
+    assert_eq!(capped, [None, Some((vec![], 0))]);
+
     let writer = s.writer(log.clone());
     let batch = log.next_batch(100).await.unwrap();
     assert_eq!(
