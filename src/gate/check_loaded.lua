@@ -5,12 +5,15 @@
 -- reading it costs more than the rest of a segment's check.
 -- KEYS sale hashes (any number, one server's: standalone or Sentinel, or one key in a
 -- cluster)
--- Returns per key: 1 loaded here, 0 not loaded, -1 forgotten now.
+-- Returns per key: 1 loaded here, 0 not loaded, -1 forgotten now, -2 not a hash (that key
+-- alone fails: the others are still checked).
 local this
 local answers = {}
 for i, key in ipairs(KEYS) do
-  local loaded_on = redis.call('HGET', key, 'server')
-  if not loaded_on then
+  local loaded_on = redis.pcall('HGET', key, 'server')
+  if type(loaded_on) == 'table' and loaded_on.err then
+    answers[i] = -2
+  elseif not loaded_on then
     answers[i] = redis.call('EXISTS', key)
   else
     this = this or string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')

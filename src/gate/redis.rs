@@ -445,7 +445,6 @@ impl RedisGate {
     }
 }
 
-/// How many buyers `buyers` names (a snapshot's are sorted and distinct already).
 /// A segment's figures as the stock read answers them: (stock, paused) of its hash, its
 /// buyers, its accepted orders.
 type SegmentFigures = ((Option<i64>, Option<String>), i64, i64);
@@ -473,29 +472,32 @@ fn add_segment(total: &mut Option<GateStock>, ((stock, paused), buyers, accepted
 }
 
 /// A sale's stock from the next `segments` segments' replies of a pipeline of
-/// `segment_figures`.
+/// `segment_figures` run with `ignore_errors`. Every one of the sale's replies is taken,
+/// whatever they hold, so that the next sale reads its own.
 fn sum_segments(
     segments: usize,
-    replies: &mut impl Iterator<Item = redis::Value>,
+    replies: &mut impl Iterator<Item = redis::RedisResult<redis::Value>>,
 ) -> Result<Option<GateStock>, GateError> {
+    let taken: Vec<_> = replies.take(3 * segments).collect();
+    if taken.len() < 3 * segments {
+        return Err(GateError::BadReply("a stock read's reply was short".into()));
+    }
     let mut total = None;
-    for _ in 0..segments {
-        let mut next = || {
-            replies
-                .next()
-                .ok_or_else(|| GateError::BadReply("a stock read's reply was short".into()))
-        };
-        let (fields, buyers, accepted) = (next()?, next()?, next()?);
+    let mut taken = taken.into_iter();
+    while let (Some(fields), Some(buyers), Some(accepted)) =
+        (taken.next(), taken.next(), taken.next())
+    {
         let figures = (
-            redis::from_redis_value(fields).map_err(redis::RedisError::from)?,
-            redis::from_redis_value(buyers).map_err(redis::RedisError::from)?,
-            redis::from_redis_value(accepted).map_err(redis::RedisError::from)?,
+            redis::from_redis_value(fields?).map_err(redis::RedisError::from)?,
+            redis::from_redis_value(buyers?).map_err(redis::RedisError::from)?,
+            redis::from_redis_value(accepted?).map_err(redis::RedisError::from)?,
         );
         add_segment(&mut total, figures);
     }
     Ok(total)
 }
 
+/// How many buyers `buyers` names (a snapshot's are sorted and distinct already).
 fn distinct_buyers(buyers: &[(i64, i64)]) -> usize {
     if buyers.windows(2).all(|w| w[0].0 < w[1].0) {
         return buyers.len();
@@ -854,10 +856,14 @@ impl Gate for RedisGate {
                 checks.push(match (k, &mut answers) {
                     (Err(e), _) => Err(e.for_another_waiter()),
                     (Ok(_), Err(e)) => Err(e.for_another_waiter()),
-                    (Ok(_), Ok(answers)) => match answers.next() {
+                    (Ok(k), Ok(answers)) => match answers.next() {
                         Some(1) => Ok(SegmentCheck::Loaded),
                         Some(0) => Ok(SegmentCheck::Unloaded),
                         Some(-1) => Ok(SegmentCheck::Forgotten),
+                        Some(-2) => Err(GateError::BadReply(format!(
+                            "{} is not a sale's hash",
+                            k.sale
+                        ))),
                         other => Err(GateError::BadReply(format!(
                             "check_loaded.lua answered {other:?}"
                         ))),
@@ -1005,11 +1011,13 @@ impl Gate for RedisGate {
                 }
                 keys.push(sale_keys);
             }
-            let replies: Result<Vec<redis::Value>, GateError> = match keys.iter().any(|k| k.is_ok())
-            {
-                true => pipe.query_async(&mut conn).await.map_err(GateError::from),
-                false => Ok(Vec::new()),
-            };
+            // A command that fails (a key of another type) fails its own sale only.
+            pipe.ignore_errors();
+            let replies: Result<Vec<redis::RedisResult<redis::Value>>, GateError> =
+                match keys.iter().any(|k| k.is_ok()) {
+                    true => pipe.query_async(&mut conn).await.map_err(GateError::from),
+                    false => Ok(Vec::new()),
+                };
             let mut replies = replies.map(Vec::into_iter);
             for sale_keys in &keys {
                 stocks.push(match (sale_keys, &mut replies) {

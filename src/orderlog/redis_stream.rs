@@ -34,6 +34,17 @@ const BLOCK_MS: u64 = 100;
 const READ_RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
 /// In a cluster, how long a writer pauses after a read that found nothing.
 const CLUSTER_POLL_MS: u64 = 50;
+/// In a cluster, the longest a slot whose reads keep finding nothing waits for its next
+/// read: the first order of a quiet sale reaches SQL within this, a busy sale's streams
+/// are read every round.
+const IDLE_SLOT_MAX_MS: u64 = 1000;
+
+/// A cluster slot whose last reads found nothing: how many in a row, and when it is read
+/// next (each empty read doubles the wait, up to `IDLE_SLOT_MAX_MS`).
+struct IdleSlot {
+    empty_reads: u32,
+    next_read: std::time::Instant,
+}
 
 pub struct StreamLog {
     /// Blocking reads get their own connection so that they never delay other commands
@@ -52,6 +63,10 @@ pub struct StreamLog {
     orders_per_entry: AtomicUsize,
     /// Per-stream read failures in a cluster, logged at most every 30 s.
     read_failures: crate::logline::Every,
+    /// In a cluster, when each slot whose last reads found nothing is next read: a
+    /// thousand idle sales are a thousand slots, and reading each every 50 ms was most of
+    /// what they cost the instance and Redis.
+    idle_slots: std::sync::Mutex<HashMap<redis::cluster_routing::Slot, IdleSlot>>,
     /// ack.lua: acknowledges and deletes a writer's entries in one step.
     ack: Script,
     /// dead_letter.lua: sets an unwritable entry aside, deletes and acknowledges it.
@@ -75,6 +90,7 @@ impl StreamLog {
             reclaim_idle_ms: RECLAIM_IDLE_MS,
             orders_per_entry: AtomicUsize::new(1),
             read_failures: crate::logline::Every::new(30_000),
+            idle_slots: Default::default(),
             ack: Script::new(include_str!("ack.lua")),
             dead_letter: Script::new(include_str!("dead_letter.lua")),
         })
@@ -168,8 +184,17 @@ impl StreamLog {
         for s in streams {
             by_slot.entry(Slot::for_key(s)).or_default().push(s.clone());
         }
+        let now = std::time::Instant::now();
+        {
+            let idle = self.idle_slots.lock().unwrap_or_else(|p| p.into_inner());
+            by_slot.retain(|slot, _| idle.get(slot).is_none_or(|i| i.next_read <= now));
+        }
+        if by_slot.is_empty() {
+            tokio::time::sleep(Duration::from_millis(CLUSTER_POLL_MS)).await;
+            return Ok(Batch::default());
+        }
         let count = (max / by_slot.len()).max(1);
-        let reads = by_slot.into_values().map(|group| {
+        let reads = by_slot.into_iter().map(|(slot, group)| {
             let mut conn = self.conn.clone();
             let mut cmd = self.read_command(count);
             cmd.arg("STREAMS").arg(&group);
@@ -178,17 +203,20 @@ impl StreamLog {
             }
             async move {
                 let reply: Result<Value, redis::RedisError> = cmd.query_async(&mut conn).await;
-                (group, reply)
+                (slot, group, reply)
             }
         });
         let mut batch = Batch::default();
         let mut first_error = None;
         let mut read_any = false;
-        for (group, reply) in futures_util::future::join_all(reads).await {
+        for (slot, group, reply) in futures_util::future::join_all(reads).await {
             match reply {
                 Ok(v) => {
                     read_any = true;
+                    let before = batch.deliveries.len() + batch.malformed.len();
                     collect_reply(v, count, &mut batch);
+                    let found = batch.deliveries.len() + batch.malformed.len() > before;
+                    self.note_slot_read(slot, found);
                 }
                 Err(e) if e.code() == Some("NOGROUP") => {
                     read_any = true;
@@ -213,6 +241,24 @@ impl StreamLog {
             tokio::time::sleep(Duration::from_millis(CLUSTER_POLL_MS)).await;
         }
         Ok(batch)
+    }
+
+    /// After a read of a cluster slot's streams: read again next round if it found
+    /// entries, else later, each empty read doubling the wait.
+    fn note_slot_read(&self, slot: redis::cluster_routing::Slot, found: bool) {
+        let mut idle = self.idle_slots.lock().unwrap_or_else(|p| p.into_inner());
+        if found {
+            idle.remove(&slot);
+            return;
+        }
+        let entry = idle.entry(slot).or_insert(IdleSlot {
+            empty_reads: 0,
+            next_read: std::time::Instant::now(),
+        });
+        entry.empty_reads = entry.empty_reads.saturating_add(1);
+        let wait = CLUSTER_POLL_MS.saturating_mul(1 << entry.empty_reads.min(10));
+        entry.next_read =
+            std::time::Instant::now() + Duration::from_millis(wait.min(IDLE_SLOT_MAX_MS));
     }
 
     /// dead_letter.lua: the entry `id` of `stream` set aside with `reason`, or only its
@@ -262,7 +308,13 @@ impl StreamLog {
                     }
                     Ok(_) => {}
                     Err(e) if e.code() == Some("NOGROUP") => self.ensure_group(stream).await?,
-                    Err(e) => return Err(e.into()),
+                    // One stream that cannot be asked must not keep the others' entries
+                    // pending.
+                    Err(e) => {
+                        if let Some(left_out) = self.read_failures.ready() {
+                            tracing::warn!(stream, error = %e, left_out, "asking this stream for pending entries failed; the others go on");
+                        }
+                    }
                 }
             }
         }
@@ -911,7 +963,7 @@ pub async fn unwritten_orders(
         let mut pipe = redis::pipe();
         stream_reads(&mut pipe, &k, cap);
         let replies: Vec<Value> = pipe.query_async(conn).await?;
-        if !add_stream(&k, &mut replies.into_iter(), cap, &mut found)? {
+        if !add_stream(&k, &mut replies.into_iter().map(Ok), cap, &mut found)? {
             return Ok(None);
         }
     }
@@ -933,10 +985,12 @@ async fn unwritten_of_many(
             .map(|(sale, segments)| streams_of(prefix, *sale, *segments))
             .collect();
         let mut pipe = redis::pipe();
+        // A command that fails (a key of another type) fails its own sale only.
+        pipe.ignore_errors();
         for k in streams.iter().flatten() {
             stream_reads(&mut pipe, k, cap);
         }
-        let replies: Vec<Value> = match pipe.query_async(conn).await {
+        let replies: Vec<redis::RedisResult<Value>> = match pipe.query_async(conn).await {
             Ok(replies) => replies,
             Err(e) => {
                 answers.extend(group.iter().map(|_| Err(LogError::Redis(e.clone()))));
@@ -987,7 +1041,7 @@ fn stream_reads(pipe: &mut redis::Pipeline, k: &SaleKeys, cap: usize) {
 /// of `stream_reads`; false when it holds more than `cap` entries.
 fn add_stream(
     k: &SaleKeys,
-    replies: &mut impl Iterator<Item = Value>,
+    replies: &mut impl Iterator<Item = redis::RedisResult<Value>>,
     cap: usize,
     found: &mut Unwritten,
 ) -> Result<bool, LogError> {
@@ -998,6 +1052,7 @@ fn add_stream(
         );
         return Err(redis::RedisError::from(short).into());
     };
+    let (entries, dead) = (entries?, dead?);
     let dead: i64 = redis::from_redis_value(dead).map_err(redis::RedisError::from)?;
     let mut batch = Batch::default();
     collect_entries(&k.stream, &entries, &mut batch);

@@ -23,8 +23,8 @@ use serde::Serialize;
 use crate::gate::{Gate, GateError};
 use crate::loader::{LoadError, SaleCache};
 use crate::model::Sale;
-use crate::orderlog::Backlog;
 use crate::orderlog::LogError;
+use crate::orderlog::{Backlog, Unwritten};
 use crate::store::journal::{Cause, Movement};
 use crate::store::{Store, StoreError};
 
@@ -260,23 +260,30 @@ async fn in_flight_of_sales(
         false => ids.iter().map(|_| Ok(None)).collect(),
         true => gate.stocks(ids).await,
     };
-    let unwritten = in_flight.unwritten_of_sales(sales, MAX_IN_FLIGHT).await;
-    ids.iter()
-        .zip(stocks)
-        .zip(unwritten)
-        .map(|((sale, gate), log)| {
-            let seen = gate.map_err(ReconcileError::from).and_then(|gate| {
-                let (unwritten, dead_letters) =
-                    log?.ok_or(ReconcileError::TooMuchInFlight(*sale))?;
-                Ok(Seen {
-                    gate,
-                    unwritten,
-                    dead_letters,
-                })
-            });
-            (*sale, seen)
-        })
-        .collect()
+    let mut stocks = stocks.into_iter();
+    let mut unwritten = in_flight
+        .unwritten_of_sales(sales, MAX_IN_FLIGHT)
+        .await
+        .into_iter();
+    let mut seen = Vec::with_capacity(ids.len());
+    for sale in ids {
+        // A sale left without an answer fails its round rather than dropping out of the audit.
+        let (Some(gate), Some(log)) = (stocks.next(), unwritten.next()) else {
+            let missing = GateError::BadReply("no answer for the sale".into());
+            seen.push((*sale, Err(missing.into())));
+            continue;
+        };
+        let read = |gate: Result<_, GateError>, log: Result<Option<Unwritten>, LogError>| {
+            let (unwritten, dead_letters) = log?.ok_or(ReconcileError::TooMuchInFlight(*sale))?;
+            Ok(Seen {
+                gate: gate?,
+                unwritten,
+                dead_letters,
+            })
+        };
+        seen.push((*sale, read(gate, log)));
+    }
+    seen
 }
 
 /// The account of what was seen in the gate and the log against SQL's figures;
