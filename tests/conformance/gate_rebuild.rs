@@ -34,6 +34,20 @@ async fn redis() -> seckill::redis_client::RedisConn {
         .1
 }
 
+/// Makes a loaded sale's hash look as a promoted replica or an older restart holds it:
+/// loaded into another server, with other numbers (`stock`).
+async fn loaded_elsewhere(prefix: &str, sale_id: i64, stock: i64) {
+    let _: () = redis::cmd("HSET")
+        .arg(&SaleKeys::new(prefix, sale_id).sale)
+        .arg("server")
+        .arg("0123456789abcdef")
+        .arg("stock")
+        .arg(stock)
+        .query_async(&mut redis().await)
+        .await
+        .unwrap();
+}
+
 /// A sale with `buyers` users holding one unit each in SQL.
 async fn sale_with_buyers(store: &Store, stock: i64, buyers: i64) -> Sale {
     let sale = common::sale(common::next_id(), stock, 1);
@@ -276,16 +290,7 @@ async fn a_gate_from_another_redis_server_is_rebuilt_once() {
         .unwrap());
     assert!(!g.forget_if_stale(sale.id).await.unwrap(), "loaded here");
     // As a promoted replica holds it: stale numbers, loaded on the old master.
-    let keys = SaleKeys::new(&prefix, sale.id);
-    let _: () = redis::cmd("HSET")
-        .arg(&keys.sale)
-        .arg("server")
-        .arg("0123456789abcdef")
-        .arg("stock")
-        .arg(95)
-        .query_async(&mut redis().await)
-        .await
-        .unwrap();
+    loaded_elsewhere(&prefix, sale.id, 95).await;
     assert!(g.forget_if_stale(sale.id).await.unwrap());
     assert!(
         !g.is_loaded(sale.id).await.unwrap(),
@@ -322,15 +327,7 @@ async fn one_check_of_many_sales_finds_each_loaded_stale_or_missing() {
             .await
             .unwrap());
     }
-    let _: () = redis::cmd("HSET")
-        .arg(&SaleKeys::new(&prefix, stale.id).sale)
-        .arg("server")
-        .arg("0123456789abcdef")
-        .arg("stock")
-        .arg(49)
-        .query_async(&mut redis().await)
-        .await
-        .unwrap();
+    loaded_elsewhere(&prefix, stale.id, 49).await;
     let parts = [(current.id, 0), (stale.id, 0), (missing.id, 0)];
     let checks: Vec<SegmentCheck> = g
         .check_segments(&parts)
