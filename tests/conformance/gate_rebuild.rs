@@ -329,29 +329,14 @@ async fn one_check_of_many_sales_finds_each_loaded_stale_or_missing() {
     }
     loaded_elsewhere(&prefix, stale.id, 49).await;
     let parts = [(current.id, 0), (stale.id, 0), (missing.id, 0)];
-    let checks: Vec<SegmentCheck> = g
-        .check_segments(&parts)
-        .await
-        .into_iter()
-        .map(Result::unwrap)
-        .collect();
+    let checks = check(g.as_ref(), &parts).await;
     use SegmentCheck::{Forgotten, Loaded, Unloaded};
     assert_eq!(checks, [Loaded, Forgotten, Unloaded]);
     assert!(!g.is_loaded(stale.id).await.unwrap(), "forgotten");
-    let again: Vec<SegmentCheck> = g
-        .check_segments(&parts)
-        .await
-        .into_iter()
-        .map(Result::unwrap)
-        .collect();
+    let again = check(g.as_ref(), &parts).await;
     assert_eq!(again, [Loaded, Unloaded, Unloaded], "forgotten once");
 
-    let stocks: Vec<Option<i64>> = g
-        .stocks(&[current.id, stale.id, missing.id])
-        .await
-        .into_iter()
-        .map(|s| s.unwrap().map(|s| s.remaining))
-        .collect();
+    let stocks = remaining(g.as_ref(), &[current.id, stale.id, missing.id]).await;
     assert_eq!(stocks, [Some(90), None, None]);
     let one = g.stock(current.id).await.unwrap();
     assert_eq!(g.stocks(&[current.id]).await.remove(0).unwrap(), one);
@@ -362,13 +347,23 @@ async fn one_check_of_many_sales_finds_each_loaded_stale_or_missing() {
         .await
         .unwrap();
     assert_eq!(loaded, 2);
-    let stocks: Vec<Option<i64>> = g
-        .stocks(&[current.id, stale.id, missing.id])
-        .await
+    let stocks = remaining(g.as_ref(), &[current.id, stale.id, missing.id]).await;
+    assert_eq!(stocks, [Some(90), Some(45), Some(27)]);
+}
+
+/// `Gate::check_segments` of `parts`, each answer unwrapped.
+async fn check(g: &RedisGate, parts: &[(i64, i64)]) -> Vec<SegmentCheck> {
+    let checks = g.check_segments(parts).await;
+    checks.into_iter().map(Result::unwrap).collect()
+}
+
+/// Each sale's remaining stock in the gate, read by `Gate::stocks`.
+async fn remaining(g: &RedisGate, sales: &[i64]) -> Vec<Option<i64>> {
+    let stocks = g.stocks(sales).await;
+    stocks
         .into_iter()
         .map(|s| s.unwrap().map(|s| s.remaining))
-        .collect();
-    assert_eq!(stocks, [Some(90), Some(45), Some(27)]);
+        .collect()
 }
 
 /// A repair or an approval reads the gate right after loading it: when another process
