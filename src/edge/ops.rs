@@ -91,12 +91,13 @@ async fn order_log_lag(st: &AppState) -> Result<Vec<(i64, i64, i64)>, ApiError> 
         return Ok(Vec::new());
     }
     let now = st.now_ms();
-    let mut out = Vec::new();
-    for (sale, segments) in recent_sales(st) {
-        let (len, oldest) = st.backlog.lag(sale, segments).await?;
-        out.push((sale, len, oldest.map_or(0, |t| (now - t).max(0))));
-    }
-    Ok(out)
+    let sales = recent_sales(st);
+    let lags = st.backlog.lags(&sales).await?;
+    Ok(sales
+        .iter()
+        .zip(lags)
+        .map(|((sale, _), (len, oldest))| (*sale, len, oldest.map_or(0, |t| (now - t).max(0))))
+        .collect())
 }
 
 /// The sale whose oldest unwritten order has waited longest, and how long.

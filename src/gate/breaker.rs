@@ -257,32 +257,30 @@ impl Breaker {
 
 impl Breaker {
     /// One call that answers many items at once (the scheduler's and the audit's reads of
-    /// every sale): with one circuit, a call of the first item's sale, refused while the
-    /// circuit is open, bounded by `limit`, and a failure for the circuit when every item
-    /// failed. With a circuit per sale (a cluster), each item is a call of its own sale.
+    /// every sale), bounded by `BATCH_TIMEOUT`. With one circuit: a call of the first
+    /// item's sale, refused while the circuit is open, and a failure for the circuit when
+    /// every item failed. With a circuit per sale (a cluster): the items whose circuit lets
+    /// a call through go in the one call, and each answer counts for its own sale's
+    /// circuit, so that a dead master opens the circuits of its own sales only.
     async fn call_many<'s, I, T, F, Fut>(
         &'s self,
-        items: &'s [I],
+        items: &[I],
         sale_of: fn(&I) -> i64,
         call: F,
     ) -> Vec<Result<T, GateError>>
     where
-        F: Fn(&'s [I]) -> Fut,
+        I: Clone,
+        F: Fn(Vec<I>) -> Fut,
         Fut: std::future::Future<Output = Vec<Result<T, GateError>>>,
     {
         let Some(first) = items.first() else {
             return Vec::new();
         };
         if let Circuits::PerSale(_) = &self.circuits {
-            let mut answers = Vec::with_capacity(items.len());
-            for item in items {
-                let one = async { only_answer(call(std::slice::from_ref(item)).await) };
-                answers.push(self.call(sale_of(item), one, CALL_TIMEOUT).await);
-            }
-            return answers;
+            return self.call_many_per_sale(items, sale_of, call).await;
         }
         let all = async {
-            let answers = call(items).await;
+            let answers = call(items.to_vec()).await;
             match answers.iter().find_map(|a| a.as_ref().err()) {
                 Some(e) if answers.iter().all(|a| a.is_err()) => Err(e.for_another_waiter()),
                 _ => Ok(answers),
@@ -293,14 +291,55 @@ impl Breaker {
             Err(e) => items.iter().map(|_| Err(e.for_another_waiter())).collect(),
         }
     }
-}
 
-/// The one answer of a call made for one item.
-fn only_answer<T>(answers: Vec<Result<T, GateError>>) -> Result<T, GateError> {
-    answers
-        .into_iter()
-        .next()
-        .unwrap_or_else(|| Err(GateError::BadReply("no answer for the item".into())))
+    async fn call_many_per_sale<I, T, F, Fut>(
+        &self,
+        items: &[I],
+        sale_of: fn(&I) -> i64,
+        call: F,
+    ) -> Vec<Result<T, GateError>>
+    where
+        I: Clone,
+        F: Fn(Vec<I>) -> Fut,
+        Fut: std::future::Future<Output = Vec<Result<T, GateError>>>,
+    {
+        let guards: Vec<Result<bool, GateError>> = items
+            .iter()
+            .map(|item| self.with_circuit(sale_of(item), |c| self.guard(c)))
+            .collect();
+        let let_through: Vec<I> = items
+            .iter()
+            .zip(&guards)
+            .filter(|(_, guard)| guard.is_ok())
+            .map(|(item, _)| item.clone())
+            .collect();
+        let asked = let_through.len();
+        let answers = match asked {
+            0 => Vec::new(),
+            _ => match tokio::time::timeout(BATCH_TIMEOUT, call(let_through)).await {
+                Ok(answers) => answers,
+                Err(_) => (0..asked).map(|_| Err(GateError::Timeout)).collect(),
+            },
+        };
+        let mut answers = answers.into_iter();
+        items
+            .iter()
+            .zip(guards)
+            .map(|(item, guard)| {
+                let trial = guard?;
+                let answer = answers
+                    .next()
+                    .unwrap_or_else(|| Err(GateError::BadReply("no answer for the item".into())));
+                let sale_id = sale_of(item);
+                self.with_circuit(sale_id, |c| {
+                    if trial {
+                        c.end_trial();
+                    }
+                    self.record(c, sale_id, answer)
+                })
+            })
+            .collect()
+    }
 }
 
 /// A purchase script answers in well under a millisecond; a second means Redis is away.
@@ -419,7 +458,7 @@ impl Layer for Breaker {
         self.call_many(
             parts,
             |(sale_id, _)| *sale_id,
-            |parts| self.inner.check_segments(parts),
+            |parts| async move { self.inner.check_segments(&parts).await },
         )
         .await
     }
@@ -466,8 +505,12 @@ impl Layer for Breaker {
     }
 
     async fn stocks(&self, sale_ids: &[i64]) -> Vec<Result<Option<GateStock>, GateError>> {
-        self.call_many(sale_ids, |sale_id| *sale_id, |ids| self.inner.stocks(ids))
-            .await
+        self.call_many(
+            sale_ids,
+            |sale_id| *sale_id,
+            |ids| async move { self.inner.stocks(&ids).await },
+        )
+        .await
     }
 
     async fn release(&self, r: Release) -> Result<Released, GateError> {

@@ -6,6 +6,7 @@
 use async_trait::async_trait;
 use redis::Script;
 
+use crate::redis_client::keyed::KeyedPipe;
 use crate::redis_client::keys::{SaleKeys, WRITER_GROUP};
 use crate::redis_client::{RedisClient, RedisConn};
 
@@ -71,6 +72,118 @@ pub struct RedisGate {
     sale_batches: std::sync::RwLock<
         std::collections::HashMap<(i64, i64), std::sync::Arc<super::batch::Batches>>,
     >,
+}
+
+impl RedisGate {
+    /// check_loaded.lua on every segment of `keys` (one server's) in one call: its answer
+    /// for each that has keys.
+    async fn check_together(
+        &self,
+        keys: &[Result<std::sync::Arc<SaleKeys>, GateError>],
+    ) -> Result<Vec<Result<i64, GateError>>, GateError> {
+        if !keys.iter().any(|k| k.is_ok()) {
+            return Ok(Vec::new());
+        }
+        let mut call = self.check_loaded.prepare_invoke();
+        for k in keys.iter().flatten() {
+            call.key(&k.sale);
+        }
+        let answers: Vec<i64> = call.invoke_async(&mut self.conn.clone()).await?;
+        Ok(answers.into_iter().map(Ok).collect())
+    }
+
+    /// check_loaded.lua's answer for each segment of `keys` in a cluster, where a script's
+    /// keys must share a slot and a call per segment cost Redis 30 µs each: each hash's
+    /// loading server and existence read in one pipeline per master, after that master's
+    /// run id. Only a segment loaded by another server (or answered after a redirect) runs
+    /// the script, which forgets it atomically.
+    async fn check_each(
+        &self,
+        keys: &[Result<std::sync::Arc<SaleKeys>, GateError>],
+    ) -> Result<Vec<Result<i64, GateError>>, GateError> {
+        let mut conn = self.conn.clone();
+        let mut pipe = KeyedPipe::new();
+        let mut info = redis::cmd("INFO");
+        info.arg("server");
+        pipe.first_on_each_server(info);
+        for k in keys.iter().flatten() {
+            pipe.cmd("HGET", &k.sale).arg("server");
+            pipe.cmd("EXISTS", &k.sale);
+        }
+        let answered = conn.query_keyed_with_first(pipe).await?;
+        let run_ids: Vec<Option<String>> = answered
+            .firsts
+            .iter()
+            .map(|info| info.as_ref().ok().and_then(run_id_of))
+            .collect();
+        let mut replies = answered.answers.into_iter();
+        let mut answers = Vec::with_capacity(keys.len());
+        for k in keys.iter().flatten() {
+            let (Some((server, loaded_on)), Some((_, exists))) = (replies.next(), replies.next())
+            else {
+                answers.push(Err(GateError::BadReply("a check's reply was short".into())));
+                continue;
+            };
+            let this = server.and_then(|s| run_ids.get(s).cloned().flatten());
+            answers.push(match (loaded_on, exists) {
+                (Err(e), _) if e.code() == Some("WRONGTYPE") => Ok(-2),
+                (Err(e), _) | (_, Err(e)) => Err(e.into()),
+                (Ok(redis::Value::Nil), Ok(exists)) => redis::from_redis_value::<i64>(exists)
+                    .map_err(|e| GateError::from(redis::RedisError::from(e))),
+                (Ok(loaded_on), Ok(_)) => {
+                    let loaded_on = redis::from_redis_value::<String>(loaded_on).ok();
+                    if this.is_some() && loaded_on == this {
+                        Ok(1)
+                    } else {
+                        self.check_one(&mut conn, &k.sale).await
+                    }
+                }
+            });
+        }
+        Ok(answers)
+    }
+
+    /// check_loaded.lua on one segment's hash.
+    async fn check_one(&self, conn: &mut RedisConn, sale: &str) -> Result<i64, GateError> {
+        let mut call = self.check_loaded.prepare_invoke();
+        call.key(sale);
+        let answers: Vec<i64> = call.invoke_async(conn).await?;
+        only_check(&answers)
+    }
+}
+
+/// The run id an `INFO server` reply names.
+fn run_id_of(info: &redis::Value) -> Option<String> {
+    let mut texts = Vec::new();
+    info_texts(info, &mut texts);
+    texts.iter().find_map(|t| {
+        t.lines()
+            .find_map(|l| l.trim().strip_prefix("run_id:"))
+            .map(str::to_string)
+    })
+}
+
+/// The answer of a check_loaded.lua call for one key.
+fn only_check(answers: &[i64]) -> Result<i64, GateError> {
+    match answers {
+        [answer] => Ok(*answer),
+        other => Err(GateError::BadReply(format!(
+            "check_loaded.lua answered {other:?} for one key"
+        ))),
+    }
+}
+
+/// What check_loaded.lua's answer for `sale` (a segment's hash) says.
+fn loaded_answer(sale: &str, answer: i64) -> Result<SegmentCheck, GateError> {
+    match answer {
+        1 => Ok(SegmentCheck::Loaded),
+        0 => Ok(SegmentCheck::Unloaded),
+        -1 => Ok(SegmentCheck::Forgotten),
+        -2 => Err(GateError::BadReply(format!("{sale} is not a sale's hash"))),
+        other => Err(GateError::BadReply(format!(
+            "check_loaded.lua answered {other}"
+        ))),
+    }
 }
 
 impl RedisGate {
@@ -450,15 +563,19 @@ impl RedisGate {
 type SegmentFigures = ((Option<i64>, Option<String>), i64, i64);
 
 /// Adds the reads of a segment's figures to `pipe`: three replies.
-fn segment_figures(pipe: &mut redis::Pipeline, k: &SaleKeys) {
-    pipe.cmd("HMGET")
-        .arg(&k.sale)
-        .arg("stock")
-        .arg("paused")
-        .cmd("HLEN")
-        .arg(&k.buyers)
-        .cmd("HLEN")
-        .arg(&k.accepted);
+fn segment_figures(pipe: &mut KeyedPipe, k: &SaleKeys) {
+    pipe.cmd("HMGET", &k.sale).arg("stock").arg("paused");
+    pipe.cmd("HLEN", &k.buyers);
+    pipe.cmd("HLEN", &k.accepted);
+}
+
+/// The one sale's answer of `stocks`.
+fn only_stock(
+    mut stocks: Vec<Result<Option<GateStock>, GateError>>,
+) -> Result<Option<GateStock>, GateError> {
+    stocks
+        .pop()
+        .unwrap_or_else(|| Err(GateError::BadReply("no answer for the sale".into())))
 }
 
 /// Adds a segment's figures to its sale's; a segment not in the gate adds nothing.
@@ -472,7 +589,7 @@ fn add_segment(total: &mut Option<GateStock>, ((stock, paused), buyers, accepted
 }
 
 /// A sale's stock from the next `segments` segments' replies of a pipeline of
-/// `segment_figures` run with `ignore_errors`. Every one of the sale's replies is taken,
+/// `segment_figures`. Every one of the sale's replies is taken,
 /// whatever they hold, so that the next sale reads its own.
 fn sum_segments(
     segments: usize,
@@ -834,22 +951,11 @@ impl Gate for RedisGate {
                     .map(|n| self.segment_keys(*sale_id, n, *segment)),
             );
         }
-        // A cluster keeps each sale in a slot of its own: one call per segment there.
-        let per_call = if self.conn.is_cluster() {
-            1
-        } else {
-            SALES_PER_CALL
-        };
-        let mut conn = self.conn.clone();
         let mut checks = Vec::with_capacity(parts.len());
-        for group in keys.chunks(per_call) {
-            let mut call = self.check_loaded.prepare_invoke();
-            for k in group.iter().flatten() {
-                call.key(&k.sale);
-            }
-            let answers: Result<Vec<i64>, GateError> = match group.iter().any(|k| k.is_ok()) {
-                true => call.invoke_async(&mut conn).await.map_err(GateError::from),
-                false => Ok(Vec::new()),
+        for group in keys.chunks(SALES_PER_CALL) {
+            let answers = match self.conn.is_cluster() {
+                true => self.check_each(group).await,
+                false => self.check_together(group).await,
             };
             let mut answers = answers.map(Vec::into_iter);
             for k in group {
@@ -857,16 +963,11 @@ impl Gate for RedisGate {
                     (Err(e), _) => Err(e.for_another_waiter()),
                     (Ok(_), Err(e)) => Err(e.for_another_waiter()),
                     (Ok(k), Ok(answers)) => match answers.next() {
-                        Some(1) => Ok(SegmentCheck::Loaded),
-                        Some(0) => Ok(SegmentCheck::Unloaded),
-                        Some(-1) => Ok(SegmentCheck::Forgotten),
-                        Some(-2) => Err(GateError::BadReply(format!(
-                            "{} is not a sale's hash",
-                            k.sale
-                        ))),
-                        other => Err(GateError::BadReply(format!(
-                            "check_loaded.lua answered {other:?}"
-                        ))),
+                        Some(Ok(answer)) => loaded_answer(&k.sale, answer),
+                        Some(Err(e)) => Err(e),
+                        None => Err(GateError::BadReply(
+                            "check_loaded.lua answered short".into(),
+                        )),
                     },
                 });
             }
@@ -979,31 +1080,16 @@ impl Gate for RedisGate {
     }
 
     async fn stock(&self, sale_id: i64) -> Result<Option<GateStock>, GateError> {
-        let mut conn = self.conn.clone();
-        let mut total: Option<GateStock> = None;
         // A segmented sale's figures are the sum of its segments' (each on its own master).
-        for k in self.all_keys(sale_id).await? {
-            let mut pipe = redis::pipe();
-            segment_figures(&mut pipe, &k);
-            let figures: SegmentFigures = pipe.query_async(&mut conn).await?;
-            add_segment(&mut total, figures);
-        }
-        Ok(total)
+        only_stock(self.stocks(&[sale_id]).await)
     }
 
     async fn stocks(&self, sale_ids: &[i64]) -> Vec<Result<Option<GateStock>, GateError>> {
         let mut stocks = Vec::with_capacity(sale_ids.len());
-        // A cluster keeps each sale in a slot of its own, on any master: a call per sale.
-        if self.conn.is_cluster() {
-            for sale_id in sale_ids {
-                stocks.push(self.stock(*sale_id).await);
-            }
-            return stocks;
-        }
         let mut conn = self.conn.clone();
         for group in sale_ids.chunks(SALES_PER_CALL) {
             let mut keys = Vec::with_capacity(group.len());
-            let mut pipe = redis::pipe();
+            let mut pipe = KeyedPipe::new();
             for sale_id in group {
                 let sale_keys = self.all_keys(*sale_id).await;
                 for k in sale_keys.iter().flatten() {
@@ -1011,13 +1097,7 @@ impl Gate for RedisGate {
                 }
                 keys.push(sale_keys);
             }
-            // A command that fails (a key of another type) fails its own sale only.
-            pipe.ignore_errors();
-            let replies: Result<Vec<redis::RedisResult<redis::Value>>, GateError> =
-                match keys.iter().any(|k| k.is_ok()) {
-                    true => pipe.query_async(&mut conn).await.map_err(GateError::from),
-                    false => Ok(Vec::new()),
-                };
+            let replies = conn.query_keyed(pipe).await.map_err(GateError::from);
             let mut replies = replies.map(Vec::into_iter);
             for sale_keys in &keys {
                 stocks.push(match (sale_keys, &mut replies) {

@@ -87,6 +87,11 @@ pub trait OrderLog: Send + Sync {
     /// Entries that other consumers took and left unacknowledged for too long.
     async fn reclaim(&self, max: usize) -> Result<Batch, LogError>;
 
+    /// Waits while a read could only find nothing (a Redis Cluster's quiet streams are
+    /// read less often): the writer waits here before it takes its fence, so an idle log
+    /// costs no database round trips. Returns at once where every read may find entries.
+    async fn until_worth_reading(&self) {}
+
     /// The entries are durable in SQL: remove them from the log.
     async fn ack(&self, receipts: Vec<Receipt>) -> Result<(), LogError>;
 
@@ -189,6 +194,16 @@ pub trait Backlog: Send + Sync {
     /// several) and the acceptance time (Unix ms) of the oldest, when this log knows it:
     /// what readiness and the lag metrics watch.
     async fn lag(&self, sale: i64, segments: i64) -> Result<(i64, Option<i64>), LogError>;
+
+    /// [`Backlog::lag`] of many sales, `(sale, segments)`, in order: what a readiness probe
+    /// and a metrics scrape read of every recent sale, in one call where the log can.
+    async fn lags(&self, sales: &[(i64, i64)]) -> Result<Vec<(i64, Option<i64>)>, LogError> {
+        let mut lags = Vec::with_capacity(sales.len());
+        for (sale, segments) in sales {
+            lags.push(self.lag(*sale, *segments).await?);
+        }
+        Ok(lags)
+    }
 
     /// Starts reading these sales' logs (their writers' group made sure of).
     async fn watch(&self, sales: &[(i64, i64)]) -> Result<(), LogError>;

@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::RwLock;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -19,7 +19,8 @@ use redis::{Script, Value};
 
 use super::{Batch, Delivery, LogError, Malformed, OrderLog, Receipt, Unwritten};
 use crate::model::NewOrder;
-use crate::redis_client::keys::{SaleKeys, WRITER_GROUP};
+use crate::redis_client::keyed::KeyedPipe;
+use crate::redis_client::keys::{SaleKeys, StreamKeys, WRITER_GROUP};
 use crate::redis_client::{RedisClient, RedisConn};
 
 /// Entries idle this long in some consumer's pending list are taken over (default).
@@ -32,7 +33,9 @@ pub const RECLAIM_IDLE_MS: u64 = 10_000;
 const BLOCK_MS: u64 = 100;
 /// A blocking read's answer: its BLOCK, plus a Redis busy with a storm.
 const READ_RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
-/// In a cluster, how long a writer pauses after a read that found nothing.
+/// In a cluster, the step of a slot's wait after a read that found nothing (the first
+/// wait is twice this), and the longest a writer sleeps before it looks again for a slot
+/// due to be read.
 const CLUSTER_POLL_MS: u64 = 50;
 /// In a cluster, the longest a slot whose reads keep finding nothing waits for its next
 /// read: the first order of a quiet sale reaches SQL within this, a busy sale's streams
@@ -46,6 +49,31 @@ struct IdleSlot {
     next_read: std::time::Instant,
 }
 
+/// The streams a writer reads, and the same grouped by cluster slot: made when the sales
+/// change, not on each read (a thousand sales' grouping, twenty times a second, was a
+/// good part of an idle writer's work).
+#[derive(Default)]
+struct Watched {
+    all: Vec<String>,
+    by_slot: Vec<(redis::cluster_routing::Slot, Vec<String>)>,
+}
+
+impl Watched {
+    fn of(all: Vec<String>) -> Self {
+        let mut by_slot: HashMap<redis::cluster_routing::Slot, Vec<String>> = HashMap::new();
+        for s in &all {
+            by_slot
+                .entry(redis::cluster_routing::Slot::for_key(s))
+                .or_default()
+                .push(s.clone());
+        }
+        Watched {
+            all,
+            by_slot: by_slot.into_iter().collect(),
+        }
+    }
+}
+
 pub struct StreamLog {
     /// Blocking reads get their own connection so that they never delay other commands
     /// (standalone Redis only; `None` in a cluster).
@@ -55,7 +83,7 @@ pub struct StreamLog {
     conn: RedisConn,
     prefix: String,
     consumer: String,
-    streams: RwLock<Vec<String>>,
+    streams: RwLock<Arc<Watched>>,
     reclaim_idle_ms: u64,
     /// Orders per entry in the last read that found any (1 until then; more with batch
     /// entries): a read asks for as many entries as make about the orders it was asked
@@ -86,7 +114,7 @@ impl StreamLog {
             conn,
             prefix: prefix.to_string(),
             consumer: consumer_name(),
-            streams: RwLock::new(Vec::new()),
+            streams: RwLock::default(),
             reclaim_idle_ms: RECLAIM_IDLE_MS,
             orders_per_entry: AtomicUsize::new(1),
             read_failures: crate::logline::Every::new(30_000),
@@ -113,31 +141,36 @@ impl StreamLog {
             .iter()
             .flat_map(|(id, n)| {
                 let n = (*n).max(1);
-                (0..n).map(move |s| SaleKeys::for_segment(&self.prefix, *id, n, s).stream)
+                (0..n).map(move |s| SaleKeys::stream_of(&self.prefix, *id, n, s))
             })
             .collect();
-        let added: Vec<String> = {
-            let current = self.streams.read().unwrap_or_else(|p| p.into_inner());
+        let current = self.watched();
+        let added: Vec<&String> = {
+            let known: std::collections::HashSet<&str> =
+                current.all.iter().map(String::as_str).collect();
             keys.iter()
-                .filter(|k| !current.contains(k))
-                .cloned()
+                .filter(|k| !known.contains(k.as_str()))
                 .collect()
         };
+        // The scheduler calls this every second; the sales rarely change.
+        if added.is_empty() && keys.len() == current.all.len() {
+            return Ok(());
+        }
         // A stream whose master is away joins on a later call; the others join now.
         let mut first_error = None;
-        let mut failed = Vec::new();
-        for key in &added {
+        let mut failed = std::collections::HashSet::new();
+        for key in added {
             if let Err(e) = self.ensure_group(key).await {
-                failed.push(key.clone());
+                failed.insert(key.clone());
                 first_error.get_or_insert(e);
             }
         }
         let keys = keys.into_iter().filter(|k| !failed.contains(k)).collect();
-        *self.streams.write().unwrap_or_else(|p| p.into_inner()) = keys;
+        *self.streams.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(Watched::of(keys));
         first_error.map_or(Ok(()), Err)
     }
 
-    fn streams(&self) -> Vec<String> {
+    fn watched(&self) -> Arc<Watched> {
         self.streams
             .read()
             .unwrap_or_else(|p| p.into_inner())
@@ -175,41 +208,42 @@ impl StreamLog {
         cmd
     }
 
-    /// A cluster read: each slot's streams in one non-blocking XREADGROUP, all slots at
-    /// once. A slot whose master is away is skipped (and logged); the others are read.
-    /// Fails only when every slot failed.
-    async fn read_per_slot(&self, streams: &[String], max: usize) -> Result<Batch, LogError> {
-        use redis::cluster_routing::Slot;
-        let mut by_slot: HashMap<Slot, Vec<String>> = HashMap::new();
-        for s in streams {
-            by_slot.entry(Slot::for_key(s)).or_default().push(s.clone());
-        }
-        let now = std::time::Instant::now();
-        {
+    /// A cluster read: each slot's streams in one non-blocking XREADGROUP, in one pipeline
+    /// per master, all masters at once. A slot whose master is away is skipped (and
+    /// logged); the others are read. Fails only when every slot failed.
+    async fn read_per_slot(&self, watched: &Watched, max: usize) -> Result<Batch, LogError> {
+        // Quiet slots due soon are read with those due now: a round of reads (and the
+        // writer's fence) every half second for a thousand quiet sales, not one for each
+        // slot as its own wait runs out.
+        let soon = std::time::Instant::now() + Duration::from_millis(IDLE_SLOT_MAX_MS / 2);
+        let by_slot: Vec<&(redis::cluster_routing::Slot, Vec<String>)> = {
             let idle = self.idle_slots.lock().unwrap_or_else(|p| p.into_inner());
-            by_slot.retain(|slot, _| idle.get(slot).is_none_or(|i| i.next_read <= now));
-        }
+            watched
+                .by_slot
+                .iter()
+                .filter(|(slot, _)| idle.get(slot).is_none_or(|i| i.next_read <= soon))
+                .collect()
+        };
         if by_slot.is_empty() {
             tokio::time::sleep(Duration::from_millis(CLUSTER_POLL_MS)).await;
             return Ok(Batch::default());
         }
         let count = (max / by_slot.len()).max(1);
-        let reads = by_slot.into_iter().map(|(slot, group)| {
-            let mut conn = self.conn.clone();
+        let mut pipe = KeyedPipe::new();
+        for (_, group) in &by_slot {
             let mut cmd = self.read_command(count);
-            cmd.arg("STREAMS").arg(&group);
-            for _ in &group {
+            cmd.arg("STREAMS").arg(group);
+            for _ in group {
                 cmd.arg(">");
             }
-            async move {
-                let reply: Result<Value, redis::RedisError> = cmd.query_async(&mut conn).await;
-                (slot, group, reply)
-            }
-        });
+            pipe.routed(&group[0], cmd);
+        }
+        let replies = self.conn.clone().query_keyed(pipe).await?;
         let mut batch = Batch::default();
         let mut first_error = None;
         let mut read_any = false;
-        for (slot, group, reply) in futures_util::future::join_all(reads).await {
+        for ((slot, group), reply) in by_slot.into_iter().zip(replies) {
+            let slot = *slot;
             match reply {
                 Ok(v) => {
                     read_any = true;
@@ -220,7 +254,7 @@ impl StreamLog {
                 }
                 Err(e) if e.code() == Some("NOGROUP") => {
                     read_any = true;
-                    for s in &group {
+                    for s in group {
                         if let Err(e) = self.ensure_group(s).await {
                             tracing::debug!(stream = s, error = %e, "could not recreate a group");
                         }
@@ -230,6 +264,8 @@ impl StreamLog {
                     if let Some(left_out) = self.read_failures.ready() {
                         tracing::warn!(streams = ?group, error = %e, left_out, "reading these order streams failed; the others are read");
                     }
+                    // A master away is asked again later, as a quiet one.
+                    self.note_slot_read(slot, false);
                     first_error.get_or_insert(e);
                 }
             }
@@ -237,10 +273,27 @@ impl StreamLog {
         if let (false, Some(e)) = (read_any, first_error) {
             return Err(e.into());
         }
-        if batch.is_empty() {
-            tokio::time::sleep(Duration::from_millis(CLUSTER_POLL_MS)).await;
-        }
+        // No pause after an empty read: its slots wait their turn (`note_slot_read`) in
+        // `until_worth_reading`, outside the writer's fence.
         Ok(batch)
+    }
+
+    /// How long until the first cluster slot is due to be read; `None` when one is now
+    /// (or no stream is watched).
+    fn until_a_slot_is_due(&self) -> Option<Duration> {
+        let watched = self.watched();
+        let idle = self.idle_slots.lock().unwrap_or_else(|p| p.into_inner());
+        let now = std::time::Instant::now();
+        let mut earliest: Option<std::time::Instant> = None;
+        for (slot, _) in &watched.by_slot {
+            match idle.get(slot) {
+                Some(i) if i.next_read > now => {
+                    earliest = Some(earliest.map_or(i.next_read, |e| e.min(i.next_read)));
+                }
+                _ => return None,
+            }
+        }
+        earliest.map(|e| e - now)
     }
 
     /// After a read of a cluster slot's streams: read again next round if it found
@@ -285,19 +338,18 @@ impl StreamLog {
         Ok(set_aside == 1)
     }
 
-    /// Those of `streams` (all on one server) with entries pending in some consumer, asked
-    /// of them all in one pipeline: the reclaim's XAUTOCLAIM, stream by stream, was one call
-    /// a second per idle sale. Streams whose group is missing get it back.
-    async fn streams_with_pending(&self, streams: Vec<String>) -> Result<Vec<String>, LogError> {
+    /// Those of `streams` with entries pending in some consumer, asked of them all in one
+    /// round trip per server: the reclaim's XAUTOCLAIM, stream by stream, was one call a
+    /// second per idle sale. Streams whose group is missing get it back.
+    async fn streams_with_pending(&self, streams: &[String]) -> Result<Vec<String>, LogError> {
         let mut conn = self.conn.clone();
         let mut pending = Vec::new();
         for group in streams.chunks(SALES_PER_PIPELINE) {
-            let mut pipe = redis::pipe();
-            pipe.ignore_errors();
+            let mut pipe = KeyedPipe::new();
             for stream in group {
-                pipe.cmd("XPENDING").arg(stream).arg(WRITER_GROUP);
+                pipe.cmd("XPENDING", stream).arg(WRITER_GROUP);
             }
-            let replies: Vec<redis::RedisResult<Value>> = pipe.query_async(&mut conn).await?;
+            let replies = conn.query_keyed(pipe).await?;
             for (stream, reply) in group.iter().zip(replies) {
                 match reply {
                     // The summary form: [count, lowest id, highest id, consumers].
@@ -619,21 +671,22 @@ fn by_stream(receipts: Vec<Receipt>) -> HashMap<String, Vec<String>> {
 #[async_trait]
 impl OrderLog for StreamLog {
     async fn next_batch(&self, max: usize) -> Result<Batch, LogError> {
-        let streams = self.streams();
+        let watched = self.watched();
+        let streams = &watched.all;
         if streams.is_empty() {
             tokio::time::sleep(Duration::from_millis(BLOCK_MS)).await;
             return Ok(Batch::default());
         }
         let max = self.entries_for(max);
         if self.conn.is_cluster() {
-            let batch = self.read_per_slot(&streams, max).await?;
+            let batch = self.read_per_slot(&watched, max).await?;
             self.note_entries(&batch);
             return Ok(batch);
         }
         let mut cmd = self.read_command(max);
         cmd.arg("BLOCK").arg(BLOCK_MS);
-        cmd.arg("STREAMS").arg(&streams);
-        for _ in &streams {
+        cmd.arg("STREAMS").arg(streams);
+        for _ in streams {
             cmd.arg(">");
         }
         let reply: Result<Value, redis::RedisError> = {
@@ -660,7 +713,7 @@ impl OrderLog for StreamLog {
             Err(e) if e.code() == Some("NOGROUP") => {
                 // The stream or group vanished (Redis restarted empty, or a key expired):
                 // recreate and read again on the next call rather than crash.
-                for s in &streams {
+                for s in streams {
                     self.ensure_group(s).await?;
                 }
                 return Ok(Batch::default());
@@ -673,16 +726,21 @@ impl OrderLog for StreamLog {
         Ok(batch)
     }
 
+    async fn until_worth_reading(&self) {
+        if !self.conn.is_cluster() {
+            return;
+        }
+        while let Some(wait) = self.until_a_slot_is_due() {
+            // Bounded: a sale watched meanwhile is read soon.
+            tokio::time::sleep(wait.min(Duration::from_millis(4 * CLUSTER_POLL_MS))).await;
+        }
+    }
+
     async fn reclaim(&self, max: usize) -> Result<Batch, LogError> {
         let count = self.entries_for(max);
         let mut batch = Batch::default();
         let mut conn = self.conn.clone();
-        let streams = match self.conn.is_cluster() {
-            // Each stream in a slot of its own, on any master: each is asked on its own.
-            true => self.streams(),
-            false => self.streams_with_pending(self.streams()).await?,
-        };
-        for stream in streams {
+        for stream in self.streams_with_pending(&self.watched().all).await? {
             let reply: Result<Value, redis::RedisError> = redis::cmd("XAUTOCLAIM")
                 .arg(&stream)
                 .arg(WRITER_GROUP)
@@ -822,16 +880,7 @@ impl super::Backlog for StreamLog {
         sales: &[(i64, i64)],
         cap: usize,
     ) -> Vec<Result<Option<Unwritten>, LogError>> {
-        let mut conn = self.conn.clone();
-        if !self.conn.is_cluster() {
-            return unwritten_of_many(&mut conn, &self.prefix, sales, cap).await;
-        }
-        // A cluster keeps each sale in a slot of its own, on any master: a read per sale.
-        let mut answers = Vec::with_capacity(sales.len());
-        for (sale, segments) in sales {
-            answers.push(unwritten_orders(&mut conn, &self.prefix, *sale, *segments, cap).await);
-        }
-        answers
+        unwritten_of_many(&mut self.conn.clone(), &self.prefix, sales, cap).await
     }
 
     async fn queued_of_user(
@@ -844,6 +893,24 @@ impl super::Backlog for StreamLog {
 
     async fn lag(&self, sale: i64, segments: i64) -> Result<(i64, Option<i64>), LogError> {
         unwritten(&mut self.conn.clone(), &self.prefix, sale, segments).await
+    }
+
+    async fn lags(&self, sales: &[(i64, i64)]) -> Result<Vec<(i64, Option<i64>)>, LogError> {
+        let mut lags = Vec::with_capacity(sales.len());
+        let mut conn = self.conn.clone();
+        for group in sales.chunks(SALES_PER_PIPELINE) {
+            let mut pipe = KeyedPipe::new();
+            for (sale, segments) in group {
+                for k in streams_of(&self.prefix, *sale, *segments) {
+                    oldest_reads(&mut pipe, &k);
+                }
+            }
+            let mut replies = conn.query_keyed(pipe).await?.into_iter();
+            for (_, segments) in group {
+                lags.push(sum_oldest((*segments).max(1), &mut replies)?);
+            }
+        }
+        Ok(lags)
     }
 
     async fn watch(&self, sales: &[(i64, i64)]) -> Result<(), LogError> {
@@ -860,13 +927,43 @@ pub async fn unwritten(
     sale_id: i64,
     segments: i64,
 ) -> Result<(i64, Option<i64>), LogError> {
+    let mut pipe = KeyedPipe::new();
+    for k in streams_of(prefix, sale_id, segments) {
+        oldest_reads(&mut pipe, &k);
+    }
+    let mut replies = conn.query_keyed(pipe).await?.into_iter();
+    sum_oldest(segments.max(1), &mut replies)
+}
+
+/// Adds to `pipe` the reads of a stream's length and oldest entry: two replies.
+fn oldest_reads(pipe: &mut KeyedPipe, k: &StreamKeys) {
+    pipe.cmd("XLEN", &k.stream);
+    pipe.cmd("XRANGE", &k.stream)
+        .arg("-")
+        .arg("+")
+        .arg("COUNT")
+        .arg(1);
+}
+
+/// A sale's entries and the time of its oldest from the next `segments` streams' replies
+/// of `oldest_reads`.
+fn sum_oldest(
+    segments: i64,
+    replies: &mut impl Iterator<Item = redis::RedisResult<Value>>,
+) -> Result<(i64, Option<i64>), LogError> {
     let mut total = 0;
     let mut oldest: Option<i64> = None;
-    for s in 0..segments.max(1) {
-        let k = SaleKeys::for_segment(prefix, sale_id, segments, s);
-        let (len, first) = stream_unwritten(conn, &k).await?;
+    for _ in 0..segments {
+        let (Some(len), Some(first)) = (replies.next(), replies.next()) else {
+            let short = (
+                redis::ErrorKind::UnexpectedReturnType,
+                "a read of the streams got fewer replies than it asked for",
+            );
+            return Err(redis::RedisError::from(short).into());
+        };
+        let len: i64 = redis::from_redis_value(len?).map_err(redis::RedisError::from)?;
         total += len;
-        oldest = match (oldest, first) {
+        oldest = match (oldest, first_entry_ms(&first?)) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
@@ -874,22 +971,9 @@ pub async fn unwritten(
     Ok((total, oldest))
 }
 
-async fn stream_unwritten(
-    conn: &mut RedisConn,
-    k: &SaleKeys,
-) -> Result<(i64, Option<i64>), LogError> {
-    let (len, first): (i64, Value) = redis::pipe()
-        .cmd("XLEN")
-        .arg(&k.stream)
-        .cmd("XRANGE")
-        .arg(&k.stream)
-        .arg("-")
-        .arg("+")
-        .arg("COUNT")
-        .arg(1)
-        .query_async(conn)
-        .await?;
-    let oldest = match first {
+/// The acceptance time (Unix ms, from its id) of the one entry of an XRANGE reply.
+fn first_entry_ms(first: &Value) -> Option<i64> {
+    match first {
         Value::Array(entries) => entries.first().and_then(|e| match e {
             Value::Array(parts) => parts
                 .first()
@@ -898,8 +982,7 @@ async fn stream_unwritten(
             _ => None,
         }),
         _ => None,
-    };
-    Ok((len, oldest))
+    }
 }
 
 /// Most stream entries read to find one buyer's unwritten orders of a sale.
@@ -958,20 +1041,14 @@ pub async fn unwritten_orders(
     segments: i64,
     cap: usize,
 ) -> Result<Option<Unwritten>, LogError> {
-    let mut found = (Vec::new(), 0);
-    for k in streams_of(prefix, sale_id, segments) {
-        let mut pipe = redis::pipe();
-        stream_reads(&mut pipe, &k, cap);
-        let replies: Vec<Value> = pipe.query_async(conn).await?;
-        if !add_stream(&k, &mut replies.into_iter().map(Ok), cap, &mut found)? {
-            return Ok(None);
-        }
-    }
-    Ok(Some(found))
+    unwritten_of_many(conn, prefix, &[(sale_id, segments)], cap)
+        .await
+        .pop()
+        .unwrap_or(Ok(None))
 }
 
-/// [`unwritten_orders`] of many sales, `(sale, segments)`, in one pipeline per
-/// `SALES_PER_PIPELINE` sales: every stream of one server (standalone or Sentinel).
+/// [`unwritten_orders`] of many sales, `(sale, segments)`, in one round trip per server
+/// (a pipeline per master in a cluster) per `SALES_PER_PIPELINE` sales.
 async fn unwritten_of_many(
     conn: &mut RedisConn,
     prefix: &str,
@@ -980,17 +1057,16 @@ async fn unwritten_of_many(
 ) -> Vec<Result<Option<Unwritten>, LogError>> {
     let mut answers = Vec::with_capacity(sales.len());
     for group in sales.chunks(SALES_PER_PIPELINE) {
-        let streams: Vec<Vec<SaleKeys>> = group
+        let streams: Vec<Vec<StreamKeys>> = group
             .iter()
             .map(|(sale, segments)| streams_of(prefix, *sale, *segments))
             .collect();
-        let mut pipe = redis::pipe();
-        // A command that fails (a key of another type) fails its own sale only.
-        pipe.ignore_errors();
+        let mut pipe = KeyedPipe::new();
         for k in streams.iter().flatten() {
             stream_reads(&mut pipe, k, cap);
         }
-        let replies: Vec<redis::RedisResult<Value>> = match pipe.query_async(conn).await {
+        // A command that fails (a key of another type) fails its own sale only.
+        let replies: Vec<redis::RedisResult<Value>> = match conn.query_keyed(pipe).await {
             Ok(replies) => replies,
             Err(e) => {
                 answers.extend(group.iter().map(|_| Err(LogError::Redis(e.clone()))));
@@ -1018,29 +1094,27 @@ async fn unwritten_of_many(
 const SALES_PER_PIPELINE: usize = 1000;
 
 /// The keys of each of a sale's streams (one per segment).
-fn streams_of(prefix: &str, sale_id: i64, segments: i64) -> Vec<SaleKeys> {
+fn streams_of(prefix: &str, sale_id: i64, segments: i64) -> Vec<StreamKeys> {
     (0..segments.max(1))
-        .map(|s| SaleKeys::for_segment(prefix, sale_id, segments, s))
+        .map(|s| SaleKeys::streams_of(prefix, sale_id, segments, s))
         .collect()
 }
 
 /// Adds to `pipe` the reads of a stream's unwritten entries (at most `cap + 1`) and of its
 /// dead letters' count: two replies.
-fn stream_reads(pipe: &mut redis::Pipeline, k: &SaleKeys, cap: usize) {
-    pipe.cmd("XRANGE")
-        .arg(&k.stream)
+fn stream_reads(pipe: &mut KeyedPipe, k: &StreamKeys, cap: usize) {
+    pipe.cmd("XRANGE", &k.stream)
         .arg("-")
         .arg("+")
         .arg("COUNT")
-        .arg(cap + 1)
-        .cmd("XLEN")
-        .arg(&k.dead);
+        .arg(cap + 1);
+    pipe.cmd("XLEN", &k.dead);
 }
 
 /// Adds a stream's unwritten orders and dead letters to `found` from the next two replies
 /// of `stream_reads`; false when it holds more than `cap` entries.
 fn add_stream(
-    k: &SaleKeys,
+    k: &StreamKeys,
     replies: &mut impl Iterator<Item = redis::RedisResult<Value>>,
     cap: usize,
     found: &mut Unwritten,

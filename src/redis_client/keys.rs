@@ -9,6 +9,13 @@ const SLOTS: u32 = 16_384;
 /// The consumer group of the order writers on every sale stream.
 pub const WRITER_GROUP: &str = "writers";
 
+/// The order stream and the dead-letter stream of a sale's segment.
+#[derive(Debug, Clone)]
+pub struct StreamKeys {
+    pub stream: String,
+    pub dead: String,
+}
+
 /// The Redis keys of one sale.
 #[derive(Debug, Clone)]
 pub struct SaleKeys {
@@ -39,6 +46,23 @@ impl SaleKeys {
     /// The keys of an unsegmented sale (and the sale-wide keys of a segmented one).
     pub fn new(prefix: &str, sale_id: i64) -> Self {
         Self::for_segment(prefix, sale_id, 1, 0)
+    }
+
+    /// The order stream of a sale's segment alone: what the writers watch every second,
+    /// without the other keys' formatting.
+    pub fn stream_of(prefix: &str, sale_id: i64, segments: i64, segment: i64) -> String {
+        let tag = hash_tag(sale_id, segments, segment);
+        format!("{prefix}:{{{tag}}}:orders")
+    }
+
+    /// A segment's order stream and dead-letter stream alone: what the audit and the
+    /// lag metrics read of every sale.
+    pub fn streams_of(prefix: &str, sale_id: i64, segments: i64, segment: i64) -> StreamKeys {
+        let tag = hash_tag(sale_id, segments, segment);
+        StreamKeys {
+            stream: format!("{prefix}:{{{tag}}}:orders"),
+            dead: format!("{prefix}:{{{tag}}}:dead"),
+        }
     }
 
     /// The keys of one segment of a sale of `segments` parts: a hash tag of its own.
@@ -177,6 +201,19 @@ pub fn slot_of(tag: &[u8]) -> u16 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stream_alone_is_named_as_with_the_other_keys() {
+        for (sale, segments, segment) in [(42, 1, 0), (7, 3, 2), (9, 4, 0)] {
+            let all = SaleKeys::for_segment("p", sale, segments, segment);
+            assert_eq!(
+                SaleKeys::stream_of("p", sale, segments, segment),
+                all.stream
+            );
+            let streams = SaleKeys::streams_of("p", sale, segments, segment);
+            assert_eq!((streams.stream, streams.dead), (all.stream, all.dead));
+        }
+    }
 
     #[test]
     fn keys_share_one_hash_tag() {

@@ -15,6 +15,7 @@ use redis::{Cmd, FromRedisValue, Pipeline, RedisError, RedisFuture, RedisResult,
 
 pub use crate::config::redis_url::{is_cluster_url, parse_cluster_url};
 
+pub mod keyed;
 pub mod keys;
 pub mod lease;
 pub mod sentinel;
@@ -79,9 +80,10 @@ impl RedisClient {
                     client.get_connection_manager_with_config(config).await?,
                 ))
             }
-            RedisClient::Cluster { client, .. } => {
-                Ok(RedisConn::Cluster(client.get_async_connection().await?))
-            }
+            RedisClient::Cluster { client, .. } => Ok(RedisConn::Cluster(
+                client.get_async_connection().await?,
+                keyed::SlotOwners::new(),
+            )),
         }
     }
 
@@ -184,15 +186,16 @@ fn live_nodes(nodes: &str, like: Option<&str>) -> Vec<String> {
 }
 
 /// A connection to a standalone Redis or to a cluster; cheap to clone (clones share it).
+/// A cluster's also holds which master serves which slot, for [`RedisConn::query_keyed`].
 #[derive(Clone)]
 pub enum RedisConn {
     Single(ConnectionManager),
-    Cluster(ClusterConnection),
+    Cluster(ClusterConnection, std::sync::Arc<keyed::SlotOwners>),
 }
 
 impl RedisConn {
     pub fn is_cluster(&self) -> bool {
-        matches!(self, RedisConn::Cluster(_))
+        matches!(self, RedisConn::Cluster(..))
     }
 
     /// Runs a keyless command on the master that serves `key`: WAIT and WAITAOF must reach
@@ -205,7 +208,7 @@ impl RedisConn {
     ) -> RedisResult<T> {
         match self {
             RedisConn::Single(conn) => cmd.query_async(conn).await,
-            RedisConn::Cluster(conn) => {
+            RedisConn::Cluster(conn, _) => {
                 let route = Route::with_slot(Slot::for_key(key), SlotAddr::Master);
                 let reply = conn
                     .route_command(
@@ -218,6 +221,38 @@ impl RedisConn {
         }
     }
 
+    /// Runs `pipe`'s commands where their keys live, in one round trip per server (see
+    /// [`keyed`]): an answer per command, in order. Fails as a whole only when a standalone
+    /// server cannot be reached; in a cluster a master that cannot be reached fails its own
+    /// commands.
+    pub async fn query_keyed(
+        &mut self,
+        pipe: keyed::KeyedPipe,
+    ) -> RedisResult<Vec<RedisResult<Value>>> {
+        let answered = self.query_keyed_with_first(pipe).await?;
+        Ok(answered.answers.into_iter().map(|(_, a)| a).collect())
+    }
+
+    /// [`RedisConn::query_keyed`] of a pipe with a first command for each server
+    /// ([`keyed::KeyedPipe::first_on_each_server`]), whose answer comes from the same
+    /// connection as the commands that follow it: what a command's answer says can be
+    /// compared with what its own server said of itself.
+    pub async fn query_keyed_with_first(
+        &mut self,
+        pipe: keyed::KeyedPipe,
+    ) -> RedisResult<keyed::KeyedAnswers> {
+        if pipe.is_empty() {
+            return Ok(keyed::KeyedAnswers {
+                firsts: Vec::new(),
+                answers: Vec::new(),
+            });
+        }
+        match self {
+            RedisConn::Single(conn) => pipe.query_single(conn).await,
+            RedisConn::Cluster(conn, owners) => Ok(pipe.query_cluster(conn, owners).await),
+        }
+    }
+
     /// The cluster's own view of its health (`CLUSTER INFO`'s `cluster_state`), or a PING
     /// of the standalone server. An error names what is wrong.
     pub async fn check_health(&mut self) -> Result<(), String> {
@@ -227,7 +262,7 @@ impl RedisConn {
                 .await
                 .map(|_| ())
                 .map_err(|e| e.to_string()),
-            RedisConn::Cluster(conn) => {
+            RedisConn::Cluster(conn, _) => {
                 let info: String = redis::cmd("CLUSTER")
                     .arg("INFO")
                     .query_async(conn)
@@ -252,7 +287,7 @@ impl ConnectionLike for RedisConn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             RedisConn::Single(c) => c.req_packed_command(cmd),
-            RedisConn::Cluster(c) => c.req_packed_command(cmd),
+            RedisConn::Cluster(c, _) => c.req_packed_command(cmd),
         }
     }
 
@@ -264,14 +299,14 @@ impl ConnectionLike for RedisConn {
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
             RedisConn::Single(c) => c.req_packed_commands(cmd, offset, count),
-            RedisConn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+            RedisConn::Cluster(c, _) => c.req_packed_commands(cmd, offset, count),
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
             RedisConn::Single(c) => c.get_db(),
-            RedisConn::Cluster(c) => c.get_db(),
+            RedisConn::Cluster(c, _) => c.get_db(),
         }
     }
 }

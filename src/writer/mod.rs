@@ -100,6 +100,9 @@ pub struct ReadPace {
     began_ms: i64,
     /// Whether it found entries, but not as many as it asked for.
     partial: bool,
+    /// When the last reclaim of the process's loops began (0: none yet): one loop
+    /// reclaims for all, every `RECLAIM_EVERY`.
+    reclaimed_ms: i64,
 }
 
 type Turn = tokio::sync::OwnedMutexGuard<ReadPace>;
@@ -108,14 +111,20 @@ impl Writer {
     /// Runs until `stop` turns true or its sender is dropped (after the log has nothing in
     /// hand), or the log is closed and drained.
     pub async fn run(self, mut stop: watch::Receiver<bool>) {
-        let mut last_reclaim = self.now();
         loop {
             if crate::stop::requested(&mut stop) || self.log.finished() {
                 break;
             }
-            let turn = self.turn.clone().lock_owned().await;
+            let mut turn = self.turn.clone().lock_owned().await;
+            if turn.reclaimed_ms == 0 {
+                turn.reclaimed_ms = self.now();
+            }
             tokio::select! {
-                _ = self.linger(&turn) => {}
+                // Before the fence: an idle log costs no database round trips.
+                _ = async {
+                    self.linger(&turn).await;
+                    self.log.until_worth_reading().await;
+                } => {}
                 // Stopping cuts the wait short; the loop's next turn sees the stop.
                 _ = stop.changed() => {}
             }
@@ -136,7 +145,7 @@ impl Writer {
             } else {
                 None
             };
-            let read_failed = self.step(&mut last_reclaim, turn).await;
+            let read_failed = self.step(turn).await;
             if let Err(e) = Store::release_writer_fence(fence).await {
                 tracing::debug!(error = %e, "releasing the writer fence failed; its connection is dropped");
             }
@@ -181,9 +190,9 @@ impl Writer {
     /// One read of the log (a reclaim every few seconds, a new batch otherwise), written
     /// and settled; the turn is let go once the read has returned. Whether the read failed
     /// (the caller waits a while before the next).
-    async fn step(&self, last_reclaim: &mut i64, mut turn: Turn) -> bool {
-        if self.now() - *last_reclaim >= RECLAIM_EVERY.as_millis() as i64 {
-            *last_reclaim = self.now();
+    async fn step(&self, mut turn: Turn) -> bool {
+        if self.now() - turn.reclaimed_ms >= RECLAIM_EVERY.as_millis() as i64 {
+            turn.reclaimed_ms = self.now();
             let reclaimed = self.log.reclaim(self.batch_max).await;
             drop(turn);
             match reclaimed {
