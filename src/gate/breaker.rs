@@ -24,6 +24,8 @@ pub struct Breaker {
     cooldown_ms: i64,
     /// How often an open circuit lets a trial call through.
     trial_every_ms: i64,
+    /// How long one call for many items may take (`BATCH_TIMEOUT`).
+    batch_timeout: Duration,
     circuits: Circuits,
     /// Times a circuit opened, for `/metrics`.
     pub opened: AtomicU64,
@@ -113,6 +115,7 @@ impl Breaker {
             threshold: threshold.max(1),
             cooldown_ms,
             trial_every_ms: TRIAL_EVERY_MS,
+            batch_timeout: BATCH_TIMEOUT,
             circuits: Circuits::One(Circuit::default()),
             opened: AtomicU64::new(0),
             refused: AtomicU64::new(0),
@@ -286,7 +289,7 @@ impl Breaker {
                 _ => Ok(answers),
             }
         };
-        match self.call(sale_of(first), all, BATCH_TIMEOUT).await {
+        match self.call(sale_of(first), all, self.batch_timeout).await {
             Ok(answers) => answers,
             Err(e) => items.iter().map(|_| Err(e.for_another_waiter())).collect(),
         }
@@ -314,28 +317,35 @@ impl Breaker {
             .map(|(item, _)| item.clone())
             .collect();
         let asked = let_through.len();
+        // A call that ran out of time as a whole says nothing of any one sale (a master
+        // away holds up the others' answers too): its items fail, but no circuit counts it.
+        // A master away fails its own sales' items with errors of their own, which count.
         let answers = match asked {
-            0 => Vec::new(),
-            _ => match tokio::time::timeout(BATCH_TIMEOUT, call(let_through)).await {
-                Ok(answers) => answers,
-                Err(_) => (0..asked).map(|_| Err(GateError::Timeout)).collect(),
-            },
+            0 => Some(Vec::new()),
+            _ => tokio::time::timeout(self.batch_timeout, call(let_through))
+                .await
+                .ok(),
         };
-        let mut answers = answers.into_iter();
+        let mut answers = answers.map(Vec::into_iter);
         items
             .iter()
             .zip(guards)
             .map(|(item, guard)| {
                 let trial = guard?;
-                let answer = answers
-                    .next()
-                    .unwrap_or_else(|| Err(GateError::BadReply("no answer for the item".into())));
                 let sale_id = sale_of(item);
                 self.with_circuit(sale_id, |c| {
                     if trial {
                         c.end_trial();
                     }
-                    self.record(c, sale_id, answer)
+                    match answers.as_mut() {
+                        Some(answers) => {
+                            let answer = answers.next().unwrap_or_else(|| {
+                                Err(GateError::BadReply("no answer for the item".into()))
+                            });
+                            self.record(c, sale_id, answer)
+                        }
+                        None => Err(GateError::Timeout),
+                    }
                 })
             })
             .collect()
@@ -658,5 +668,54 @@ mod tests {
         assert!(trial.await.unwrap().is_ok());
         assert!(!b.is_open(), "the trial's answer closed the circuit");
         assert!(call(&b, true, &reached).await.is_ok());
+    }
+
+    /// A circuit per sale, items asked in one call: a sale whose items fail (its master is
+    /// away) opens its own circuit only; while open, its items are refused and the others
+    /// still asked; a call that runs out of time as a whole opens no circuit.
+    #[tokio::test]
+    async fn one_call_for_many_sales_counts_each_answer_for_its_own_sale() {
+        let mut b = breaker().per_sale();
+        b.batch_timeout = Duration::from_millis(50);
+        let asked = std::sync::Mutex::new(Vec::new());
+        let answer = |failing: i64| {
+            let asked = &asked;
+            move |sales: Vec<i64>| async move {
+                asked.lock().unwrap().push(sales.clone());
+                sales
+                    .iter()
+                    .map(|s| match *s == failing {
+                        true => Err(GateError::Timeout),
+                        false => Ok(*s),
+                    })
+                    .collect::<Vec<_>>()
+            }
+        };
+        for _ in 0..2 {
+            let answers = b.call_many(&[1, 2, 3], |s| *s, answer(2)).await;
+            assert!(answers[0].is_ok() && answers[1].is_err() && answers[2].is_ok());
+        }
+        let refused = b.call_many(&[1, 2, 3], |s| *s, answer(0)).await;
+        assert!(
+            matches!(refused[1], Err(GateError::Unavailable(_))),
+            "{refused:?}"
+        );
+        assert_eq!(refused[0].as_ref().ok(), Some(&1));
+        assert_eq!(refused[2].as_ref().ok(), Some(&3));
+        assert_eq!(asked.lock().unwrap().last(), Some(&vec![1, 3]));
+
+        let slow = |sales: Vec<i64>| async move {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            sales.into_iter().map(Ok).collect::<Vec<_>>()
+        };
+        for _ in 0..3 {
+            let answers = b.call_many(&[1, 3], |s| *s, slow).await;
+            assert!(answers.iter().all(|a| matches!(a, Err(GateError::Timeout))));
+        }
+        let answers = b.call_many(&[1, 3], |s| *s, answer(0)).await;
+        assert!(
+            answers.iter().all(|a| a.is_ok()),
+            "no circuit opened: {answers:?}"
+        );
     }
 }

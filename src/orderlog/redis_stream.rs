@@ -5,8 +5,9 @@
 //! written move to the sale's dead-letter stream with the reason.
 //!
 //! On a standalone Redis one blocking XREADGROUP reads every stream. In a cluster the
-//! streams live on many masters: each slot's streams are read on their own, concurrently
-//! and without blocking, so one unreachable master never stops the others' orders.
+//! streams live on many masters: each slot's streams are read in a non-blocking XREADGROUP
+//! of their own, all of a master's in one pipeline, so one unreachable master never stops
+//! the others' orders; a quiet slot is read less and less often, up to once a second.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -137,13 +138,15 @@ impl StreamLog {
     /// Reads the streams of these sales (`(sale id, segments)`: one stream per segment)
     /// from now on, and makes sure their group exists.
     pub async fn watch(&self, sales: &[(i64, i64)]) -> Result<(), LogError> {
-        let keys: Vec<String> = sales
+        let mut keys: Vec<String> = sales
             .iter()
             .flat_map(|(id, n)| {
                 let n = (*n).max(1);
                 (0..n).map(move |s| SaleKeys::stream_of(&self.prefix, *id, n, s))
             })
             .collect();
+        let mut seen = std::collections::HashSet::new();
+        keys.retain(|k| seen.insert(k.clone()));
         let current = self.watched();
         let added: Vec<&String> = {
             let known: std::collections::HashSet<&str> =
@@ -254,6 +257,9 @@ impl StreamLog {
                 }
                 Err(e) if e.code() == Some("NOGROUP") => {
                     read_any = true;
+                    // Read again soon, not at once: a group that cannot be made again
+                    // (Redis out of memory) must not spin the writer.
+                    self.note_slot_read(slot, false);
                     for s in group {
                         if let Err(e) = self.ensure_group(s).await {
                             tracing::debug!(stream = s, error = %e, "could not recreate a group");

@@ -3,9 +3,10 @@
 //! command sent to the master that serves its key's slot. The scheduler's check, the audit's
 //! reads and the writer's reads ask every open sale each second: a call per sale made 1,000
 //! idle sales cost a core's tenth on a cluster.
-//! It never retries a command that a server answered, except one sent to a master that no
-//! longer serves its slot (MOVED, ASK), which then goes on its own, routed by the cluster
-//! client.
+//! It retries only a command sent to a master that no longer serves its slot (MOVED, ASK):
+//! on its own, routed by the cluster client. (That client itself sends a whole pipeline
+//! again where one command's redirect points; an XREADGROUP of it may then have been
+//! answered twice, and its first entries wait, pending, for the writers' reclaim.)
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -193,7 +194,8 @@ impl KeyedPipe {
             async move {
                 let routing =
                     RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(master_of(slot)));
-                (i, conn.route_command(cmd, routing).await)
+                // A server's error comes back as a value here: an error, as in a pipeline.
+                (i, conn.route_command(cmd, routing).await.and_then(answer))
             }
         });
         for (i, answer) in futures_util::future::join_all(retries).await {

@@ -1,9 +1,13 @@
 //! How this process reaches Redis: one standalone server (directly, or through the
 //! Sentinel follower's local forwarder) or a Redis Cluster (`redis+cluster://` seed nodes).
-//! Owns the connection settings, the key layout (`keys`), leases (`lease`), the Sentinel
-//! follower (`sentinel`) and the one connection type every other module uses, so that the gate, order log, ids and scheduler are the same code for both.
+//! Owns the connection settings, the key layout (`keys`), many keys' commands in one round
+//! trip per server (`keyed`), leases (`lease`), the Sentinel follower (`sentinel`) and the
+//! one connection type every other module uses, so that the gate, order log, ids and
+//! scheduler are the same code for both.
 //! It never decides anything and never retries a command of its own accord: in a cluster,
-//! MOVED/ASK/TRYAGAIN are followed by the cluster client (routing, not failures).
+//! MOVED/ASK/TRYAGAIN are followed by the cluster client (routing, not failures), and a
+//! pipeline's command sent to a master that no longer serves its slot goes again on its
+//! own, through that client.
 
 use std::time::Duration;
 
