@@ -265,8 +265,8 @@ impl Breaker {
     /// every item failed. With a circuit per sale (a cluster): the items whose circuit lets
     /// a call through go in the one call, and each answer counts for its own sale's
     /// circuit, so that a dead master opens the circuits of its own sales only.
-    async fn call_many<'s, I, T, F, Fut>(
-        &'s self,
+    async fn call_many<I, T, F, Fut>(
+        &self,
         items: &[I],
         sale_of: fn(&I) -> i64,
         call: F,
@@ -280,7 +280,21 @@ impl Breaker {
             return Vec::new();
         };
         if let Circuits::PerSale(_) = &self.circuits {
-            return self.call_many_per_sale(items, sale_of, call).await;
+            // A master away fails its own sales' items with errors that count for them.
+            let guards = self.guard_each(items, sale_of);
+            let let_through: Vec<I> = items
+                .iter()
+                .zip(&guards)
+                .filter(|(_, guard)| guard.is_ok())
+                .map(|(item, _)| item.clone())
+                .collect();
+            let answers = match let_through.is_empty() {
+                true => Some(Vec::new()),
+                false => tokio::time::timeout(self.batch_timeout, call(let_through))
+                    .await
+                    .ok(),
+            };
+            return self.record_each(items, sale_of, guards, answers);
         }
         let all = async {
             let answers = call(items.to_vec()).await;
@@ -295,37 +309,24 @@ impl Breaker {
         }
     }
 
-    async fn call_many_per_sale<I, T, F, Fut>(
+    /// Each item's circuit asked whether a call may go (`Ok(true)`: as its trial).
+    fn guard_each<I>(&self, items: &[I], sale_of: fn(&I) -> i64) -> Vec<Result<bool, GateError>> {
+        items
+            .iter()
+            .map(|item| self.with_circuit(sale_of(item), |c| self.guard(c)))
+            .collect()
+    }
+
+    /// The answers of the items `guards` let through (`None`: the call ran out of time as a
+    /// whole, which says nothing of any one sale: its items fail, but no circuit counts
+    /// it), each counted for its own sale's circuit; the others refused.
+    fn record_each<I, T>(
         &self,
         items: &[I],
         sale_of: fn(&I) -> i64,
-        call: F,
-    ) -> Vec<Result<T, GateError>>
-    where
-        I: Clone,
-        F: Fn(Vec<I>) -> Fut,
-        Fut: std::future::Future<Output = Vec<Result<T, GateError>>>,
-    {
-        let guards: Vec<Result<bool, GateError>> = items
-            .iter()
-            .map(|item| self.with_circuit(sale_of(item), |c| self.guard(c)))
-            .collect();
-        let let_through: Vec<I> = items
-            .iter()
-            .zip(&guards)
-            .filter(|(_, guard)| guard.is_ok())
-            .map(|(item, _)| item.clone())
-            .collect();
-        let asked = let_through.len();
-        // A call that ran out of time as a whole says nothing of any one sale (a master
-        // away holds up the others' answers too): its items fail, but no circuit counts it.
-        // A master away fails its own sales' items with errors of their own, which count.
-        let answers = match asked {
-            0 => Some(Vec::new()),
-            _ => tokio::time::timeout(self.batch_timeout, call(let_through))
-                .await
-                .ok(),
-        };
+        guards: Vec<Result<bool, GateError>>,
+        answers: Option<Vec<Result<T, GateError>>>,
+    ) -> Vec<Result<T, GateError>> {
         let mut answers = answers.map(Vec::into_iter);
         items
             .iter()
