@@ -30,21 +30,21 @@ pub const RECLAIM_IDLE_MS: u64 = 10_000;
 /// fence while it waits, and a gate rebuild waits for every fence. (The loops of a process
 /// share one reader and take turns before they take their fences, so a rebuild waits for
 /// one read, not for one per loop: it waited 2 s with 500 ms and 4 loops queued inside
-/// their fences.) An idle reader costs Redis ten calls a second.
+/// their fences.) It names only the streams due (see `due_slots`): an idle reader costs
+/// Redis about two calls a second.
 const BLOCK_MS: u64 = 100;
 /// A blocking read's answer: its BLOCK, plus a Redis busy with a storm.
 const READ_RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
-/// In a cluster, the step of a slot's wait after a read that found nothing (the first
-/// wait is twice this), and the longest a writer sleeps before it looks again for a slot
-/// due to be read.
-const CLUSTER_POLL_MS: u64 = 50;
-/// In a cluster, the longest a slot whose reads keep finding nothing waits for its next
-/// read: the first order of a quiet sale reaches SQL within this, a busy sale's streams
-/// are read every round.
+/// The step of a slot's wait after a read that found nothing (the first wait is twice
+/// this), and the longest a writer sleeps before it looks again for a slot due to be read.
+const IDLE_POLL_MS: u64 = 50;
+/// The longest a slot whose reads keep finding nothing waits for its next read: the first
+/// order of a quiet sale reaches SQL within this, a busy sale's streams are read every
+/// round.
 const IDLE_SLOT_MAX_MS: u64 = 1000;
 
-/// A cluster slot whose last reads found nothing: how many in a row, and when it is read
-/// next (each empty read doubles the wait, up to `IDLE_SLOT_MAX_MS`).
+/// A slot whose last reads found nothing: how many in a row, and when it is read next
+/// (each empty read doubles the wait, up to `IDLE_SLOT_MAX_MS`).
 struct IdleSlot {
     empty_reads: u32,
     next_read: std::time::Instant,
@@ -85,6 +85,8 @@ pub struct StreamLog {
     prefix: String,
     consumer: String,
     streams: RwLock<Arc<Watched>>,
+    /// The sales of the last `watch` whose streams all joined.
+    watched_sales: std::sync::Mutex<Vec<(i64, i64)>>,
     reclaim_idle_ms: u64,
     /// Orders per entry in the last read that found any (1 until then; more with batch
     /// entries): a read asks for as many entries as make about the orders it was asked
@@ -120,6 +122,7 @@ impl StreamLog {
             orders_per_entry: AtomicUsize::new(1),
             read_failures: crate::logline::Every::new(30_000),
             idle_slots: Default::default(),
+            watched_sales: Default::default(),
             ack: Script::new(include_str!("ack.lua")),
             dead_letter: Script::new(include_str!("dead_letter.lua")),
         })
@@ -138,6 +141,11 @@ impl StreamLog {
     /// Reads the streams of these sales (`(sale id, segments)`: one stream per segment)
     /// from now on, and makes sure their group exists.
     pub async fn watch(&self, sales: &[(i64, i64)]) -> Result<(), LogError> {
+        // The scheduler calls this every second; the sales rarely change, and naming a
+        // thousand sales' streams to find that out showed in an idle instance's profile.
+        if *self.watched_sales.lock().unwrap_or_else(|p| p.into_inner()) == sales {
+            return Ok(());
+        }
         let mut keys: Vec<String> = sales
             .iter()
             .flat_map(|(id, n)| {
@@ -155,8 +163,9 @@ impl StreamLog {
                 .filter(|k| !known.contains(k.as_str()))
                 .collect()
         };
-        // The scheduler calls this every second; the sales rarely change.
+        // Other sales, the same streams (a sale's segments fixed after a reload).
         if added.is_empty() && keys.len() == current.all.len() {
+            *self.watched_sales.lock().unwrap_or_else(|p| p.into_inner()) = sales.to_vec();
             return Ok(());
         }
         // A stream whose master is away joins on a later call; the others join now.
@@ -170,7 +179,13 @@ impl StreamLog {
         }
         let keys = keys.into_iter().filter(|k| !failed.contains(k)).collect();
         *self.streams.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(Watched::of(keys));
-        first_error.map_or(Ok(()), Err)
+        match first_error {
+            Some(e) => Err(e),
+            None => {
+                *self.watched_sales.lock().unwrap_or_else(|p| p.into_inner()) = sales.to_vec();
+                Ok(())
+            }
+        }
     }
 
     fn watched(&self) -> Arc<Watched> {
@@ -215,20 +230,9 @@ impl StreamLog {
     /// per master, all masters at once. A slot whose master is away is skipped (and
     /// logged); the others are read. Fails only when every slot failed.
     async fn read_per_slot(&self, watched: &Watched, max: usize) -> Result<Batch, LogError> {
-        // Quiet slots due soon are read with those due now: a round of reads (and the
-        // writer's fence) every half second for a thousand quiet sales, not one for each
-        // slot as its own wait runs out.
-        let soon = std::time::Instant::now() + Duration::from_millis(IDLE_SLOT_MAX_MS / 2);
-        let by_slot: Vec<&(redis::cluster_routing::Slot, Vec<String>)> = {
-            let idle = self.idle_slots.lock().unwrap_or_else(|p| p.into_inner());
-            watched
-                .by_slot
-                .iter()
-                .filter(|(slot, _)| idle.get(slot).is_none_or(|i| i.next_read <= soon))
-                .collect()
-        };
+        let by_slot = self.due_slots(watched);
         if by_slot.is_empty() {
-            tokio::time::sleep(Duration::from_millis(CLUSTER_POLL_MS)).await;
+            tokio::time::sleep(Duration::from_millis(IDLE_POLL_MS)).await;
             return Ok(Batch::default());
         }
         let count = (max / by_slot.len()).max(1);
@@ -284,8 +288,25 @@ impl StreamLog {
         Ok(batch)
     }
 
-    /// How long until the first cluster slot is due to be read; `None` when one is now
-    /// (or no stream is watched).
+    /// The slots to read this round: those whose streams found entries last time, and the
+    /// quiet ones due soon. Read together: a round of reads (and the writer's fence) every
+    /// half second for a thousand quiet sales, not one for each slot as its own wait runs
+    /// out, nor one per blocking read's end (ten a second, each naming every stream).
+    fn due_slots<'w>(
+        &self,
+        watched: &'w Watched,
+    ) -> Vec<&'w (redis::cluster_routing::Slot, Vec<String>)> {
+        let soon = std::time::Instant::now() + Duration::from_millis(IDLE_SLOT_MAX_MS / 2);
+        let idle = self.idle_slots.lock().unwrap_or_else(|p| p.into_inner());
+        watched
+            .by_slot
+            .iter()
+            .filter(|(slot, _)| idle.get(slot).is_none_or(|i| i.next_read <= soon))
+            .collect()
+    }
+
+    /// How long until the first slot is due to be read; `None` when one is now (or no
+    /// stream is watched).
     fn until_a_slot_is_due(&self) -> Option<Duration> {
         let watched = self.watched();
         let idle = self.idle_slots.lock().unwrap_or_else(|p| p.into_inner());
@@ -302,7 +323,7 @@ impl StreamLog {
         earliest.map(|e| e - now)
     }
 
-    /// After a read of a cluster slot's streams: read again next round if it found
+    /// After a read of a slot's streams: read again next round if it found
     /// entries, else later, each empty read doubling the wait.
     fn note_slot_read(&self, slot: redis::cluster_routing::Slot, found: bool) {
         let mut idle = self.idle_slots.lock().unwrap_or_else(|p| p.into_inner());
@@ -315,7 +336,7 @@ impl StreamLog {
             next_read: std::time::Instant::now(),
         });
         entry.empty_reads = entry.empty_reads.saturating_add(1);
-        let wait = CLUSTER_POLL_MS.saturating_mul(1 << entry.empty_reads.min(10));
+        let wait = IDLE_POLL_MS.saturating_mul(1 << entry.empty_reads.min(10));
         entry.next_read =
             std::time::Instant::now() + Duration::from_millis(wait.min(IDLE_SLOT_MAX_MS));
     }
@@ -609,6 +630,18 @@ fn collect_entries(stream: &str, entries: &Value, batch: &mut Batch) {
 
 /// Adds the entries of an XREADGROUP reply (RESP2 array or RESP3 map) to the batch;
 /// `count` is the COUNT it asked of each stream (a stream that gave as many caps the batch).
+/// The streams a batch holds entries of.
+fn streams_in(batch: &Batch) -> std::collections::HashSet<&str> {
+    let receipts = batch.deliveries.iter().map(|d| &d.receipt);
+    receipts
+        .chain(batch.malformed.iter().map(|m| &m.receipt))
+        .filter_map(|r| match r {
+            Receipt::Stream { stream, .. } => Some(stream.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
 fn collect_reply(reply: Value, count: usize, batch: &mut Batch) {
     let mut collect = |name: &str, entries: &Value| {
         if matches!(entries, Value::Array(e) if e.len() >= count) {
@@ -689,10 +722,17 @@ impl OrderLog for StreamLog {
             self.note_entries(&batch);
             return Ok(batch);
         }
+        // One Redis: the due slots' streams in one blocking read.
+        let due = self.due_slots(&watched);
+        if due.is_empty() {
+            tokio::time::sleep(Duration::from_millis(IDLE_POLL_MS)).await;
+            return Ok(Batch::default());
+        }
+        let streams: Vec<&String> = due.iter().flat_map(|(_, group)| group).collect();
         let mut cmd = self.read_command(max);
         cmd.arg("BLOCK").arg(BLOCK_MS);
-        cmd.arg("STREAMS").arg(streams);
-        for _ in streams {
+        cmd.arg("STREAMS").arg(&streams);
+        for _ in &streams {
             cmd.arg(">");
         }
         let reply: Result<Value, redis::RedisError> = {
@@ -728,17 +768,18 @@ impl OrderLog for StreamLog {
         };
         let mut batch = Batch::default();
         collect_reply(reply, max, &mut batch);
+        let found = streams_in(&batch);
+        for (slot, group) in due {
+            self.note_slot_read(*slot, group.iter().any(|s| found.contains(s.as_str())));
+        }
         self.note_entries(&batch);
         Ok(batch)
     }
 
     async fn until_worth_reading(&self) {
-        if !self.conn.is_cluster() {
-            return;
-        }
         while let Some(wait) = self.until_a_slot_is_due() {
             // Bounded: a sale watched meanwhile is read soon.
-            tokio::time::sleep(wait.min(Duration::from_millis(4 * CLUSTER_POLL_MS))).await;
+            tokio::time::sleep(wait.min(Duration::from_millis(4 * IDLE_POLL_MS))).await;
         }
     }
 

@@ -177,6 +177,11 @@ pub struct WriteOutcome {
     pub duplicates: usize,
 }
 
+/// The approved sales' figures folded into a few numbers (see
+/// [`Store::approved_sales_mark`]): equal marks, the same sales as far as a cache can tell.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct SalesMark([i64; 6]);
+
 /// Counts of a sale's orders in SQL, by status.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct SaleCounts {
@@ -1390,6 +1395,29 @@ impl Store {
             Self::SALE_COLS
         );
         self.all_rows(&q, &[ends_after], Self::sale_from_row).await
+    }
+
+    /// What says whether [`Store::approved_sales`] of `ends_after` changed, in one row:
+    /// their number and sums of the columns every change of a cached figure moves
+    /// (`updated_at` by each of them). A cache reads the sales again only when it differs.
+    pub async fn approved_sales_mark(&self, ends_after: i64) -> Result<SalesMark, StoreError> {
+        let q = format!(
+            "SELECT COUNT(*), {}, {}, {}, {}, {} FROM sales WHERE status = 'approved' AND ends_at > ?",
+            self.sum_int("updated_at"),
+            self.sum_int("stock"),
+            self.sum_int("paused"),
+            self.sum_int("begins_at"),
+            self.sum_int("ends_at"),
+        );
+        let row = sqlx::query(&self.sql(&q))
+            .bind(ends_after)
+            .fetch_one(&self.pool)
+            .await?;
+        let mut mark = [0i64; 6];
+        for (i, v) in mark.iter_mut().enumerate() {
+            *v = row.try_get(i)?;
+        }
+        Ok(SalesMark(mark))
     }
 
     /// Every sale, newest first (admin listing).
