@@ -553,6 +553,57 @@ mod tests {
         (store, sale)
     }
 
+    /// The cache reads the sales again after each kind of change SQL makes to them, and
+    /// only then: the same sales keep the same copies.
+    #[tokio::test]
+    async fn the_cache_reads_the_sales_again_when_and_only_when_they_changed() {
+        let (store, sale) = store_with_sale().await;
+        let cache = SaleCache::default();
+        cache.refresh(&store).await.unwrap();
+        let copy = || cache.get(sale.id).unwrap();
+        let before = copy();
+        cache.refresh(&store).await.unwrap();
+        assert!(
+            Arc::ptr_eq(&before, &copy()),
+            "read again with nothing changed"
+        );
+
+        store.set_paused(sale.id, true).await.unwrap();
+        cache.refresh(&store).await.unwrap();
+        assert!(copy().paused, "a pause is seen");
+
+        let order = crate::model::NewOrder {
+            id: 7,
+            sale_id: sale.id,
+            user_id: 1,
+            quantity: 1,
+            price_cents: 100,
+            accepted_at: store.now_ms(),
+        };
+        store.write_orders(&[order]).await.unwrap();
+        cache.refresh(&store).await.unwrap();
+        assert_eq!(copy().stock, 4, "written orders' stock is seen");
+
+        let other = Sale {
+            id: 43,
+            ..sale.clone()
+        };
+        store.create_sale(&other).await.unwrap();
+        cache.refresh(&store).await.unwrap();
+        assert!(cache.get(43).is_some(), "a new approved sale is seen");
+
+        let ends = store.now_ms() + 1000;
+        store.end_early(sale.id, ends).await.unwrap();
+        cache.refresh(&store).await.unwrap();
+        assert_eq!(copy().ends_at, ends, "an early end is seen");
+        let after = copy();
+        cache.refresh(&store).await.unwrap();
+        assert!(
+            Arc::ptr_eq(&after, &copy()),
+            "read again with nothing changed"
+        );
+    }
+
     /// The race CI found: the tick held the sale's load when an approval asked for it, and
     /// the approval answered before the sale was in the gate.
     #[tokio::test]

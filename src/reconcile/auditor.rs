@@ -685,6 +685,51 @@ mod tests {
         }
     }
 
+    /// A quiet sale is audited one round in `QUIET_EVERY`, quiet sales in turn; a sale that
+    /// moved, opened or ended within `QUIET_AFTER_MS` every round.
+    #[test]
+    fn quiet_sales_are_audited_in_turn_and_moving_ones_every_round() {
+        let now = 10_000_000;
+        let sale = |id: i64, updated_at: i64| Sale {
+            id,
+            title: String::new(),
+            price_cents: 1,
+            initial_stock: 1,
+            stock: 1,
+            per_user_limit: 1,
+            begins_at: now - 3_600_000,
+            ends_at: now + 3_600_000,
+            payment_window_secs: 60,
+            approved: true,
+            paused: false,
+            updated_at,
+            anti_bot: Default::default(),
+            segments: 1,
+            waiting_room: None,
+        };
+        let rounds = 0..3 * QUIET_EVERY;
+        let audits = |s: &Sale| rounds.clone().filter(|r| audited_now(s, now, *r)).count();
+        for id in 0..100 {
+            let quiet = sale(id, now - QUIET_AFTER_MS);
+            assert_eq!(audits(&quiet), 3, "sale {id}: one round in {QUIET_EVERY}");
+            assert_eq!(audits(&sale(id, now - 1_000)), 3 * QUIET_EVERY as usize);
+        }
+        let in_one_round = (0..1000)
+            .filter(|id| audited_now(&sale(*id, 0), now, 7))
+            .count();
+        assert_eq!(in_one_round, 100, "a tenth of the quiet sales each round");
+        let opening = Sale {
+            begins_at: now + 30_000,
+            ..sale(1, 0)
+        };
+        let ended = Sale {
+            ends_at: now - 30_000,
+            ..sale(1, 0)
+        };
+        assert_eq!(audits(&opening), 3 * QUIET_EVERY as usize, "about to open");
+        assert_eq!(audits(&ended), 3 * QUIET_EVERY as usize, "just ended");
+    }
+
     fn streak(rounds: u32, stock_drift: i64) -> Streak {
         Streak {
             differences: counted(stock_drift, 0).differences(),

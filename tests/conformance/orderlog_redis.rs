@@ -970,3 +970,41 @@ async fn pass_until_an_ack(client: TcpStream, server: TcpStream, cut: Arc<Atomic
     }
     down.abort();
 }
+
+/// On one Redis, a reader's reads of a quiet stream slow to about one a second (an idle
+/// reader that named every stream in a blocking read ten times a second cost Redis more
+/// than all its other work), and a quiet stream's first entry still arrives within about a
+/// second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_stream_is_read_about_once_a_second_and_its_first_entry_still_arrives() {
+    let s = setup(Sql::Sqlite).await;
+    let sale_id = s.open_sale(10).await;
+    let log = s.consumer(Duration::from_secs(10), sale_id).await;
+    // Reads as a writer makes them, for `secs`: how many, and the orders they found.
+    let read_for = |secs: u64| {
+        let log = log.clone();
+        async move {
+            let until = std::time::Instant::now() + Duration::from_secs(secs);
+            let (mut reads, mut orders) = (0, 0);
+            while std::time::Instant::now() < until && orders == 0 {
+                log.until_worth_reading().await;
+                orders += log.next_batch(100).await.unwrap().deliveries.len();
+                reads += 1;
+            }
+            (reads, orders)
+        }
+    };
+    read_for(3).await;
+    let (reads, orders) = read_for(3).await;
+    assert_eq!(orders, 0);
+    assert!(reads <= 8, "{reads} reads of a quiet stream in 3 s");
+    s.buy_all(sale_id, 1..2).await;
+    let bought = std::time::Instant::now();
+    let (_, orders) = read_for(5).await;
+    assert_eq!(orders, 1, "the entry is read");
+    assert!(
+        bought.elapsed() < Duration::from_millis(2500),
+        "the first entry of a quiet stream waited {:?}",
+        bought.elapsed()
+    );
+}
