@@ -61,12 +61,20 @@ pub async fn readyz(State(st): State<Arc<AppState>>) -> Result<&'static str, Api
     }
     // An open sale missing from the gate is being rebuilt (Redis lost it): purchases of it
     // answer `not_loaded` until then.
+    // All of them in one call: a probe every few seconds must not cost a round trip per
+    // sale.
     let now = st.now_ms();
-    for sale in st.sales.all() {
-        if sale.begins_at <= now && now < sale.ends_at && !st.gate.is_loaded(sale.id).await? {
+    let open: Vec<i64> = st
+        .sales
+        .all()
+        .iter()
+        .filter(|sale| sale.begins_at <= now && now < sale.ends_at)
+        .map(|sale| sale.id)
+        .collect();
+    for (sale, loaded) in open.iter().zip(st.gate.are_loaded(&open).await) {
+        if !loaded? {
             return Err(ApiError::Unavailable(format!(
-                "sale {} is not in the gate yet (being loaded or rebuilt)",
-                sale.id
+                "sale {sale} is not in the gate yet (being loaded or rebuilt)"
             )));
         }
     }

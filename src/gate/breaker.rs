@@ -392,6 +392,15 @@ impl Layer for Breaker {
             .await
     }
 
+    async fn are_loaded(&self, sale_ids: &[i64]) -> Vec<Result<bool, GateError>> {
+        self.call_many(
+            sale_ids,
+            |sale_id| *sale_id,
+            |ids| async move { self.inner.are_loaded(&ids).await },
+        )
+        .await
+    }
+
     async fn begin_load(&self, sale_id: i64) -> Result<super::LoadStart, GateError> {
         self.call(sale_id, self.inner.begin_load(sale_id), CALL_TIMEOUT)
             .await

@@ -113,6 +113,10 @@ pub trait Layer: Send + Sync {
         self.inner().is_loaded(sale_id).await
     }
 
+    async fn are_loaded(&self, sale_ids: &[i64]) -> Vec<Result<bool, GateError>> {
+        self.inner().are_loaded(sale_ids).await
+    }
+
     async fn stock(&self, sale_id: i64) -> Result<Option<GateStock>, GateError> {
         self.inner().stock(sale_id).await
     }
@@ -239,6 +243,10 @@ impl<T: Layer> Gate for T {
 
     async fn is_loaded(&self, sale_id: i64) -> Result<bool, GateError> {
         Layer::is_loaded(self, sale_id).await
+    }
+
+    async fn are_loaded(&self, sale_ids: &[i64]) -> Vec<Result<bool, GateError>> {
+        Layer::are_loaded(self, sale_ids).await
     }
 
     async fn stock(&self, sale_id: i64) -> Result<Option<GateStock>, GateError> {

@@ -528,6 +528,16 @@ pub trait Gate: Send + Sync {
 
     async fn is_loaded(&self, sale_id: i64) -> Result<bool, GateError>;
 
+    /// [`Gate::is_loaded`] of many sales, one answer each, in order: what a readiness
+    /// probe asks of every open sale, in one call where the gate can.
+    async fn are_loaded(&self, sale_ids: &[i64]) -> Vec<Result<bool, GateError>> {
+        let mut loaded = Vec::with_capacity(sale_ids.len());
+        for sale_id in sale_ids {
+            loaded.push(self.is_loaded(*sale_id).await);
+        }
+        loaded
+    }
+
     /// None when the sale is not in the gate.
     async fn stock(&self, sale_id: i64) -> Result<Option<GateStock>, GateError>;
 

@@ -569,11 +569,9 @@ fn segment_figures(pipe: &mut KeyedPipe, k: &SaleKeys) {
     pipe.cmd("HLEN", &k.accepted);
 }
 
-/// The one sale's answer of `stocks`.
-fn only_stock(
-    mut stocks: Vec<Result<Option<GateStock>, GateError>>,
-) -> Result<Option<GateStock>, GateError> {
-    stocks
+/// The one sale's answer of a call for many (`stocks`, `are_loaded`).
+fn only_answer<T>(mut answers: Vec<Result<T, GateError>>) -> Result<T, GateError> {
+    answers
         .pop()
         .unwrap_or_else(|| Err(GateError::BadReply("no answer for the sale".into())))
 }
@@ -1066,22 +1064,53 @@ impl Gate for RedisGate {
     }
 
     async fn is_loaded(&self, sale_id: i64) -> Result<bool, GateError> {
+        only_answer(self.are_loaded(&[sale_id]).await)
+    }
+
+    async fn are_loaded(&self, sale_ids: &[i64]) -> Vec<Result<bool, GateError>> {
+        let mut answers = Vec::with_capacity(sale_ids.len());
         let mut conn = self.conn.clone();
-        for k in self.all_keys(sale_id).await? {
-            let n: i64 = redis::cmd("EXISTS")
-                .arg(&k.sale)
-                .query_async(&mut conn)
-                .await?;
-            if n == 0 {
-                return Ok(false);
+        for group in sale_ids.chunks(SALES_PER_CALL) {
+            let mut keys = Vec::with_capacity(group.len());
+            for sale_id in group {
+                keys.push(self.all_keys(*sale_id).await);
+            }
+            let mut pipe = KeyedPipe::new();
+            for k in keys.iter().flatten().flatten() {
+                pipe.cmd("EXISTS", &k.sale);
+            }
+            // Each segment's answer on its own: a master away fails its own sales only.
+            let mut replies = match conn.query_keyed(pipe).await {
+                Ok(replies) => replies.into_iter(),
+                Err(e) => {
+                    answers.extend(group.iter().map(|_| Err(GateError::from(e.clone()))));
+                    continue;
+                }
+            };
+            for sale_keys in keys {
+                answers.push(sale_keys.and_then(|segments| {
+                    let mut loaded = Ok(true);
+                    // Every segment's reply is taken, so that the next sale reads its own.
+                    for _ in &segments {
+                        let exists = replies
+                            .next()
+                            .ok_or_else(|| GateError::BadReply("a check's reply was short".into()))
+                            .and_then(|r| {
+                                redis::from_redis_value::<i64>(r?)
+                                    .map_err(|e| GateError::from(redis::RedisError::from(e)))
+                            });
+                        loaded = loaded.and_then(|all| exists.map(|n| all && n > 0));
+                    }
+                    loaded
+                }));
             }
         }
-        Ok(true)
+        answers
     }
 
     async fn stock(&self, sale_id: i64) -> Result<Option<GateStock>, GateError> {
         // A segmented sale's figures are the sum of its segments' (each on its own master).
-        only_stock(self.stocks(&[sale_id]).await)
+        only_answer(self.stocks(&[sale_id]).await)
     }
 
     async fn stocks(&self, sale_ids: &[i64]) -> Vec<Result<Option<GateStock>, GateError>> {

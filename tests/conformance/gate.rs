@@ -384,6 +384,33 @@ async fn window_pause_and_unknown_sales_are_refused_without_taking_stock() {
     }
 }
 
+/// A readiness probe asks about every open sale in one call: each answer is its own sale's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_sales_are_asked_whether_loaded_in_one_call_each_answer_its_own() {
+    for h in Harness::loadable().await {
+        let (first, second) = (
+            common::sale(common::next_id(), 5, 1),
+            common::sale(common::next_id(), 5, 1),
+        );
+        h.open(&first, vec![]).await;
+        h.open(&second, vec![]).await;
+        let absent = common::next_id();
+        let ids = [first.id, absent, second.id, absent];
+        let loaded: Vec<bool> = h
+            .gate
+            .are_loaded(&ids)
+            .await
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(loaded, [true, false, true, false], "{}", h.name);
+        for (id, loaded) in ids.iter().zip(loaded) {
+            assert_eq!(h.gate.is_loaded(*id).await.unwrap(), loaded, "{}", h.name);
+        }
+        assert!(h.gate.are_loaded(&[]).await.is_empty(), "{}", h.name);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_load_never_overwrites_live_stock_and_buyers_are_remembered() {
     for h in Harness::loadable().await {
