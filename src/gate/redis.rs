@@ -49,6 +49,9 @@ pub struct RedisGate {
     confirm: Script,
     forget_stale: Script,
     check_loaded: Script,
+    server_mark: Script,
+    /// Segments the check found loaded, and the servers' mark they were found under.
+    settled: std::sync::Mutex<Settled>,
     take_move: Script,
     give_move: Script,
     /// Segments per sale, as SQL has them (told by `know_segments`, or read from Redis).
@@ -152,6 +155,118 @@ impl RedisGate {
     }
 }
 
+/// How long segments found loaded are taken as loaded while every server's mark stays the
+/// same, before the check reads every hash again: what a mark cannot see (a hash deleted
+/// while another key was made, within one second) is found within this.
+const SETTLED_FOR: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Segments the scheduler's check found loaded (their hashes' names), and every master's
+/// run id and key count when it did (see server_mark.lua).
+#[derive(Default)]
+struct Settled {
+    mark: Vec<(String, i64)>,
+    since: Option<std::time::Instant>,
+    loaded: std::collections::HashSet<String>,
+}
+
+impl RedisGate {
+    /// Every master's run id and key count, in one script call each; `None` when one
+    /// cannot tell (then every hash is read).
+    async fn servers_mark(&self) -> Option<Vec<(String, i64)>> {
+        let mut conn = self.conn.clone();
+        let mut call = redis::cmd("EVALSHA");
+        call.arg(self.server_mark.get_hash()).arg(0);
+        let answers = match conn.on_every_master(call.clone()).await {
+            Err(e) if e.code() == Some("NOSCRIPT") => {
+                let mut load = redis::cmd("SCRIPT");
+                load.arg("LOAD").arg(include_str!("server_mark.lua"));
+                conn.on_every_master(load).await.ok()?;
+                conn.on_every_master(call).await
+            }
+            answers => answers,
+        };
+        let mut mark = answers
+            .ok()?
+            .into_iter()
+            .map(|a| redis::from_redis_value::<(String, i64)>(a).ok())
+            .collect::<Option<Vec<_>>>()?;
+        mark.sort();
+        Some(mark)
+    }
+
+    /// The segments known loaded under `mark`; `None` when every hash must be read (the
+    /// mark changed or is unknown, or the last full read is `SETTLED_FOR` old).
+    fn settled_under(
+        &self,
+        mark: Option<&Vec<(String, i64)>>,
+    ) -> Option<std::collections::HashSet<String>> {
+        let settled = self.settled.lock().unwrap_or_else(|p| p.into_inner());
+        let current = settled.since.is_some_and(|t| t.elapsed() < SETTLED_FOR);
+        (current && mark == Some(&settled.mark)).then(|| settled.loaded.clone())
+    }
+
+    /// Keeps what a check found: the segments answered loaded join those known (`full`:
+    /// all of them read, the others forgotten); any other answer leaves its segment to be
+    /// read again.
+    fn settle(
+        &self,
+        mark: Option<Vec<(String, i64)>>,
+        full: bool,
+        asked: &[Result<std::sync::Arc<SaleKeys>, GateError>],
+        answers: &[Result<SegmentCheck, GateError>],
+    ) {
+        let mut settled = self.settled.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(mark) = mark else {
+            *settled = Settled::default();
+            return;
+        };
+        if full {
+            *settled = Settled {
+                mark,
+                since: Some(std::time::Instant::now()),
+                loaded: Default::default(),
+            };
+        }
+        for (k, answer) in asked.iter().zip(answers) {
+            let Ok(k) = k else { continue };
+            match answer {
+                Ok(SegmentCheck::Loaded) => settled.loaded.insert(k.sale.clone()),
+                _ => settled.loaded.remove(&k.sale),
+            };
+        }
+    }
+
+    /// check_loaded.lua's verdict on each of `keys`' segments, in calls of
+    /// `SALES_PER_CALL`.
+    async fn check_hashes(
+        &self,
+        keys: &[Result<std::sync::Arc<SaleKeys>, GateError>],
+    ) -> Vec<Result<SegmentCheck, GateError>> {
+        let mut checks = Vec::with_capacity(keys.len());
+        for group in keys.chunks(SALES_PER_CALL) {
+            let answers = match self.conn.is_cluster() {
+                true => self.check_each(group).await,
+                false => self.check_together(group).await,
+            };
+            let mut answers = answers.map(Vec::into_iter);
+            for k in group {
+                checks.push(match (k, &mut answers) {
+                    (Err(e), _) => Err(e.for_another_waiter()),
+                    (Ok(_), Err(e)) => Err(e.for_another_waiter()),
+                    (Ok(k), Ok(answers)) => match answers.next() {
+                        Some(Ok(answer)) => loaded_answer(&k.sale, answer),
+                        Some(Err(e)) => Err(e),
+                        None => Err(GateError::BadReply(
+                            "check_loaded.lua answered short".into(),
+                        )),
+                    },
+                });
+            }
+        }
+        checks
+    }
+}
+
 /// The run id an `INFO server` reply names.
 fn run_id_of(info: &redis::Value) -> Option<String> {
     let mut texts = Vec::new();
@@ -212,6 +327,8 @@ impl RedisGate {
             )),
             forget_stale: Script::new(crate::redis_client::lease::FORGET_STALE_LUA),
             check_loaded: Script::new(include_str!("check_loaded.lua")),
+            server_mark: Script::new(include_str!("server_mark.lua")),
+            settled: Default::default(),
             take_move: Script::new(include_str!("take_move.lua")),
             give_move: Script::new(include_str!("give_move.lua")),
             segments: Default::default(),
@@ -941,6 +1058,8 @@ impl Gate for RedisGate {
     }
 
     async fn check_segments(&self, parts: &[(i64, i64)]) -> Vec<Result<SegmentCheck, GateError>> {
+        // Read before the hashes: a change after it shows in the next mark.
+        let mark = self.servers_mark().await;
         let mut keys = Vec::with_capacity(parts.len());
         for (sale_id, segment) in parts {
             keys.push(
@@ -949,28 +1068,32 @@ impl Gate for RedisGate {
                     .map(|n| self.segment_keys(*sale_id, n, *segment)),
             );
         }
-        let mut checks = Vec::with_capacity(parts.len());
-        for group in keys.chunks(SALES_PER_CALL) {
-            let answers = match self.conn.is_cluster() {
-                true => self.check_each(group).await,
-                false => self.check_together(group).await,
-            };
-            let mut answers = answers.map(Vec::into_iter);
-            for k in group {
-                checks.push(match (k, &mut answers) {
-                    (Err(e), _) => Err(e.for_another_waiter()),
-                    (Ok(_), Err(e)) => Err(e.for_another_waiter()),
-                    (Ok(k), Ok(answers)) => match answers.next() {
-                        Some(Ok(answer)) => loaded_answer(&k.sale, answer),
-                        Some(Err(e)) => Err(e),
-                        None => Err(GateError::BadReply(
-                            "check_loaded.lua answered short".into(),
-                        )),
-                    },
-                });
-            }
-        }
-        checks
+        let settled = self.settled_under(mark.as_ref());
+        let known: Vec<bool> = keys
+            .iter()
+            .map(|k| match (k, &settled) {
+                (Ok(k), Some(settled)) => settled.contains(&k.sale),
+                _ => false,
+            })
+            .collect();
+        let asked: Vec<_> = keys
+            .into_iter()
+            .zip(&known)
+            .filter(|(_, known)| !**known)
+            .map(|(k, _)| k)
+            .collect();
+        let answers = self.check_hashes(&asked).await;
+        self.settle(mark, settled.is_none(), &asked, &answers);
+        let mut answers = answers.into_iter();
+        known
+            .into_iter()
+            .map(|known| match known {
+                true => Ok(SegmentCheck::Loaded),
+                false => answers.next().unwrap_or_else(|| {
+                    Err(GateError::BadReply("a check's answer is missing".into()))
+                }),
+            })
+            .collect()
     }
 
     fn know_segments(&self, sales: &[(i64, i64)]) {

@@ -225,6 +225,35 @@ impl RedisConn {
         }
     }
 
+    /// Runs a keyless `cmd` on every master (the one server, standalone): their answers,
+    /// in the order of their addresses. Fails when one master fails, or answers an error:
+    /// what it asks must be known of every master.
+    pub async fn on_every_master(&mut self, cmd: Cmd) -> RedisResult<Vec<Value>> {
+        match self {
+            RedisConn::Single(conn) => Ok(vec![cmd.query_async(conn).await?]),
+            RedisConn::Cluster(conn, _) => {
+                let everywhere = RoutingInfo::MultiNode((
+                    redis::cluster_routing::MultipleNodeRoutingInfo::AllMasters,
+                    None,
+                ));
+                // Without a way to combine them, the client answers each master's answer
+                // by its address.
+                let mut answers = match conn.route_command(cmd, everywhere).await? {
+                    Value::Map(by_address) => by_address,
+                    other => vec![(Value::Nil, other)],
+                };
+                answers.sort_by(|a, b| format!("{:?}", a.0).cmp(&format!("{:?}", b.0)));
+                answers
+                    .into_iter()
+                    .map(|(_, answer)| match answer {
+                        Value::ServerError(e) => Err(RedisError::from(e)),
+                        answer => Ok(answer),
+                    })
+                    .collect()
+            }
+        }
+    }
+
     /// Runs `pipe`'s commands where their keys live, in one round trip per server (see
     /// [`keyed`]): an answer per command, in order. Fails as a whole only when a standalone
     /// server cannot be reached; in a cluster a master that cannot be reached fails its own

@@ -811,3 +811,73 @@ async fn buyers_handed_over_while_sql_is_read_hold_their_totals() {
         Verdict::Rejected(Rejection::AlreadyPurchased)
     );
 }
+
+/// The scheduler's check reads each sale's hash only when a server's mark (run id, key
+/// count) changed: with nothing changed it reads none; a hash deleted, or a restart (a new
+/// run id, the hashes loaded under the old one), makes it read them all and find each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_check_reads_the_hashes_only_when_a_server_changed() {
+    let dir = std::env::temp_dir().join(common::unique("settled"));
+    let mut server = common::PrivateRedis::start(common::free_port(), &dir);
+    let url = format!("redis://127.0.0.1:{}/", server.port);
+    let (_, conn) = seckill::app::redis_manager(&url).await.unwrap();
+    let g = RedisGate::new(conn.clone(), "settled");
+    g.prepare().await.unwrap();
+    let (store, _) = common::fresh_store(common::Sql::Sqlite).await;
+    let (a, b) = (
+        sale_with_buyers(&store, 10, 1).await,
+        sale_with_buyers(&store, 10, 1).await,
+    );
+    let cache = SaleCache::default();
+    for sale in [&a, &b] {
+        assert!(loader::load_sale(&store, &g, &cache, sale).await.unwrap());
+    }
+    let parts = [(a.id, 0), (b.id, 0)];
+    use SegmentCheck::{Forgotten, Loaded, Unloaded};
+    assert_eq!(check(&g, &parts).await, [Loaded, Loaded]);
+
+    // Nothing changed: no hash read (check_loaded.lua's HGETs).
+    let hgets = || async {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut conn.clone())
+            .await
+            .unwrap();
+        info.lines()
+            .find_map(|l| l.strip_prefix("cmdstat_hget:calls="))
+            .and_then(|l| l.split(',').next()?.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let before = hgets().await;
+    assert_eq!(check(&g, &parts).await, [Loaded, Loaded]);
+    assert_eq!(
+        hgets().await,
+        before,
+        "a hash was read with nothing changed"
+    );
+
+    // A hash deleted: found at the next check.
+    let _: () = redis::cmd("DEL")
+        .arg(&SaleKeys::new("settled", a.id).sale)
+        .query_async(&mut conn.clone())
+        .await
+        .unwrap();
+    assert_eq!(check(&g, &parts).await, [Unloaded, Loaded]);
+    assert!(hgets().await > before, "the hashes were read");
+
+    // A restart from its AOF: the same keys under a new run id.
+    server.restart();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let first = loop {
+        let answers = g.check_segments(&parts).await;
+        if answers.iter().all(Result::is_ok) {
+            break answers.into_iter().map(Result::unwrap).collect::<Vec<_>>();
+        }
+        assert!(std::time::Instant::now() < deadline, "{answers:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    assert_eq!(first, [Unloaded, Forgotten], "loaded under the old run id");
+    assert!(loader::load_sale(&store, &g, &cache, &b).await.unwrap());
+    assert_eq!(check(&g, &parts).await, [Unloaded, Loaded]);
+    assert_eq!(check(&g, &parts).await, [Unloaded, Loaded]);
+}
