@@ -71,7 +71,13 @@ pub async fn readyz(State(st): State<Arc<AppState>>) -> Result<&'static str, Api
         .filter(|sale| sale.begins_at <= now && now < sale.ends_at)
         .map(|sale| sale.id)
         .collect();
-    for (sale, loaded) in open.iter().zip(st.gate.are_loaded(&open).await) {
+    let loaded = st.gate.are_loaded(&open).await;
+    if loaded.len() != open.len() {
+        return Err(ApiError::Unavailable(
+            "the gate did not answer for every open sale".into(),
+        ));
+    }
+    for (sale, loaded) in open.iter().zip(loaded) {
         if !loaded? {
             return Err(ApiError::Unavailable(format!(
                 "sale {sale} is not in the gate yet (being loaded or rebuilt)"

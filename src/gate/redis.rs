@@ -160,6 +160,9 @@ impl RedisGate {
 /// while another key was made, within one second) is found within this.
 const SETTLED_FOR: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// The longest the check waits for every master's mark before it reads the hashes instead.
+const SERVER_MARK_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// Segments the scheduler's check found loaded (their hashes' names), and every master's
 /// run id and key count when it did (see server_mark.lua).
 #[derive(Default)]
@@ -176,15 +179,22 @@ impl RedisGate {
         let mut conn = self.conn.clone();
         let mut call = redis::cmd("EVALSHA");
         call.arg(self.server_mark.get_hash()).arg(0);
-        let answers = match conn.on_every_master(call.clone()).await {
-            Err(e) if e.code() == Some("NOSCRIPT") => {
-                let mut load = redis::cmd("SCRIPT");
-                load.arg("LOAD").arg(include_str!("server_mark.lua"));
-                conn.on_every_master(load).await.ok()?;
-                conn.on_every_master(call).await
+        let asked = async {
+            match conn.on_every_master(call.clone()).await {
+                Err(e) if e.code() == Some("NOSCRIPT") => {
+                    let mut load = redis::cmd("SCRIPT");
+                    load.arg("LOAD").arg(include_str!("server_mark.lua"));
+                    conn.on_every_master(load).await?;
+                    conn.on_every_master(call).await
+                }
+                answers => answers,
             }
-            answers => answers,
         };
+        // A master that does not answer must not hold up the check of the others' sales
+        // (whose circuits are closed): without a mark, the hashes are read.
+        let answers = tokio::time::timeout(SERVER_MARK_TIMEOUT, asked)
+            .await
+            .ok()?;
         let mut mark = answers
             .ok()?
             .into_iter()
@@ -220,6 +230,10 @@ impl RedisGate {
             *settled = Settled::default();
             return;
         };
+        // Answers read under another mark than the one kept say nothing of it.
+        if !full && settled.mark != mark {
+            return;
+        }
         if full {
             *settled = Settled {
                 mark,
@@ -463,6 +477,7 @@ impl RedisGate {
             &self.confirm,
             &self.forget_stale,
             &self.check_loaded,
+            &self.server_mark,
             &self.take_move,
             &self.give_move,
         ] {

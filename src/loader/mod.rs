@@ -54,6 +54,9 @@ pub struct SaleCache {
     /// The mark of the sales last read: a refresh that finds the same reads nothing more
     /// (a thousand sales' rows, every second, were a sixth of an idle instance's work).
     mark: std::sync::Mutex<Option<SalesMark>>,
+    /// One refresh at a time: two at once could leave the older read's sales under the
+    /// newer read's mark, and nothing would read them again until the sales changed.
+    refreshing: tokio::sync::Mutex<()>,
 }
 
 /// Least time between two refreshes caused by cache misses.
@@ -119,6 +122,7 @@ impl SaleCache {
 
     /// Reads the sales again if SQL's mark of them changed since the last read.
     pub async fn refresh(&self, store: &Store) -> Result<(), StoreError> {
+        let _one_at_a_time = self.refreshing.lock().await;
         let ends_after = store.now_ms() - KEEP_ENDED_MS;
         // Marked before the read: a change between the two shows as a new mark next time.
         let mark = store.approved_sales_mark(ends_after).await?;

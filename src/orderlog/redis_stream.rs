@@ -179,13 +179,12 @@ impl StreamLog {
         }
         let keys = keys.into_iter().filter(|k| !failed.contains(k)).collect();
         *self.streams.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(Watched::of(keys));
-        match first_error {
-            Some(e) => Err(e),
-            None => {
-                *self.watched_sales.lock().unwrap_or_else(|p| p.into_inner()) = sales.to_vec();
-                Ok(())
-            }
-        }
+        // Only sales whose streams all joined are passed over next time.
+        *self.watched_sales.lock().unwrap_or_else(|p| p.into_inner()) = match first_error {
+            Some(_) => Vec::new(),
+            None => sales.to_vec(),
+        };
+        first_error.map_or(Ok(()), Err)
     }
 
     fn watched(&self) -> Arc<Watched> {
@@ -628,8 +627,6 @@ fn collect_entries(stream: &str, entries: &Value, batch: &mut Batch) {
     }
 }
 
-/// Adds the entries of an XREADGROUP reply (RESP2 array or RESP3 map) to the batch;
-/// `count` is the COUNT it asked of each stream (a stream that gave as many caps the batch).
 /// The streams a batch holds entries of.
 fn streams_in(batch: &Batch) -> std::collections::HashSet<&str> {
     let receipts = batch.deliveries.iter().map(|d| &d.receipt);
@@ -642,6 +639,8 @@ fn streams_in(batch: &Batch) -> std::collections::HashSet<&str> {
         .collect()
 }
 
+/// Adds the entries of an XREADGROUP reply (RESP2 array or RESP3 map) to the batch;
+/// `count` is the COUNT it asked of each stream (a stream that gave as many caps the batch).
 fn collect_reply(reply: Value, count: usize, batch: &mut Batch) {
     let mut collect = |name: &str, entries: &Value| {
         if matches!(entries, Value::Array(e) if e.len() >= count) {

@@ -1003,7 +1003,7 @@ async fn a_quiet_stream_is_read_about_once_a_second_and_its_first_entry_still_ar
     let (_, orders) = read_for(5).await;
     assert_eq!(orders, 1, "the entry is read");
     assert!(
-        bought.elapsed() < Duration::from_millis(2500),
+        bought.elapsed() < Duration::from_secs(4),
         "the first entry of a quiet stream waited {:?}",
         bought.elapsed()
     );
