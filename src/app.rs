@@ -137,6 +137,7 @@ where
         };
         match tried {
             Ok(v) => {
+                crate::health::wait_for(None);
                 if logged_at.is_some() {
                     tracing::info!(
                         waited_ms = started.elapsed().as_millis() as u64,
@@ -146,6 +147,7 @@ where
                 return Ok(v);
             }
             Err(e) if e.is_transient() => {
+                crate::health::wait_for(Some(format!("{what}: {e}")));
                 if logged_at.is_none_or(|at| at.elapsed() >= Duration::from_secs(30)) {
                     tracing::warn!(error = %e, "{what}: not reachable yet; retrying");
                     logged_at = Some(std::time::Instant::now());
@@ -469,6 +471,26 @@ pub async fn assemble(config: Config, role: Role) -> Result<App, AppError> {
         breaker,
         claim,
     } = parts;
+    if let Some(conn) = &redis {
+        let window = crate::window::redis::RedisWindow::new(conn.clone(), &config.redis_prefix);
+        store.keep_changes_in(
+            Arc::new(window),
+            Duration::from_secs(config.db_failover_window_secs),
+        );
+        // Before anything writes: after a failover while no process ran, the window is
+        // written into the new primary first.
+        let token = format!("{:016x}", rand::random::<u64>());
+        until_up("database failover window", Some(FIRST_PASS_LIMIT), || async {
+            store.settle_once(&token).await.map_err(AppError::from)?;
+            match store.settled() {
+                true => Ok(()),
+                false => Err(AppError::Store(crate::store::StoreError::Window(
+                    "another process is writing the failover window into the database".into(),
+                ))),
+            }
+        })
+        .await?;
+    }
     let shortcut = Arc::new(SoldOutShortcut::new(gate));
     if let (Some(url), Some(conn)) = (&redis_url, &redis) {
         tokio::spawn(follow_stock_returns(
@@ -494,6 +516,10 @@ pub async fn assemble(config: Config, role: Role) -> Result<App, AppError> {
         }
         None => Arc::new(crate::room::memory::MemoryRoom::new()),
     };
+    let health = Arc::new(crate::health::Health::new(
+        redis.is_some(),
+        crate::clock::wall_ms(),
+    ));
     let state = Arc::new(AppState {
         config,
         store,
@@ -519,6 +545,7 @@ pub async fn assemble(config: Config, role: Role) -> Result<App, AppError> {
         metrics: Metrics::default(),
         audit: Default::default(),
         rooms: Arc::new(crate::room::Rooms::new(room)),
+        health,
     });
     Ok(App {
         state,
@@ -564,6 +591,7 @@ impl App {
             lease,
             repair: st.config.audit_repair,
             repairs: Default::default(),
+            filling: Default::default(),
         })
     }
 
@@ -604,7 +632,20 @@ impl App {
         })
         .await?;
         let (stop_tx, stop_rx) = watch::channel(false);
-        let mut handles = vec![tokio::spawn(scheduler.run(stop_rx.clone()))];
+        let mut handles = vec![
+            tokio::spawn(scheduler.run(stop_rx.clone())),
+            tokio::spawn(
+                self.state
+                    .store
+                    .clone()
+                    .run_failover_settler(stop_rx.clone()),
+            ),
+            tokio::spawn(self.state.health.clone().run(
+                self.state.store.clone(),
+                self.state.redis.clone(),
+                stop_rx.clone(),
+            )),
+        ];
         if let Some(auditor) = self.auditor() {
             handles.push(tokio::spawn(auditor.run(stop_rx.clone())));
         }

@@ -20,6 +20,9 @@
 //! - [`backoff`]: waits between retries, with jitter.
 //! - [`redis_client`]: the Redis connection (server, Sentinel, Cluster), the key layout, leases.
 //! - [`store`]: the SQL database (SQLite, PostgreSQL, MySQL/MariaDB): schema, every statement.
+//! - [`window`]: the failover window of SQL's recent changes, kept in Redis (see
+//!   `store::failover`), written again into a new primary after a database failover.
+//! - [`health`]: the database and Redis, asked every half second whether they answer.
 //! - [`ids`]: 64-bit time-ordered ids, unique across instances (worker ids leased in Redis).
 //! - [`orderlog`]: accepted orders on their way to SQL (a local file, or Redis Streams).
 //! - [`gate`]: the one atomic step that decides a purchase (memory, Lua in Redis, SQL), and
@@ -42,6 +45,7 @@ pub mod clock;
 pub mod config;
 pub mod edge;
 pub mod gate;
+pub mod health;
 pub mod ids;
 pub mod lifecycle;
 pub mod loader;
@@ -56,6 +60,7 @@ pub mod scheduler;
 pub mod stop;
 pub mod store;
 pub mod text;
+pub mod window;
 pub mod writer;
 
 /// Whether a request body is a JSON object (its first non-space byte is `{`). Every body of

@@ -201,10 +201,18 @@ async fn serve(config: Config) -> Result<(), AppError> {
     let listen = config.listen;
     let run_writer = config.run_writer;
     let dev = config.dev;
-    let app = app::assemble(config, Role::Server).await?;
-    let (stop, tasks) = app.start_background(run_writer).await?;
+    // Bound first: while the database or Redis do not answer yet, the process is alive and
+    // says what it waits for (`/healthz` 200, `/readyz` 503).
     let listener =
         bind(listen).map_err(|e| AppError::Other(format!("cannot listen on {listen}: {e}")))?;
+    tracing::info!(%listen, "listening; starting");
+    let started = async {
+        let app = app::assemble(config, Role::Server).await?;
+        let background = app.start_background(run_writer).await?;
+        Ok::<_, AppError>((app, background))
+    };
+    let (app, (stop, tasks)) =
+        crate::edge::http::starting::serve_while(&listener, started).await?;
     tracing::info!(%listen, dev, "seckill is serving");
     use axum::serve::ListenerExt;
     let listener = app.state.connections.limit(listener).tap_io(|conn| {

@@ -190,6 +190,13 @@ pub struct ConfigArgs {
     /// the continuous audit off [default: 2].
     #[arg(long, env = "SECKILL_AUDIT_EVERY_SECS", global = true)]
     pub audit_every_secs: Option<u64>,
+    /// How long every change committed to PostgreSQL or MySQL (orders written, payments,
+    /// cancellations, expiries, sales, users) is kept in Redis after its commit, to be
+    /// written again if the database fails over to a replica that lacks it (asynchronous
+    /// replication). Longer than a failover takes plus the replicas' worst lag; 0 keeps
+    /// nothing (with synchronous replication only) [default: 300].
+    #[arg(long, env = "SECKILL_DB_FAILOVER_WINDOW_SECS", global = true)]
+    pub db_failover_window_secs: Option<u64>,
     /// Repair a sale's gate by itself once the audit confirms it drifted from SQL (and
     /// pause a sale that keeps drifting); false only reports drift [default: true].
     #[arg(long, env = "SECKILL_AUDIT_REPAIR", global = true, num_args = 0..=1, default_missing_value = "true",
@@ -409,6 +416,7 @@ pub struct Config {
     pub preload_ahead_secs: u64,
     pub writer_lag_not_ready_secs: u64,
     pub audit_every_secs: u64,
+    pub db_failover_window_secs: u64,
     pub audit_repair: bool,
     pub token_ttl_secs: u64,
     pub db_max_connections: u32,
@@ -527,6 +535,7 @@ impl Config {
             preload_ahead_secs: c.preload_ahead_secs.unwrap_or(3600),
             writer_lag_not_ready_secs: c.writer_lag_not_ready_secs.unwrap_or(30),
             audit_every_secs: c.audit_every_secs.unwrap_or(2),
+            db_failover_window_secs: c.db_failover_window_secs.unwrap_or(300),
             audit_repair: c.audit_repair.unwrap_or(true),
             token_ttl_secs: c.token_ttl_secs.unwrap_or(7 * 86400),
             db_max_connections: c.db_max_connections.unwrap_or(16),
@@ -700,6 +709,7 @@ impl Config {
             ("preload_ahead_secs", self.preload_ahead_secs),
             ("writer_lag_not_ready_secs", self.writer_lag_not_ready_secs),
             ("audit_every_secs", self.audit_every_secs),
+            ("db_failover_window_secs", self.db_failover_window_secs),
             (
                 "header_read_timeout_secs",
                 self.header_read_timeout.as_secs(),

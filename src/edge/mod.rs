@@ -87,6 +87,8 @@ pub struct AppState {
     pub audit: Arc<crate::reconcile::auditor::Board>,
     /// The sales' waiting rooms (see `room`).
     pub rooms: Arc<crate::room::Rooms>,
+    /// Whether the database and Redis answer (see `health`).
+    pub health: Arc<crate::health::Health>,
 }
 
 /// What the edge measures, for `/metrics`.
@@ -284,6 +286,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed });
     // The per-address limit is applied by the front door, to this router's calls too.
     routes
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            while_database_away,
+        ))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(tower_http::timeout::TimeoutLayer::with_status_code(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -314,6 +320,38 @@ async fn purchase(
     buyer::orders::purchase(&st, &sale, &headers, body)
         .wait()
         .await
+}
+
+/// A call that needs the database, while the health probe finds it away, is answered 503
+/// at once, naming it: waiting out the pool would hold the caller for seconds to tell it
+/// the same. Purchases (decided by the gate), the catalogue and stock (cached), the
+/// waiting room, the pages' files and the operator's endpoints go on.
+async fn while_database_away(
+    State(st): State<Arc<AppState>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if uses_database(request.uri().path()) {
+        if let Some(down) = st.health.database.down(st.now_ms()) {
+            return ApiError::Unavailable(format!("{down}; retry shortly")).into_response();
+        }
+    }
+    next.run(request).await
+}
+
+/// The calls that read or write SQL on every request.
+fn uses_database(path: &str) -> bool {
+    const LIVE: [&str; 2] = ["/api/admin/live", "/api/admin/rooms"];
+    [
+        "/api/auth/",
+        "/api/orders",
+        "/api/payments/",
+        "/api/simulated-pay/",
+        "/api/admin/",
+    ]
+    .iter()
+    .any(|prefix| path.starts_with(prefix))
+        && !LIVE.contains(&path)
 }
 
 /// Axum's own extractor rejections (a bad path, a body over the limit) are plain text;

@@ -30,16 +30,33 @@ pub async fn healthz() -> &'static str {
     responses((status = 200, description = "ready", body = String, content_type = "text/plain"), (status = 503, response = ErrorResponse))
 )]
 pub async fn readyz(State(st): State<Arc<AppState>>) -> Result<&'static str, ApiError> {
-    sqlx::query("SELECT 1")
-        .execute(st.store.pool())
-        .await
-        .map_err(|e| ApiError::Unavailable(format!("database: {e}")))?;
-    if let Some(conn) = &st.redis {
-        conn.clone()
-            .check_health()
-            .await
-            .map_err(|e| ApiError::Unavailable(format!("redis: {e}")))?;
+    // The dependencies as the health probe last saw them (half a second ago at most): an
+    // answer at once, even while one of them does not answer at all.
+    if let Some(down) = st.health.down(st.now_ms()) {
+        return Err(ApiError::Unavailable(down));
     }
+    if !st.store.settled() {
+        return Err(ApiError::Unavailable(
+            "database: its identity changed (a failover); the failover window is being \
+             written into the new primary, and writes wait until it is"
+                .into(),
+        ));
+    }
+    match tokio::time::timeout(READY_WITHIN, ready_to_sell(&st)).await {
+        Ok(ready) => ready.map(|()| "ready"),
+        Err(_) => Err(ApiError::Unavailable(format!(
+            "redis: the gate and the order log did not answer within {READY_WITHIN:?}"
+        ))),
+    }
+}
+
+/// Longest the gate's and the log's answers are waited for: a probe wants an answer within
+/// a second, and a Redis that takes longer is not ready to sell.
+const READY_WITHIN: std::time::Duration = std::time::Duration::from_millis(800);
+
+/// What a purchase needs beyond the dependencies answering: the gate's circuit closed, ids,
+/// writers keeping up, every open sale loaded.
+async fn ready_to_sell(st: &AppState) -> Result<(), ApiError> {
     if st.breaker.as_ref().is_some_and(|b| b.is_open()) {
         return Err(ApiError::Unavailable("the gate's circuit is open".into()));
     }
@@ -50,7 +67,7 @@ pub async fn readyz(State(st): State<Arc<AppState>>) -> Result<&'static str, Api
     }
     // Orders answered `ok` must reach SQL: an instance whose deployment has no writer (or
     // writers far behind) is not ready, even though it could still take purchases.
-    if let Some((sale, age_ms)) = oldest_unwritten(&st).await? {
+    if let Some((sale, age_ms)) = oldest_unwritten(st).await? {
         if age_ms >= st.config.writer_lag_not_ready_secs as i64 * 1000 {
             return Err(ApiError::Unavailable(format!(
                 "orders of sale {sale} have waited {} s to be written to the database: is a \
@@ -84,7 +101,7 @@ pub async fn readyz(State(st): State<Arc<AppState>>) -> Result<&'static str, Api
             )));
         }
     }
-    Ok("ready")
+    Ok(())
 }
 
 /// Sales whose order log is worth watching: those not ended more than an hour ago.
@@ -144,6 +161,8 @@ pub async fn metrics(_: MetricsReader, State(st): State<Arc<AppState>>) -> Respo
         st.config.order_log_entry.name()
     ));
     st.metrics.render(&mut out);
+    st.health.render(&mut out);
+    st.store.failover().render(&mut out);
     st.writer_stats.render(&mut out);
     if let Some(breaker) = &st.breaker {
         breaker.render(&mut out);

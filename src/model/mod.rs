@@ -6,7 +6,7 @@ pub mod segments;
 use serde::Serialize;
 
 /// A sale as the gate and the edge need it: its window, limits and price.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct Sale {
     pub id: i64,
     pub title: String,
@@ -112,7 +112,7 @@ impl Sale {
 }
 
 /// An order the gate accepted, as it travels through the order log to the writer.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct NewOrder {
     pub id: i64,
     pub sale_id: i64,

@@ -194,6 +194,8 @@ pub struct Auditor {
     /// When each sale was last repaired by the audit (Unix ms), and whether a repair of it
     /// is under way.
     pub repairs: Arc<Mutex<HashMap<i64, RepairLog>>>,
+    /// Whether the failover window is being written again for a gate found ahead of SQL.
+    pub filling: Arc<AtomicBool>,
 }
 
 /// The audit's repairs of one sale.
@@ -265,7 +267,10 @@ impl Auditor {
                 None => true,
             };
             self.board.auditing.store(holding, Ordering::Relaxed);
-            if !holding {
+            // While the database's identity is not settled (a failover's window being
+            // written into the new primary), SQL lacks what the window holds: no account
+            // of it means anything yet.
+            if !holding || !self.store.settled() {
                 streaks.clear();
                 lock(&self.board.drift).clear();
                 continue;
@@ -384,15 +389,25 @@ impl Auditor {
             return;
         }
         let since_ms = streak.since_ms;
-        let gate_drift = a.stock_drift != 0 || a.buyers_missing != 0 || a.buyers_unknown != 0;
-        if self.repair && gate_drift {
+        // Behind: the gate may sell what SQL has sold, or let a buyer past the limit; a
+        // rebuild from SQL mends that. Ahead: the gate holds orders SQL lacks, which is
+        // what a database failover leaves; a rebuild from SQL would sell them again to
+        // others while their buyers hold an `ok` (invariant 8). They are written back into
+        // SQL from the failover window instead, and reported; never rebuilt away.
+        let behind = a.stock_drift > 0 || a.buyers_missing > 0;
+        let ahead = a.stock_drift < 0 || a.buyers_unknown > 0;
+        let known = lock(&self.board.drift)
+            .get(&sale)
+            .map(|f| f.account.differences());
+        if self.repair && behind {
             self.repair_or_pause(sale, &a, now);
             // Whatever drift is seen after the repair is new: confirmed afresh (the same
             // numbers again would otherwise continue this streak and never be acted on).
             streaks.remove(&sale);
+        } else if ahead && known != Some(differences) {
+            self.fill_from_window(sale);
         }
         let mut board = lock(&self.board.drift);
-        let known = board.get(&sale).map(|f| f.account.differences());
         if known != Some(differences) {
             tracing::warn!(
                 sale,
@@ -547,6 +562,34 @@ impl Sweep {
 }
 
 impl Auditor {
+    /// A gate ahead of SQL: the failover window written again into SQL, as its own task,
+    /// one at a time. What it cannot fill stays on the board, for an operator.
+    fn fill_from_window(&self, sale: i64) {
+        if self.filling.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let (store, filling) = (self.store.clone(), self.filling.clone());
+        tokio::spawn(async move {
+            let token = format!("{:016x}", rand::random::<u64>());
+            match store.write_window_again(&token).await {
+                Ok(0) => tracing::error!(
+                    sale,
+                    "the gate holds orders SQL lacks, and the failover window has none of them \
+                     (a failover longer ago than the window, or rows removed by hand): not \
+                     repaired, since a rebuild from SQL would sell them again; see `seckill \
+                     reconcile --sale {sale}`"
+                ),
+                Ok(orders) => tracing::warn!(
+                    sale,
+                    orders,
+                    "the gate was ahead of SQL: the failover window wrote the orders SQL lacked"
+                ),
+                Err(e) => tracing::warn!(sale, error = %e, "the failover window could not be written again"),
+            }
+            filling.store(false, Ordering::Release);
+        });
+    }
+
     /// Repairs a sale's confirmed drift, as its own task (a rebuild outlasts an audit
     /// round); pauses the sale instead when repairs have not held. A paused sale is left
     /// alone: an operator is on it.

@@ -143,6 +143,26 @@ pub fn stock_channel(prefix: &str) -> String {
     format!("{prefix}:stock-returned")
 }
 
+/// The failover window of SQL's recent changes (a stream), the database identity it is
+/// settled against, and the lease of the process that writes it again after a failover:
+/// one hash tag, so that a script may read and write them together in a cluster.
+pub struct FailoverKeys {
+    pub window: String,
+    pub identity: String,
+    pub replay: String,
+}
+
+impl FailoverKeys {
+    pub fn new(prefix: &str) -> Self {
+        let base = format!("{prefix}:{{failover}}");
+        FailoverKeys {
+            window: format!("{base}:window"),
+            identity: format!("{base}:identity"),
+            replay: format!("{base}:replay"),
+        }
+    }
+}
+
 /// The lease of the instance that runs the continuous audit.
 pub fn audit_lease(prefix: &str) -> String {
     format!("{prefix}:{{audit}}:lease")

@@ -48,8 +48,14 @@ impl Store {
         ids.sort_unstable();
         ids.dedup();
         let ids = &ids;
+        let kept = self
+            .keeps_changes()
+            .then(|| super::failover::Change::Expired {
+                ids: ids.clone(),
+                now,
+            });
         retry_transient(self.clock().as_ref(), || {
-            self.in_write_tx(|mut conn| async move {
+            self.in_kept_tx(kept.as_ref(), |mut conn| async move {
                 let expired = self.expire_in(&mut conn, ids, now).await;
                 (conn, expired.map_err(TransitionError::from))
             })

@@ -6,6 +6,7 @@
 mod buyers;
 pub mod counters;
 mod expiry;
+pub mod failover;
 pub mod journal;
 
 use journal::{Cause, Movement};
@@ -19,6 +20,7 @@ pub mod sql_gate;
 pub mod tallies;
 pub mod transitions;
 
+pub use failover::{Change, Window, WindowError};
 pub use payments::{Payment, PaymentSettlement};
 pub use rebuild::{LoadSnapshot, Part};
 pub use recount::{Pace, Recount};
@@ -63,6 +65,24 @@ pub enum StoreError {
     },
     #[error("another writer inserted some of these orders concurrently")]
     ConcurrentWrite,
+    /// The database answers as another server than the one the failover window is
+    /// settled against (a failover): writes wait until the window is written into it.
+    #[error(
+        "the database changed under this process (now {found}, settled {}): a failover; \
+         writes wait until the failover window is written into the new primary",
+        expected.as_deref().unwrap_or("not yet")
+    )]
+    Settling {
+        found: String,
+        expected: Option<String>,
+    },
+    /// The change committed, but could not be kept in the failover window: the caller is
+    /// told to try again (each change applies once, whatever is tried again).
+    #[error("{0}")]
+    Window(String),
+    /// The server reached is not a primary (a replica behind a stale address).
+    #[error("the database server is not a primary: {0}")]
+    NotPrimary(String),
     #[error("not found")]
     NotFound,
     #[error("unsupported database URL: {0}")]
@@ -103,7 +123,10 @@ impl StoreError {
     /// about the data itself and will fail the same way every time.
     pub fn is_transient(&self) -> bool {
         match self {
-            StoreError::ConcurrentWrite => true,
+            StoreError::ConcurrentWrite
+            | StoreError::Settling { .. }
+            | StoreError::Window(_)
+            | StoreError::NotPrimary(_) => true,
             StoreError::Db(e) | StoreError::Connect { source: e, .. } => match e {
                 sqlx::Error::Io(_)
                 | sqlx::Error::PoolTimedOut
@@ -119,7 +142,7 @@ impl StoreError {
                     // only in words.
                     matches!(
                         code.as_str(),
-                        "40001" | "40P01" | "57P01" | "57P03" | "5" | "6" | "261" | "517"
+                        "40001" | "40P01" | "57P01" | "57P03" | "25006" | "5" | "6" | "261" | "517"
                     ) || msg.contains("Deadlock found")
                         || msg.contains("Lock wait timeout")
                         || msg.contains("server has gone away")
@@ -359,6 +382,13 @@ pub struct Store {
     phone_region: phonenumber::country::Id,
     /// Where merging SQLite's buyer index stands (see `buyers`).
     buyer_merge: buyers::MergeState,
+    /// The failover window and the identity writes may commit under (see `failover`).
+    failover: Arc<failover::Failover>,
+    /// Set on the store that writes the window again into a new primary: the identity its
+    /// writes commit under, and nothing kept.
+    replay_as: Option<Arc<str>>,
+    /// How to open a connection of one's own, past the pool (see [`Store::ping`]).
+    options: Arc<AnyConnectOptions>,
 }
 
 /// Where a simulation strikes a write transaction (`Store::with_faults`): the process
@@ -518,7 +548,7 @@ impl Store {
             .map_err(failed)?;
         let writes = if dialect == Dialect::Sqlite {
             pool_of(1, Some(WRITER_CACHE_KIB))
-                .connect_with(options)
+                .connect_with(options.clone())
                 .await
                 .map_err(failed)?
         } else {
@@ -532,6 +562,9 @@ impl Store {
             faults: None,
             phone_region: phonenumber::country::Id::CN,
             buyer_merge: buyers::MergeState::default(),
+            failover: Arc::default(),
+            replay_as: None,
+            options: Arc::new(options),
         })
     }
 
@@ -614,6 +647,43 @@ impl Store {
 
     pub fn pool(&self) -> &AnyPool {
         &self.pool
+    }
+
+    /// Asks the server to answer on `conn`, a connection of the caller's own (opened here
+    /// when `None`, dropped on a failure), within `limit`: what a health probe asks, never
+    /// held up by a pool that is busy or waits for a server gone away. SQLite, a file, is
+    /// always there.
+    pub async fn ping(
+        &self,
+        conn: &mut Option<sqlx::AnyConnection>,
+        limit: std::time::Duration,
+    ) -> Result<(), StoreError> {
+        use sqlx::Connection;
+        if self.dialect == Dialect::Sqlite {
+            return Ok(());
+        }
+        let attempt = async {
+            if conn.is_none() {
+                *conn = Some(sqlx::AnyConnection::connect_with(&self.options).await?);
+            }
+            if let Some(c) = conn.as_mut() {
+                sqlx::query("SELECT 1").execute(c).await?;
+            }
+            Ok::<(), sqlx::Error>(())
+        };
+        let answered = match tokio::time::timeout(limit, attempt).await {
+            Ok(done) => done.map_err(StoreError::Db),
+            Err(_) => Err(StoreError::Db(sqlx::Error::PoolTimedOut)),
+        };
+        if answered.is_err() {
+            *conn = None;
+        }
+        answered
+    }
+
+    /// Whether this store's commits are kept in a failover window (see `failover`).
+    fn keeps_changes(&self) -> bool {
+        self.replay_as.is_none() && self.failover.window_is_kept()
     }
 
     /// Queries are written with `?` placeholders; PostgreSQL wants `$1, $2, ...`.
@@ -893,16 +963,14 @@ impl Store {
 
     /// The id of the user with this phone, creating the user with `new_id` if needed.
     pub async fn user_for_phone(&self, phone: &str, new_id: i64) -> Result<i64, StoreError> {
-        let q = format!(
-            "{} VALUES (?, ?, ?){}",
-            self.insert_ignore("users (id, phone, created_at)"),
-            self.on_conflict_nothing()
-        );
-        sqlx::query(&self.sql(&q))
-            .bind(new_id)
+        let existing = sqlx::query(&self.sql("SELECT id FROM users WHERE phone = ?"))
             .bind(phone)
-            .bind(self.now_ms())
-            .execute(&self.pool)
+            .fetch_optional(&self.pool)
+            .await?;
+        if let Some(row) = existing {
+            return Ok(row.try_get::<i64, _>(0)?);
+        }
+        self.insert_users_kept(&[(new_id, phone.to_string())])
             .await?;
         let row = sqlx::query(&self.sql("SELECT id FROM users WHERE phone = ?"))
             .bind(phone)
@@ -913,10 +981,43 @@ impl Store {
 
     /// Inserts users in bulk (for load tests); `users` are (id, phone).
     pub async fn insert_users(&self, users: &[(i64, String)]) -> Result<(), StoreError> {
+        for chunk in users.chunks(500) {
+            self.insert_users_kept(chunk).await?;
+        }
+        Ok(())
+    }
+
+    /// Users of (id, phone), those not there yet, in one transaction kept in the failover
+    /// window.
+    async fn insert_users_kept(&self, users: &[(i64, String)]) -> Result<(), StoreError> {
+        let kept = self.keeps_changes().then(|| failover::Change::Users {
+            users: users.to_vec(),
+        });
+        self.in_kept_tx(kept.as_ref(), |mut conn| async move {
+            let done = self.insert_users_in(&mut conn, users).await;
+            (conn, done)
+        })
+        .await
+    }
+
+    /// Users of the failover window written again: those already there are passed over.
+    pub(super) async fn insert_users_again(&self, users: &[(i64, String)]) -> Result<(), StoreError> {
+        self.insert_users_kept(users).await
+    }
+
+    async fn insert_users_in(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        users: &[(i64, String)],
+    ) -> Result<(), StoreError> {
         let now = self.now_ms();
         for chunk in users.chunks(500) {
             let values = vec!["(?, ?, ?)"; chunk.len()].join(",");
-            let q = format!("INSERT INTO users (id, phone, created_at) VALUES {values}");
+            let q = format!(
+                "{} VALUES {values}{}",
+                self.insert_ignore("users (id, phone, created_at)"),
+                self.on_conflict_nothing()
+            );
             let q = self.sql(&q);
             // One statement shape per batch size: caching each would hold thousands of
             // prepared statements per connection.
@@ -924,7 +1025,7 @@ impl Store {
             for (id, phone) in chunk {
                 query = query.bind(*id).bind(phone.as_str()).bind(now);
             }
-            query.execute(&self.pool).await?;
+            query.execute(&mut *conn).await?;
         }
         Ok(())
     }
@@ -1135,7 +1236,10 @@ impl Store {
 
     pub async fn create_sale(&self, s: &Sale) -> Result<(), StoreError> {
         let now = self.now_ms();
-        self.in_write_tx(|mut conn| async move {
+        let kept = self
+            .keeps_changes()
+            .then(|| failover::Change::SaleCreated { sale: s.clone() });
+        self.in_kept_tx(kept.as_ref(), |mut conn| async move {
             let done = self.create_sale_in_tx(&mut conn, s, now).await;
             (conn, done)
         })
@@ -1178,14 +1282,23 @@ impl Store {
 
     /// Marks a sale approved; returns false when it was approved already.
     pub async fn approve_sale(&self, id: i64) -> Result<bool, StoreError> {
-        let done = sqlx::query(&self.sql(
-            "UPDATE sales SET status = 'approved', updated_at = ? WHERE id = ? AND status = 'draft'",
-        ))
-        .bind(self.now_ms())
-        .bind(id)
-        .execute(&self.pool)
-        .await?;
-        if done.rows_affected() == 0 {
+        let kept = self
+            .keeps_changes()
+            .then_some(failover::Change::SaleApproved { id });
+        let now = self.now_ms();
+        let approved = self
+            .in_kept_tx(kept.as_ref(), |mut conn| async move {
+                let done = sqlx::query(&self.sql(
+                    "UPDATE sales SET status = 'approved', updated_at = ? WHERE id = ? AND status = 'draft'",
+                ))
+                .bind(now)
+                .bind(id)
+                .execute(&mut *conn)
+                .await;
+                (conn, done.map(|d| d.rows_affected() == 1).map_err(StoreError::from))
+            })
+            .await?;
+        if !approved {
             return match self.sale(id).await? {
                 Some(_) => Ok(false),
                 None => Err(StoreError::UnknownSale(id)),
@@ -1196,7 +1309,10 @@ impl Store {
 
     /// Replaces a draft's settings; false when the sale is not a draft (or does not exist).
     pub async fn update_draft(&self, s: &Sale) -> Result<bool, StoreError> {
-        self.in_write_tx(|mut conn| async move {
+        let kept = self
+            .keeps_changes()
+            .then(|| failover::Change::DraftUpdated { sale: s.clone() });
+        self.in_kept_tx(kept.as_ref(), |mut conn| async move {
             let done = self.update_draft_in_tx(&mut conn, s).await;
             (conn, done)
         })
@@ -1266,7 +1382,10 @@ impl Store {
     /// Deletes a draft; false when the sale is not a draft (or does not exist). A draft was
     /// never in a gate and has no orders; its stock leaves the journal with it.
     pub async fn delete_draft(&self, id: i64) -> Result<bool, StoreError> {
-        self.in_write_tx(|mut conn| async move {
+        let kept = self
+            .keeps_changes()
+            .then_some(failover::Change::DraftDeleted { id });
+        self.in_kept_tx(kept.as_ref(), |mut conn| async move {
             let done = async {
                 let Some(stock) = self.draft_stock_in(&mut conn, id).await? else {
                     return Ok(false);
@@ -1296,28 +1415,46 @@ impl Store {
     /// Moves an approved sale's end to `at` when that is earlier (never later); the sale
     /// as it is afterwards.
     pub async fn end_early(&self, id: i64, at: i64) -> Result<Option<Sale>, StoreError> {
-        sqlx::query(&self.sql(
-            "UPDATE sales SET ends_at = ?, updated_at = ? \
-             WHERE id = ? AND status = 'approved' AND ends_at > ?",
-        ))
-        .bind(at)
-        .bind(self.now_ms())
-        .bind(id)
-        .bind(at)
-        .execute(&self.pool)
+        let kept = self
+            .keeps_changes()
+            .then_some(failover::Change::SaleEnded { id, at });
+        let now = self.now_ms();
+        self.in_kept_tx(kept.as_ref(), |mut conn| async move {
+            let done = sqlx::query(&self.sql(
+                "UPDATE sales SET ends_at = ?, updated_at = ? \
+                 WHERE id = ? AND status = 'approved' AND ends_at > ?",
+            ))
+            .bind(at)
+            .bind(now)
+            .bind(id)
+            .bind(at)
+            .execute(&mut *conn)
+            .await;
+            (conn, done.map(|_| ()).map_err(StoreError::from))
+        })
         .await?;
         self.sale(id).await
     }
 
     pub async fn set_paused(&self, id: i64, paused: bool) -> Result<(), StoreError> {
-        let done =
-            sqlx::query(&self.sql("UPDATE sales SET paused = ?, updated_at = ? WHERE id = ?"))
+        let kept = self
+            .keeps_changes()
+            .then_some(failover::Change::SalePaused { id, paused });
+        let now = self.now_ms();
+        let changed = self
+            .in_kept_tx(kept.as_ref(), |mut conn| async move {
+                let done = sqlx::query(
+                    &self.sql("UPDATE sales SET paused = ?, updated_at = ? WHERE id = ?"),
+                )
                 .bind(paused as i64)
-                .bind(self.now_ms())
+                .bind(now)
                 .bind(id)
-                .execute(&self.pool)
-                .await?;
-        if done.rows_affected() == 0 {
+                .execute(&mut *conn)
+                .await;
+                (conn, done.map(|d| d.rows_affected()).map_err(StoreError::from))
+            })
+            .await?;
+        if changed == 0 {
             return Err(StoreError::UnknownSale(id));
         }
         Ok(())
@@ -1472,8 +1609,11 @@ impl Store {
         if batch.is_empty() {
             return Ok(WriteOutcome::default());
         }
+        let kept = self.keeps_changes().then(|| failover::Change::Orders {
+            orders: batch.to_vec(),
+        });
         let outcome = self
-            .in_write_tx(|mut conn| async move {
+            .in_kept_tx(kept.as_ref(), |mut conn| async move {
                 let result = self.write_orders_in_tx(&mut conn, batch).await;
                 (conn, result)
             })
@@ -1512,7 +1652,26 @@ impl Store {
         F: FnOnce(WriteTx) -> Fut,
         Fut: std::future::Future<Output = (WriteTx, Result<T, E>)>,
     {
-        let tx = self.begin_write().await?;
+        self.in_kept_tx(None, work).await
+    }
+
+    /// [`Store::in_write_tx`], whose `change` is kept in the failover window once committed
+    /// (see `failover`): what an answer or an acknowledgement depends on. Every write
+    /// transaction first reads the identity of the server it runs on, and runs only under
+    /// the one the window is settled against.
+    pub(crate) async fn in_kept_tx<T, E, F, Fut>(
+        &self,
+        change: Option<&failover::Change>,
+        work: F,
+    ) -> Result<T, E>
+    where
+        E: From<StoreError>,
+        F: FnOnce(WriteTx) -> Fut,
+        Fut: std::future::Future<Output = (WriteTx, Result<T, E>)>,
+    {
+        let mut tx = self.begin_write().await?;
+        // Dropped unfinished on a refusal, the transaction rolls back.
+        let identity = self.check_identity_in(&mut tx).await?;
         let (tx, result) = work(tx).await;
         let faults = self.faults.as_deref().filter(|_| result.is_ok());
         if let Some(faults) = faults {
@@ -1522,6 +1681,9 @@ impl Store {
         Self::finish(tx, result.is_ok()).await?;
         if let Some(faults) = faults {
             faults.after_commit()?;
+        }
+        if let (Ok(_), Some(identity), Some(change)) = (&result, &identity, change) {
+            self.keep(identity, change).await?;
         }
         result
     }

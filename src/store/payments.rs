@@ -9,7 +9,7 @@ use super::tallies::{PaymentStatus, Tallies};
 use super::transitions::{Outcome, TransitionError};
 use super::{Store, StoreError};
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Payment {
     pub intent_id: i64,
     pub order_id: i64,
@@ -44,9 +44,12 @@ impl Store {
         );
         // Another call's intent may be settled between our insert and our read: then the
         // next round opens one again.
+        let kept = self
+            .keeps_changes()
+            .then(|| super::failover::Change::PaymentOpened { payment: p.clone() });
         for _ in 0..3 {
             let q = &q;
-            self.in_write_tx(|mut conn| async move {
+            self.in_kept_tx(kept.as_ref(), |mut conn| async move {
                 let opened = async {
                     let inserted = sqlx::query(&self.sql(q))
                         .bind(p.intent_id)
@@ -156,7 +159,14 @@ impl Store {
         provider_ref: &str,
         now: i64,
     ) -> Result<bool, StoreError> {
-        self.in_write_tx(|mut conn| async move {
+        let kept = self
+            .keeps_changes()
+            .then(|| super::failover::Change::PaymentFailed {
+                intent: intent_id,
+                provider_ref: provider_ref.to_string(),
+                now,
+            });
+        self.in_kept_tx(kept.as_ref(), |mut conn| async move {
             let failed = async {
                 let payment = self.payment_locked_in(&mut conn, intent_id).await?;
                 let Some((payment, from)) = payment.and_then(|p| open_status(&p).map(|s| (p, s)))
@@ -202,7 +212,14 @@ impl Store {
         provider_ref: &str,
         now: i64,
     ) -> Result<PaymentSettlement, TransitionError> {
-        self.in_write_tx(|mut conn| async move {
+        let kept = self
+            .keeps_changes()
+            .then(|| super::failover::Change::PaymentSettled {
+                intent: intent_id,
+                provider_ref: provider_ref.to_string(),
+                now,
+            });
+        self.in_kept_tx(kept.as_ref(), |mut conn| async move {
             let result = self
                 .settle_in_tx(&mut conn, intent_id, provider_ref, now)
                 .await;

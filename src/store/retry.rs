@@ -12,8 +12,10 @@ pub(super) trait Transient {
 }
 
 impl Transient for StoreError {
+    /// Not a change that committed but could not be kept in the failover window: run
+    /// again, it would find itself done and answer as if refused.
     fn is_transient(&self) -> bool {
-        StoreError::is_transient(self)
+        StoreError::is_transient(self) && !matches!(self, StoreError::Window(_))
     }
 }
 

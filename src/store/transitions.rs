@@ -10,7 +10,7 @@ use super::{Store, StoreError};
 use crate::model::{Order, OrderStatus};
 
 /// Where an order may go from `pending_payment`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Outcome {
     Paid,
     Cancelled,
@@ -53,7 +53,7 @@ impl From<sqlx::Error> for TransitionError {
 
 impl Transient for TransitionError {
     fn is_transient(&self) -> bool {
-        matches!(self, TransitionError::Store(e) if e.is_transient())
+        matches!(self, TransitionError::Store(e) if Transient::is_transient(e))
     }
 }
 
@@ -95,8 +95,17 @@ impl Store {
         now: i64,
         detail: &str,
     ) -> Result<Order, TransitionError> {
+        let kept = self
+            .keeps_changes()
+            .then(|| super::failover::Change::Transition {
+                order: order_id,
+                owner,
+                outcome,
+                now,
+                detail: detail.to_string(),
+            });
         retry_transient(self.clock().as_ref(), || {
-            self.in_write_tx(|mut conn| async move {
+            self.in_kept_tx(kept.as_ref(), |mut conn| async move {
                 let result = self
                     .transition_in_tx(&mut conn, order_id, owner, outcome, now, detail)
                     .await;

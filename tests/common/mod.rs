@@ -271,12 +271,13 @@ impl Server {
             .unwrap_or_else(|| panic!("{key} is not set"))
     }
 
-    /// Waits up to 30 s until it answers /healthz.
+    /// Waits up to 30 s until it serves: /healthz answers `ok` (while the process starts it
+    /// answers `starting`).
     pub async fn wait_ready(&mut self) {
         let api = Api::with_client(reqwest::Client::new(), &self.base);
         for _ in 0..300 {
             let health = Api::try_send(api.request(reqwest::Method::GET, "/healthz")).await;
-            if health.is_ok_and(|r| (200..300).contains(&r.status)) {
+            if health.is_ok_and(|r| r.status == 200 && r.text == "ok") {
                 return;
             }
             if let Ok(Some(status)) = self.child.try_wait() {

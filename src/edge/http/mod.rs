@@ -7,3 +7,4 @@ pub mod error;
 pub mod front;
 pub mod input;
 pub mod limits;
+pub mod starting;

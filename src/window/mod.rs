@@ -1,0 +1,6 @@
+//! Where the failover window of SQL's recent changes is kept (see `store::failover`): in
+//! Redis for a distributed deployment, so that whichever process is alive after a failover
+//! finds every process's changes. Owns the window's keys and scripts; never decides what a
+//! change is or how it applies (the store does).
+
+pub mod redis;
