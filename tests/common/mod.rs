@@ -7,6 +7,7 @@ use std::time::Duration;
 
 pub mod api;
 pub mod cluster;
+pub mod patroni;
 pub mod proxy;
 pub mod storm;
 

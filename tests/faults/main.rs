@@ -7,6 +7,7 @@
 mod common;
 
 mod cluster;
+mod db_failover;
 mod nemesis;
 mod redis_faults;
 mod redis_outage;
