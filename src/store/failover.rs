@@ -183,6 +183,11 @@ const SETTLE_EVERY: Duration = Duration::from_millis(500);
 const TRIM_EVERY_MS: i64 = 5_000;
 /// Records read from the window at once while it is written again.
 const REPLAY_CHUNK: usize = 200;
+/// Tries of one change whose replay fails for a passing reason (about 5 s in all) before
+/// the replay gives up and starts over.
+const REPLAY_TRIES: u32 = 9;
+/// How long a write that met an identity not settled yet waits for the settle.
+pub(super) const WRITE_WAITS_FOR_SETTLE: Duration = Duration::from_secs(3);
 /// The replay's lease: renewed after each chunk, so a replay that dies is taken over
 /// within this.
 const REPLAY_LEASE: Duration = Duration::from_secs(10);
@@ -482,9 +487,28 @@ impl Store {
             .await
             .map(|_| ());
         let _ = window.unlock(token).await;
-        replayed?;
+        if let Err(e) = replayed {
+            tracing::warn!(error = %e, "writing the failover window into the new primary stopped; it starts over");
+            return Err(e);
+        }
         self.failover.expect(&current);
         Ok(())
+    }
+
+    /// Waits up to `limit` for this process to settle the window against `identity` (a
+    /// write that met it waits here rather than fail at once: a replay takes a moment).
+    pub(super) async fn until_settled_on(&self, identity: &str, limit: Duration) -> bool {
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            if self.failover.expected().as_deref() == Some(identity) {
+                return true;
+            }
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            self.failover.wake.notify_one();
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// Writes the whole window again into the database as it is (idempotently), when the
@@ -573,7 +597,7 @@ impl Store {
             for (id, record) in records {
                 after = id;
                 match Change::decode(&record) {
-                    Ok(change) => match writer.apply(&change).await? {
+                    Ok(change) => match writer.apply_patiently(&change).await? {
                         Applied::Done => applied += 1,
                         Applied::Later => later.push(change),
                     },
@@ -622,7 +646,7 @@ impl Store {
             let before = later.len();
             let mut still = Vec::new();
             for change in later.drain(..) {
-                match self.apply(&change).await? {
+                match self.apply_patiently(&change).await? {
                     Applied::Done => *applied += 1,
                     Applied::Later => still.push(change),
                 }
@@ -656,6 +680,23 @@ impl Store {
             tracing::error!(change = ?change, "a change of the failover window could not be written into the new primary");
         }
         Ok(())
+    }
+
+    /// [`Store::apply`], tried again for a while when it fails for a passing reason: the
+    /// first statements after a failover meet connections to the old primary, which the
+    /// pool drops one by one.
+    async fn apply_patiently(&self, change: &Change) -> Result<Applied, StoreError> {
+        let mut tries = 0;
+        loop {
+            match self.apply(change).await {
+                Err(e) if e.is_transient() && tries < REPLAY_TRIES => {
+                    tries += 1;
+                    tracing::debug!(error = %e, tries, "a failover window change failed for now; trying it again");
+                    tokio::time::sleep(Duration::from_millis(100 * tries as u64)).await;
+                }
+                other => return other,
+            }
+        }
     }
 
     /// Applies one change of the window again. `Later`: refused by what the database holds

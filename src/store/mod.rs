@@ -1669,9 +1669,7 @@ impl Store {
         F: FnOnce(WriteTx) -> Fut,
         Fut: std::future::Future<Output = (WriteTx, Result<T, E>)>,
     {
-        let mut tx = self.begin_write().await?;
-        // Dropped unfinished on a refusal, the transaction rolls back.
-        let identity = self.check_identity_in(&mut tx).await?;
+        let (tx, identity) = self.begin_under_settled_identity().await?;
         let (tx, result) = work(tx).await;
         let faults = self.faults.as_deref().filter(|_| result.is_ok());
         if let Some(faults) = faults {
@@ -1686,6 +1684,27 @@ impl Store {
             self.keep(identity, change).await?;
         }
         result
+    }
+
+    /// A write transaction on a server whose identity the failover window is settled
+    /// against, and that identity (`None` when no window is kept). A server not settled yet
+    /// (a failover: the window being written into it) is waited for a moment, then refused.
+    async fn begin_under_settled_identity(&self) -> Result<(WriteTx, Option<String>), StoreError> {
+        let mut waited = false;
+        loop {
+            let mut tx = self.begin_write().await?;
+            // Dropped unfinished on a refusal, the transaction rolls back.
+            match self.check_identity_in(&mut tx).await {
+                Ok(identity) => return Ok((tx, identity)),
+                Err(StoreError::Settling { found, .. }) if !waited => {
+                    drop(tx);
+                    waited = true;
+                    self.until_settled_on(&found, failover::WRITE_WAITS_FOR_SETTLE)
+                        .await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     pub(crate) async fn begin_write(&self) -> Result<WriteTx, StoreError> {

@@ -128,11 +128,12 @@ impl Node {
     }
 
     fn spawn(&mut self, dir: &Path) {
+        let log = log_file(dir, &self.name);
         let child = as_postgres(
             Command::new("patroni")
                 .arg(&self.config)
-                .stdout(log_file(dir, &self.name))
-                .stderr(Stdio::null()),
+                .stdout(log.try_clone().unwrap())
+                .stderr(log),
         )
         .spawn()
         .expect("patroni (Debian's patroni package; scripts/test installs it)");
