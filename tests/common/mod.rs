@@ -8,6 +8,7 @@ use std::time::Duration;
 pub mod api;
 pub mod cluster;
 pub mod patroni;
+pub mod postgres;
 pub mod proxy;
 pub mod storm;
 

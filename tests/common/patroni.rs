@@ -46,7 +46,7 @@ pub struct PatroniCluster {
 }
 
 /// The newest PostgreSQL server binaries Debian installed.
-fn bin_dir() -> PathBuf {
+pub fn bin_dir() -> PathBuf {
     let mut versions: Vec<u32> = std::fs::read_dir("/usr/lib/postgresql")
         .expect("PostgreSQL from Debian's packages (/usr/lib/postgresql)")
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
@@ -69,7 +69,7 @@ fn postgres_user() -> Option<(u32, u32)> {
     }
 }
 
-fn as_postgres(command: &mut Command) -> &mut Command {
+pub fn as_postgres(command: &mut Command) -> &mut Command {
     use std::os::unix::process::CommandExt;
     if let Some((uid, gid)) = postgres_user() {
         command.uid(uid).gid(gid);
@@ -77,7 +77,7 @@ fn as_postgres(command: &mut Command) -> &mut Command {
     command
 }
 
-fn give_to_postgres(path: &Path) {
+pub fn give_to_postgres(path: &Path) {
     if let Some((uid, gid)) = postgres_user() {
         std::os::unix::fs::chown(path, Some(uid), Some(gid)).unwrap();
     }

@@ -8,6 +8,7 @@ mod common;
 
 mod cluster;
 mod db_failover;
+mod db_outage;
 mod nemesis;
 mod redis_faults;
 mod redis_outage;
