@@ -7,6 +7,7 @@ use std::time::Duration;
 
 pub mod api;
 pub mod cluster;
+pub mod mariadb;
 pub mod patroni;
 pub mod postgres;
 pub mod proxy;

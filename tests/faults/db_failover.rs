@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 
+use crate::common::mariadb::MariaDbPair;
 use crate::common::patroni::{PatroniCluster, Replication};
 use crate::common::storm::{check_sql, storm_on, Arrival, Told};
 use crate::common::{Api, PrivateRedis, Server, Worker};
@@ -51,10 +52,93 @@ fn seed() -> u64 {
         .unwrap_or_else(rand::random)
 }
 
-/// A distributed deployment on a Patroni cluster: Redis of its own, two `serve` instances
-/// (their writers inside) and a `worker`.
+/// The database a deployment fails over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// PostgreSQL under Patroni, with this replication.
+    Postgres(Replication),
+    /// A MariaDB primary and replica, semi-synchronous or not.
+    MariaDb { semi_sync: bool },
+}
+
+impl Kind {
+    /// Whether a commit may return before a replica has it (then the test stalls the
+    /// replication before the primary dies, and expects the window to write orders again).
+    fn loses_commits(self) -> bool {
+        matches!(
+            self,
+            Kind::Postgres(Replication::Asynchronous) | Kind::MariaDb { .. }
+        )
+    }
+}
+
+enum Database {
+    Patroni(PatroniCluster),
+    MariaDb(MariaDbPair),
+}
+
+impl Database {
+    async fn start(kind: Kind) -> (Database, String) {
+        match kind {
+            Kind::Postgres(replication) => {
+                let cluster = PatroniCluster::start(replication).await;
+                let db = cluster.create_database().await;
+                (Database::Patroni(cluster), db)
+            }
+            Kind::MariaDb { semi_sync } => {
+                let pair = MariaDbPair::start(semi_sync).await;
+                let db = pair.create_database().await;
+                (Database::MariaDb(pair), db)
+            }
+        }
+    }
+
+    /// The primary stops sending its changes to the replicas: what it commits from now on
+    /// is on its disk only.
+    async fn stall_replication(&mut self) {
+        match self {
+            Database::Patroni(cluster) => {
+                let leader = cluster.leader().await;
+                let streams = cluster.stall_replication(leader);
+                assert!(streams > 0, "the leader streams to its replicas");
+            }
+            Database::MariaDb(pair) => pair.stall_replication().await,
+        }
+    }
+
+    /// The primary's machine killed and a replica promoted; returns when the new primary
+    /// takes writes through the clients' address.
+    async fn fail_over(&mut self) -> Instant {
+        match self {
+            Database::Patroni(cluster) => {
+                let leader = cluster.leader().await;
+                cluster.kill_machine(leader);
+                let (new_leader, at) = cluster.wait_new_leader(leader).await;
+                eprintln!("node {leader} killed; node {new_leader} leads");
+                at
+            }
+            Database::MariaDb(pair) => {
+                pair.fail_over().await;
+                Instant::now()
+            }
+        }
+    }
+
+    /// [`Database::stall_replication`] for `stall` (none when zero), then
+    /// [`Database::fail_over`].
+    async fn stall_and_fail_over(&mut self, stall: Duration) -> Instant {
+        if !stall.is_zero() {
+            self.stall_replication().await;
+            tokio::time::sleep(stall).await;
+        }
+        self.fail_over().await
+    }
+}
+
+/// A distributed deployment on a database that fails over: Redis of its own, two `serve`
+/// instances (their writers inside) and a `worker`.
 struct Deployment {
-    cluster: PatroniCluster,
+    database: Database,
     _redis: PrivateRedis,
     instances: Vec<Server>,
     worker: Worker,
@@ -64,9 +148,8 @@ struct Deployment {
 }
 
 impl Deployment {
-    async fn start(replication: Replication, extra: &[(&str, &str)]) -> Deployment {
-        let cluster = PatroniCluster::start(replication).await;
-        let db = cluster.create_database().await;
+    async fn start(kind: Kind, extra: &[(&str, &str)]) -> Deployment {
+        let (database, db) = Database::start(kind).await;
         let redis_port = common::free_port();
         let redis = PrivateRedis::start(
             redis_port,
@@ -94,7 +177,7 @@ impl Deployment {
         }
         let worker = common::worker(&env);
         Deployment {
-            cluster,
+            database,
             _redis: redis,
             instances,
             worker,
@@ -176,7 +259,7 @@ impl Deployment {
 async fn an_asynchronous_failover_mid_storm_loses_no_acknowledged_order() {
     let _turn = common::one_at_a_time().await;
     for run in 1..=runs() {
-        failover_mid_storm(Replication::Asynchronous, run).await;
+        failover_mid_storm(Kind::Postgres(Replication::Asynchronous), run).await;
     }
 }
 
@@ -184,25 +267,34 @@ async fn an_asynchronous_failover_mid_storm_loses_no_acknowledged_order() {
 async fn a_synchronous_failover_mid_storm_loses_no_acknowledged_order() {
     let _turn = common::one_at_a_time().await;
     for run in 1..=runs() {
-        failover_mid_storm(Replication::Synchronous, run).await;
+        failover_mid_storm(Kind::Postgres(Replication::Synchronous), run).await;
     }
 }
 
-async fn failover_mid_storm(replication: Replication, run: usize) {
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_mariadb_failover_mid_storm_loses_no_acknowledged_order() {
+    let _turn = common::one_at_a_time().await;
+    for run in 1..=runs() {
+        failover_mid_storm(Kind::MariaDb { semi_sync: false }, run).await;
+        failover_mid_storm(Kind::MariaDb { semi_sync: true }, run).await;
+    }
+}
+
+async fn failover_mid_storm(kind: Kind, run: usize) {
     const STOCK: i64 = 3000;
     const BUYERS: i64 = 4000;
     let seed = seed();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let kill_after = Duration::from_millis(rng.random_range(2000..5000));
-    let stall = match replication {
-        Replication::Asynchronous => Duration::from_millis(rng.random_range(1000..2500)),
-        Replication::Synchronous => Duration::ZERO,
+    let stall = match kind.loses_commits() {
+        true => Duration::from_millis(rng.random_range(1000..2500)),
+        false => Duration::ZERO,
     };
     eprintln!(
-        "{replication:?} failover, run {run}: seed {seed} (SECKILL_TEST_DB_FAILOVER_SEED), \
-         leader killed {kill_after:?} into the storm, replication stalled {stall:?} before"
+        "{kind:?} failover, run {run}: seed {seed} (SECKILL_TEST_DB_FAILOVER_SEED), \
+         primary killed {kill_after:?} into the storm, replication stalled {stall:?} before"
     );
-    let mut d = Deployment::start(replication, &[]).await;
+    let mut d = Deployment::start(kind, &[]).await;
     let sale: i64 = d.api(0).open_sale(STOCK, 1).await.parse().unwrap();
 
     // Buyers keep arriving for 8 s; the purchases are decided by the gate throughout.
@@ -215,19 +307,12 @@ async fn failover_mid_storm(replication: Replication, run: usize) {
     ));
     let began = Instant::now();
     tokio::time::sleep(kill_after.saturating_sub(stall)).await;
-    let leader = d.cluster.leader().await;
-    if !stall.is_zero() {
-        let streams = d.cluster.stall_replication(leader);
-        assert!(streams > 0, "the leader streams to its replicas");
-        tokio::time::sleep(stall).await;
-    }
-    d.cluster.kill_machine(leader);
-    let killed = began.elapsed();
-    let (new_leader, writable_at) = d.cluster.wait_new_leader(leader).await;
+    let stalled = began.elapsed();
+    let writable_at = d.database.stall_and_fail_over(stall).await;
     let writable_wall = seckill::clock::wall_ms();
     eprintln!(
-        "node {leader} killed at {killed:?}; node {new_leader} took writes {:?} later",
-        writable_at.duration_since(began) - killed
+        "replication stalled at {stalled:?}; the new primary took writes at {:?}",
+        writable_at.duration_since(began)
     );
     let told: HashMap<i64, Told> = storm.await.unwrap();
 
@@ -263,7 +348,7 @@ async fn failover_mid_storm(replication: Replication, run: usize) {
     assert_eq!(d.repairs(sale).await, 0, "the audit repaired nothing");
     let again = d.orders_written_again();
     eprintln!("orders written again from the failover window: {again}");
-    if replication == Replication::Asynchronous {
+    if kind.loses_commits() {
         assert!(
             again > 0,
             "the stalled replication lost committed batches, which the window wrote again"
@@ -295,7 +380,7 @@ async fn payments_cancellations_and_expiries_keep_the_state_their_buyers_were_to
     let seed = seed();
     eprintln!("seed {seed} (SECKILL_TEST_DB_FAILOVER_SEED)");
     let mut d = Deployment::start(
-        Replication::Asynchronous,
+        Kind::Postgres(Replication::Asynchronous),
         &[
             ("SECKILL_PAYMENT_PROVIDER", "simulated"),
             ("SECKILL_PAYMENT_SECRET", PAYMENT_SECRET),
@@ -327,8 +412,7 @@ async fn payments_cancellations_and_expiries_keep_the_state_their_buyers_were_to
         let intent = api.pay(token, order).await.expect(200);
         intents.insert(*user, intent["intent_id"].as_str().unwrap().to_string());
     }
-    let leader = d.cluster.leader().await;
-    assert!(d.cluster.stall_replication(leader) > 0);
+    d.database.stall_replication().await;
     // Now, on the leader's disk only: 20 payments, 15 cancellations, and, 12 s after
     // their writing, 25 expiries.
     let provider = SimulatedProvider::new(PAYMENT_SECRET);
@@ -363,8 +447,7 @@ async fn payments_cancellations_and_expiries_keep_the_state_their_buyers_were_to
         api.remaining(sale).await == 40
     })
     .await;
-    d.cluster.kill_machine(leader);
-    let _ = d.cluster.wait_new_leader(leader).await;
+    d.database.fail_over().await;
 
     // Each order as its buyer was told.
     for (user, token, order) in &orders {
