@@ -322,6 +322,38 @@ async fn distributed_parts(config: &Config, store: &Store, url: &str) -> Result<
     })
 }
 
+/// Where this process keeps the database's recent changes against a failover (see
+/// `store::failover`): in Redis when there is one; beside the order log of a server that
+/// decides purchases in memory on PostgreSQL or MySQL; nowhere on SQLite (no replica), for
+/// the SQL gates without Redis (they decide in SQL: see the failover guide), or for a tool
+/// beside an embedded server (its folder is the server's).
+fn failover_window(
+    config: &Config,
+    store: &Store,
+    redis: Option<&RedisConn>,
+    role: Role,
+) -> Result<Option<Arc<dyn crate::store::Window>>, AppError> {
+    if store.dialect() == crate::store::Dialect::Sqlite {
+        return Ok(None);
+    }
+    if let Some(conn) = redis {
+        let window = crate::window::redis::RedisWindow::new(conn.clone(), &config.redis_prefix);
+        return Ok(Some(Arc::new(window)));
+    }
+    let in_memory = !matches!(config.gate, GateKind::SqlLock | GateKind::SqlConditional);
+    match (&config.order_log_dir, role) {
+        (Some(dir), Role::Server) if in_memory => {
+            let window = crate::window::file::FileWindow::open(
+                &dir.join("failover-window"),
+                store.clock().clone(),
+            )
+            .map_err(|e| AppError::Other(e.to_string()))?;
+            Ok(Some(Arc::new(window)))
+        }
+        _ => Ok(None),
+    }
+}
+
 /// Everything a running process holds.
 pub struct App {
     pub state: Arc<AppState>,
@@ -471,24 +503,24 @@ pub async fn assemble(config: Config, role: Role) -> Result<App, AppError> {
         breaker,
         claim,
     } = parts;
-    if let Some(conn) = &redis {
-        let window = crate::window::redis::RedisWindow::new(conn.clone(), &config.redis_prefix);
-        store.keep_changes_in(
-            Arc::new(window),
-            Duration::from_secs(config.db_failover_window_secs),
-        );
+    if let Some(window) = failover_window(&config, &store, redis.as_ref(), role)? {
+        store.keep_changes_in(window, Duration::from_secs(config.db_failover_window_secs));
         // Before anything writes: after a failover while no process ran, the window is
         // written into the new primary first.
         let token = format!("{:016x}", rand::random::<u64>());
-        until_up("database failover window", Some(FIRST_PASS_LIMIT), || async {
-            store.settle_once(&token).await.map_err(AppError::from)?;
-            match store.settled() {
-                true => Ok(()),
-                false => Err(AppError::Store(crate::store::StoreError::Window(
-                    "another process is writing the failover window into the database".into(),
-                ))),
-            }
-        })
+        until_up(
+            "database failover window",
+            Some(FIRST_PASS_LIMIT),
+            || async {
+                store.settle_once(&token).await.map_err(AppError::from)?;
+                match store.settled() {
+                    true => Ok(()),
+                    false => Err(AppError::Store(crate::store::StoreError::Window(
+                        "another process is writing the failover window into the database".into(),
+                    ))),
+                }
+            },
+        )
         .await?;
     }
     let shortcut = Arc::new(SoldOutShortcut::new(gate));

@@ -63,10 +63,7 @@ impl Dependency {
         }
         let secs = (now_ms - self.since_ms.load(Ordering::Relaxed)).max(0) / 1000;
         let error = self.error.lock().map(|e| e.clone()).unwrap_or_default();
-        Some(format!(
-            "{} unreachable for {secs} s ({error})",
-            self.name
-        ))
+        Some(format!("{} unreachable for {secs} s ({error})", self.name))
     }
 
     fn saw(&self, answered: Result<(), String>, now_ms: i64) {
@@ -136,10 +133,11 @@ impl Health {
             self.database
                 .saw(answered.map_err(|e| e.to_string()), store.now_ms());
             if let (Some(dependency), Some(redis)) = (&self.redis, &redis) {
-                let answered = match tokio::time::timeout(ANSWER_WITHIN, redis.clone().check_health()).await {
-                    Ok(answered) => answered,
-                    Err(_) => Err(format!("no answer within {ANSWER_WITHIN:?}")),
-                };
+                let answered =
+                    match tokio::time::timeout(ANSWER_WITHIN, redis.clone().check_health()).await {
+                        Ok(answered) => answered,
+                        Err(_) => Err(format!("no answer within {ANSWER_WITHIN:?}")),
+                    };
                 dependency.saw(answered, store.now_ms());
             }
             tokio::select! {

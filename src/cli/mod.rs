@@ -211,8 +211,7 @@ async fn serve(config: Config) -> Result<(), AppError> {
         let background = app.start_background(run_writer).await?;
         Ok::<_, AppError>((app, background))
     };
-    let (app, (stop, tasks)) =
-        crate::edge::http::starting::serve_while(&listener, started).await?;
+    let (app, (stop, tasks)) = crate::edge::http::starting::serve_while(&listener, started).await?;
     tracing::info!(%listen, dev, "seckill is serving");
     use axum::serve::ListenerExt;
     let listener = app.state.connections.limit(listener).tap_io(|conn| {

@@ -584,7 +584,9 @@ impl Auditor {
                     orders,
                     "the gate was ahead of SQL: the failover window wrote the orders SQL lacked"
                 ),
-                Err(e) => tracing::warn!(sale, error = %e, "the failover window could not be written again"),
+                Err(e) => {
+                    tracing::warn!(sale, error = %e, "the failover window could not be written again")
+                }
             }
             filling.store(false, Ordering::Release);
         });

@@ -48,8 +48,13 @@ pub enum Change {
         detail: String,
     },
     /// A batch of unpaid orders expired.
-    Expired { ids: Vec<i64>, now: i64 },
-    PaymentOpened { payment: Payment },
+    Expired {
+        ids: Vec<i64>,
+        now: i64,
+    },
+    PaymentOpened {
+        payment: Payment,
+    },
     PaymentSettled {
         intent: i64,
         provider_ref: String,
@@ -60,14 +65,30 @@ pub enum Change {
         provider_ref: String,
         now: i64,
     },
-    SaleCreated { sale: Sale },
-    DraftUpdated { sale: Sale },
-    DraftDeleted { id: i64 },
-    SaleApproved { id: i64 },
-    SalePaused { id: i64, paused: bool },
-    SaleEnded { id: i64, at: i64 },
+    SaleCreated {
+        sale: Sale,
+    },
+    DraftUpdated {
+        sale: Sale,
+    },
+    DraftDeleted {
+        id: i64,
+    },
+    SaleApproved {
+        id: i64,
+    },
+    SalePaused {
+        id: i64,
+        paused: bool,
+    },
+    SaleEnded {
+        id: i64,
+        at: i64,
+    },
     /// Users made by a sign-in or in bulk, as (id, phone).
-    Users { users: Vec<(i64, String)> },
+    Users {
+        users: Vec<(i64, String)>,
+    },
 }
 
 /// Orders as one text of `id:sale:user:quantity:price:accepted_at` records joined by `;`:
@@ -164,16 +185,18 @@ pub trait Window: Send + Sync {
     async fn read(&self, after: &str, count: usize) -> Result<Vec<(String, String)>, WindowError>;
     /// Settles the window against `to` if it is still settled against `from` (`None`:
     /// against nothing) and holds no record after `last`.
-    async fn settle(&self, from: Option<&str>, to: &str, last: &str)
-        -> Result<Settled, WindowError>;
+    async fn settle(
+        &self,
+        from: Option<&str>,
+        to: &str,
+        last: &str,
+    ) -> Result<Settled, WindowError>;
     /// Forgets the records older than `age`, if the window is still settled against
     /// `identity` (the caller has just seen that identity answer).
     async fn trim(&self, identity: &str, age: Duration) -> Result<(), WindowError>;
     /// Takes (or keeps) the lease of the one process that writes the window again.
     async fn lock(&self, token: &str, ttl: Duration) -> Result<bool, WindowError>;
     async fn unlock(&self, token: &str) -> Result<(), WindowError>;
-    /// How many records it holds.
-    async fn len(&self) -> Result<u64, WindowError>;
 }
 
 /// How often the settler asks the database who it is, and how long a write that met
@@ -472,13 +495,21 @@ impl Store {
         // A window settled against nothing and holding nothing (new, or its Redis lost its
         // data) starts at this database; one holding changes is written into it first.
         if settled.is_none()
-            && window.settle(None, &current, "0").await.map_err(window_error)? == Settled::Done
+            && window
+                .settle(None, &current, "0")
+                .await
+                .map_err(window_error)?
+                == Settled::Done
         {
             tracing::info!(identity = %current, "failover window settled against the database");
             self.failover.expect(&current);
             return Ok(());
         }
-        if !window.lock(token, REPLAY_LEASE).await.map_err(window_error)? {
+        if !window
+            .lock(token, REPLAY_LEASE)
+            .await
+            .map_err(window_error)?
+        {
             // Another process writes the window again; this one waits for its settle.
             return Ok(());
         }
@@ -525,7 +556,11 @@ impl Store {
             self.failover.wake.notify_one();
             return Ok(0);
         }
-        if !window.lock(token, REPLAY_LEASE).await.map_err(window_error)? {
+        if !window
+            .lock(token, REPLAY_LEASE)
+            .await
+            .map_err(window_error)?
+        {
             return Ok(0);
         }
         let written = self
@@ -535,7 +570,11 @@ impl Store {
         written
     }
 
-    async fn trim_now_and_then(&self, window: &dyn Window, identity: &str) -> Result<(), StoreError> {
+    async fn trim_now_and_then(
+        &self,
+        window: &dyn Window,
+        identity: &str,
+    ) -> Result<(), StoreError> {
         let now = self.now_ms();
         let last = self.failover.last_trim_ms.load(Ordering::Relaxed) as i64;
         if now - last < TRIM_EVERY_MS {
@@ -572,7 +611,11 @@ impl Store {
                 "the database's identity changed (a failover, or another primary): writing the failover window again into it"
             );
         }
-        let written_before = self.failover.stats.orders_written_again.load(Ordering::Relaxed);
+        let written_before = self
+            .failover
+            .stats
+            .orders_written_again
+            .load(Ordering::Relaxed);
         let writer = self.replaying_as(to);
         let mut after = "0".to_string();
         let mut applied = 0u64;
@@ -584,7 +627,11 @@ impl Store {
                 .map_err(window_error)?;
             if records.is_empty() {
                 writer.apply_until_settled(&mut later, &mut applied).await?;
-                match window.settle(from, to, &after).await.map_err(window_error)? {
+                match window
+                    .settle(from, to, &after)
+                    .await
+                    .map_err(window_error)?
+                {
                     Settled::Done => break,
                     Settled::More => continue,
                     Settled::Moved(other) => {
@@ -610,7 +657,11 @@ impl Store {
                     }
                 }
             }
-            if !window.lock(token, REPLAY_LEASE).await.map_err(window_error)? {
+            if !window
+                .lock(token, REPLAY_LEASE)
+                .await
+                .map_err(window_error)?
+            {
                 return Err(StoreError::Window(
                     "the failover window's replay lease was lost".into(),
                 ));

@@ -1001,7 +1001,10 @@ impl Store {
     }
 
     /// Users of the failover window written again: those already there are passed over.
-    pub(super) async fn insert_users_again(&self, users: &[(i64, String)]) -> Result<(), StoreError> {
+    pub(super) async fn insert_users_again(
+        &self,
+        users: &[(i64, String)],
+    ) -> Result<(), StoreError> {
         self.insert_users_kept(users).await
     }
 
@@ -1451,7 +1454,10 @@ impl Store {
                 .bind(id)
                 .execute(&mut *conn)
                 .await;
-                (conn, done.map(|d| d.rows_affected()).map_err(StoreError::from))
+                (
+                    conn,
+                    done.map(|d| d.rows_affected()).map_err(StoreError::from),
+                )
             })
             .await?;
         if changed == 0 {

@@ -184,12 +184,4 @@ impl Window for RedisWindow {
             .map_err(unavailable)?;
         Ok(())
     }
-
-    async fn len(&self) -> Result<u64, WindowError> {
-        redis::cmd("XLEN")
-            .arg(&self.keys.window)
-            .query_async(&mut self.conn.clone())
-            .await
-            .map_err(unavailable)
-    }
 }

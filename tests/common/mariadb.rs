@@ -51,7 +51,10 @@ impl MariaDbServer {
         let child = Command::new("/usr/sbin/mariadbd")
             .arg("--no-defaults")
             .arg(format!("--datadir={}", self.dir.join("data").display()))
-            .arg(format!("--socket={}", self.dir.join("server.sock").display()))
+            .arg(format!(
+                "--socket={}",
+                self.dir.join("server.sock").display()
+            ))
             .arg(format!("--port={}", self.port))
             .arg(format!("--server-id={}", self.server_id))
             .args([
@@ -99,12 +102,10 @@ impl Drop for MariaDbServer {
 
 async fn query(url: &str, sql: &str) -> Result<(), sqlx::Error> {
     use sqlx::Connection;
-    let mut conn = tokio::time::timeout(
-        Duration::from_secs(3),
-        sqlx::MySqlConnection::connect(url),
-    )
-    .await
-    .map_err(|_| sqlx::Error::PoolTimedOut)??;
+    let mut conn =
+        tokio::time::timeout(Duration::from_secs(3), sqlx::MySqlConnection::connect(url))
+            .await
+            .map_err(|_| sqlx::Error::PoolTimedOut)??;
     sqlx::raw_sql(sql).execute(&mut conn).await?;
     let _ = conn.close().await;
     Ok(())
@@ -161,9 +162,12 @@ impl MariaDbPair {
     /// A new database, made on the primary (and replicated); its URL through the address.
     pub async fn create_database(&self) -> String {
         let name = super::unique("db");
-        query(&self.primary.url("mysql"), &format!("CREATE DATABASE {name}"))
-            .await
-            .unwrap();
+        query(
+            &self.primary.url("mysql"),
+            &format!("CREATE DATABASE {name}"),
+        )
+        .await
+        .unwrap();
         let replica = self.replica.url("mysql");
         let check = format!("USE {name}");
         super::eventually(20, "the database reaches the replica", || {

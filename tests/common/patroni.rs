@@ -64,7 +64,10 @@ fn postgres_user() -> Option<(u32, u32)> {
             return None;
         }
         let user = libc::getpwnam(c"postgres".as_ptr());
-        assert!(!user.is_null(), "a postgres user (Debian's postgresql package makes it)");
+        assert!(
+            !user.is_null(),
+            "a postgres user (Debian's postgresql package makes it)"
+        );
         Some(((*user).pw_uid, (*user).pw_gid))
     }
 }
@@ -335,8 +338,7 @@ impl PatroniCluster {
     /// The node that leads now.
     pub async fn leader(&self) -> usize {
         for i in 0..self.nodes.len() {
-            if self.nodes[i].patroni.is_some() && self.role(i).await.as_deref() == Some("primary")
-            {
+            if self.nodes[i].patroni.is_some() && self.role(i).await.as_deref() == Some("primary") {
                 return i;
             }
         }

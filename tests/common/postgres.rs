@@ -69,7 +69,12 @@ impl PrivatePostgres {
             Command::new(bin_dir().join("postgres"))
                 .arg("-D")
                 .arg(self.dir.join("data"))
-                .args(["-p", &self.port.to_string(), "-c", "listen_addresses=127.0.0.1"])
+                .args([
+                    "-p",
+                    &self.port.to_string(),
+                    "-c",
+                    "listen_addresses=127.0.0.1",
+                ])
                 .arg("-k")
                 .arg(&self.dir)
                 .stdout(log.try_clone().unwrap())

@@ -32,6 +32,7 @@ use crate::common::mariadb::MariaDbPair;
 use crate::common::patroni::{PatroniCluster, Replication};
 use crate::common::storm::{check_sql, storm_on, Arrival, Told};
 use crate::common::{Api, PrivateRedis, Server, Worker};
+
 use seckill::lifecycle::payment::SimulatedProvider;
 use seckill::store::Store;
 
@@ -135,34 +136,38 @@ impl Database {
     }
 }
 
-/// A distributed deployment on a database that fails over: Redis of its own, two `serve`
-/// instances (their writers inside) and a `worker`.
+/// A deployment on a database that fails over: distributed (Redis of its own, two `serve`
+/// instances with their writers inside, and a `worker`), or one embedded server.
 struct Deployment {
     database: Database,
-    _redis: PrivateRedis,
+    redis: Option<PrivateRedis>,
     instances: Vec<Server>,
-    worker: Worker,
+    workers: Vec<Worker>,
     db: String,
     secret: String,
     prefix: String,
 }
 
+/// How the processes are laid out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Layout {
+    Distributed,
+    /// One server deciding purchases in memory, its order log (and failover window) in a
+    /// folder of its own.
+    Embedded,
+}
+
 impl Deployment {
     async fn start(kind: Kind, extra: &[(&str, &str)]) -> Deployment {
+        Deployment::start_as(kind, Layout::Distributed, extra).await
+    }
+
+    async fn start_as(kind: Kind, layout: Layout, extra: &[(&str, &str)]) -> Deployment {
         let (database, db) = Database::start(kind).await;
-        let redis_port = common::free_port();
-        let redis = PrivateRedis::start(
-            redis_port,
-            &std::env::temp_dir().join(common::unique("redis")),
-        );
         let secret = common::unique("secret");
         let prefix = common::unique("dbf");
         let mut env: Vec<(String, String)> = vec![
             ("SECKILL_DATABASE_URL".into(), db.clone()),
-            (
-                "SECKILL_REDIS_URL".into(),
-                format!("redis://127.0.0.1:{redis_port}/"),
-            ),
             ("SECKILL_REDIS_PREFIX".into(), prefix.clone()),
             ("SECKILL_TOKEN_SECRET".into(), secret.clone()),
             // The audit on, repairs on (the product's default): it must not rebuild a gate
@@ -171,16 +176,36 @@ impl Deployment {
             ("SECKILL_AUDIT_REPAIR".into(), "true".into()),
         ];
         env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        let mut redis = None;
+        let (servers, workers) = match layout {
+            Layout::Distributed => {
+                let redis_port = common::free_port();
+                redis = Some(PrivateRedis::start(
+                    redis_port,
+                    &std::env::temp_dir().join(common::unique("redis")),
+                ));
+                env.push((
+                    "SECKILL_REDIS_URL".into(),
+                    format!("redis://127.0.0.1:{redis_port}/"),
+                ));
+                (2, 1)
+            }
+            Layout::Embedded => {
+                let dir = std::env::temp_dir().join(common::unique("orders"));
+                env.push(("SECKILL_ORDER_LOG_DIR".into(), dir.display().to_string()));
+                (1, 0)
+            }
+        };
         let mut instances = Vec::new();
-        for _ in 0..2 {
+        for _ in 0..servers {
             instances.push(Server::start(env.clone(), vec!["serve".into()]).await);
         }
-        let worker = common::worker(&env);
+        let workers = (0..workers).map(|_| common::worker(&env)).collect();
         Deployment {
             database,
-            _redis: redis,
+            redis,
             instances,
-            worker,
+            workers,
             db,
             secret,
             prefix,
@@ -210,7 +235,7 @@ impl Deployment {
             .instances
             .iter()
             .map(|s| &s.log)
-            .chain(std::iter::once(&self.worker.1))
+            .chain(self.workers.iter().map(|w| &w.1))
         {
             text.push_str(&std::fs::read_to_string(path).unwrap_or_default());
         }
@@ -236,8 +261,11 @@ impl Deployment {
             dead += common::metric(&metrics, "seckill_writer_dead_letters_total");
             dead += common::metric(&metrics, "seckill_writer_refused_over_limit_total");
         }
+        let Some(redis) = &self.redis else {
+            return dead;
+        };
         let keys = seckill::redis_client::keys::SaleKeys::new(&self.prefix, sale);
-        let url = self.instances[0].env_value("SECKILL_REDIS_URL");
+        let url = format!("redis://127.0.0.1:{}/", redis.port);
         let (_, mut redis) = seckill::app::redis_manager(&url).await.unwrap();
         let stream: u64 = redis::cmd("XLEN")
             .arg(&keys.dead)
@@ -249,9 +277,9 @@ impl Deployment {
 
     async fn repairs(&self, sale: i64) -> usize {
         let journal = self.api(0).journal(sale).await;
-        journal["rows"]
-            .as_array()
-            .map_or(0, |rows| rows.iter().filter(|r| r["cause"] == "repaired").count())
+        journal["rows"].as_array().map_or(0, |rows| {
+            rows.iter().filter(|r| r["cause"] == "repaired").count()
+        })
     }
 }
 
@@ -281,6 +309,10 @@ async fn a_mariadb_failover_mid_storm_loses_no_acknowledged_order() {
 }
 
 async fn failover_mid_storm(kind: Kind, run: usize) {
+    failover_mid_storm_as(kind, Layout::Distributed, run).await
+}
+
+async fn failover_mid_storm_as(kind: Kind, layout: Layout, run: usize) {
     const STOCK: i64 = 3000;
     const BUYERS: i64 = 4000;
     let seed = seed();
@@ -291,10 +323,10 @@ async fn failover_mid_storm(kind: Kind, run: usize) {
         false => Duration::ZERO,
     };
     eprintln!(
-        "{kind:?} failover, run {run}: seed {seed} (SECKILL_TEST_DB_FAILOVER_SEED), \
+        "{kind:?} failover ({layout:?}), run {run}: seed {seed} (SECKILL_TEST_DB_FAILOVER_SEED), \
          primary killed {kill_after:?} into the storm, replication stalled {stall:?} before"
     );
-    let mut d = Deployment::start(kind, &[]).await;
+    let mut d = Deployment::start_as(kind, layout, &[]).await;
     let sale: i64 = d.api(0).open_sale(STOCK, 1).await.parse().unwrap();
 
     // Buyers keep arriving for 8 s; the purchases are decided by the gate throughout.
@@ -322,7 +354,7 @@ async fn failover_mid_storm(kind: Kind, run: usize) {
     assert!(oks <= STOCK);
     let sql_stock = store.sale(sale).await.unwrap().unwrap().stock;
     common::eventually(30, "the gate's remaining stock equals SQL's", || async {
-        d.api(1).remaining(sale).await == sql_stock
+        d.api(d.instances.len() - 1).remaining(sale).await == sql_stock
     })
     .await;
     if told.values().any(|t| t.last == "sold_out") {
@@ -357,11 +389,20 @@ async fn failover_mid_storm(kind: Kind, run: usize) {
     // Sold out, and nobody sells a unit of an acknowledged order again: a late buyer is
     // told so, on both instances.
     let late = d.tokens(BUYERS + 1..=BUYERS + 1).remove(0).1;
-    for i in 0..2 {
+    for i in 0..d.instances.len() {
         let answer = d.api(i).buy(&late, sale).await;
         if sql_stock == 0 {
             assert_eq!(answer["code"], "sold_out", "{answer}");
         }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_embedded_server_on_postgresql_loses_nothing_in_an_asynchronous_failover() {
+    let _turn = common::one_at_a_time().await;
+    for run in 1..=runs() {
+        let kind = Kind::Postgres(Replication::Asynchronous);
+        failover_mid_storm_as(kind, Layout::Embedded, run).await;
     }
 }
 
@@ -421,7 +462,8 @@ async fn payments_cancellations_and_expiries_keep_the_state_their_buyers_were_to
     for (user, _, _) in orders.iter().take(20) {
         let intent = &intents[user];
         let now = seckill::clock::wall_ms() / 1000;
-        let body = format!(r#"{{"intent_id":"{intent}","status":"paid","provider_ref":"r{user}"}}"#);
+        let body =
+            format!(r#"{{"intent_id":"{intent}","status":"paid","provider_ref":"r{user}"}}"#);
         let signature = provider.sign(now, body.as_bytes());
         let answer = api.notify(Some(now), Some(&signature), &body).await;
         assert_eq!(answer.status, 200, "{answer}");
@@ -456,9 +498,11 @@ async fn payments_cancellations_and_expiries_keep_the_state_their_buyers_were_to
             Seen::Cancelled => "cancelled",
             Seen::Expired => "expired",
         };
-        common::eventually(30, "the order keeps the state its buyer was told", || async {
-            d.api(1).order(token, order).await["status"] == want
-        })
+        common::eventually(
+            30,
+            "the order keeps the state its buyer was told",
+            || async { d.api(1).order(token, order).await["status"] == want },
+        )
         .await;
     }
     // The provider repeats a callback: settled once, nothing moves. (A provider retries

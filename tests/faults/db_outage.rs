@@ -53,19 +53,18 @@ async fn check_answers_while_away(instances: &[Server], buyer: &str, order: &str
         let api = server.api();
         let (status, text, took) = timed(&api, "/readyz", None).await;
         assert_eq!(status, 503, "{text}");
-        assert!(text.contains("database"), "readiness names the database: {text}");
+        assert!(
+            text.contains("database"),
+            "readiness names the database: {text}"
+        );
         assert!(took < Duration::from_secs(1), "/readyz took {took:?}");
         let metrics = api.metrics().await;
         assert!(
             metrics.contains("seckill_database_up 0"),
             "/metrics says the database is away"
         );
-        let (status, text, took) = timed(
-            &api,
-            "/api/admin/sales",
-            Some(server.admin.as_str()),
-        )
-        .await;
+        let (status, text, took) =
+            timed(&api, "/api/admin/sales", Some(server.admin.as_str())).await;
         assert_eq!(status, 503, "{text}");
         assert!(took < Duration::from_secs(1), "an admin read took {took:?}");
         let (status, text, took) = timed(&api, &format!("/api/orders/{order}"), Some(buyer)).await;
@@ -152,11 +151,17 @@ async fn the_database_away_for_a_while_leaves_purchases_answered_and_loses_nothi
     let pg = PrivatePostgres::start().await;
     let db = pg.create_database().await;
     let redis_port = common::free_port();
-    let _redis = PrivateRedis::start(redis_port, &std::env::temp_dir().join(common::unique("redis")));
+    let _redis = PrivateRedis::start(
+        redis_port,
+        &std::env::temp_dir().join(common::unique("redis")),
+    );
     let secret = common::unique("secret");
     let env: Vec<(String, String)> = vec![
         ("SECKILL_DATABASE_URL".into(), db.clone()),
-        ("SECKILL_REDIS_URL".into(), format!("redis://127.0.0.1:{redis_port}/")),
+        (
+            "SECKILL_REDIS_URL".into(),
+            format!("redis://127.0.0.1:{redis_port}/"),
+        ),
         ("SECKILL_TOKEN_SECRET".into(), secret.clone()),
         // Not ready for its backlog only after the outage is long over.
         ("SECKILL_WRITER_LAG_NOT_READY_SECS".into(), "300".into()),
@@ -197,7 +202,10 @@ async fn a_process_started_before_its_database_and_redis_says_what_it_waits_for(
     let redis_port = common::free_port();
     let env: Vec<(String, String)> = vec![
         ("SECKILL_DATABASE_URL".into(), db),
-        ("SECKILL_REDIS_URL".into(), format!("redis://127.0.0.1:{redis_port}/")),
+        (
+            "SECKILL_REDIS_URL".into(),
+            format!("redis://127.0.0.1:{redis_port}/"),
+        ),
     ];
     let mut server = Server::spawn(env, vec!["serve".into()]);
     let api = server.api();
@@ -225,7 +233,10 @@ async fn a_process_started_before_its_database_and_redis_says_what_it_waits_for(
     assert_eq!(purchase.status, 503, "{purchase}");
     pg.start_again().await;
     common::eventually(20, "it says it waits for Redis", || waits_for("redis")).await;
-    let _redis = PrivateRedis::start(redis_port, &std::env::temp_dir().join(common::unique("redis")));
+    let _redis = PrivateRedis::start(
+        redis_port,
+        &std::env::temp_dir().join(common::unique("redis")),
+    );
     server.wait_ready().await;
     common::eventually(20, "ready once both answer", || async {
         api.readyz().await.status == 200
