@@ -224,6 +224,9 @@ impl Store {
         sink: Option<HeldSink<'_>>,
     ) -> Result<LoadSnapshot, StoreError> {
         let mut conn = self.begin_write().await?;
+        // Never a gate from a database the failover window is not settled against yet: it
+        // may lack orders the window is about to write back.
+        self.check_identity_in(&mut conn).await?;
         let read = async {
             let secs = wait.as_secs().max(1);
             let timeout = match self.dialect {

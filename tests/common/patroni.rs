@@ -312,9 +312,31 @@ impl PatroniCluster {
                 && leaders == 1
                 && lag_known
                 && (self.replication == Replication::Asynchronous || sync)
-                && self.writable().await
+                && self.streaming().await == Some(self.nodes.len() as i64 - 1)
         })
         .await;
+    }
+
+    /// How many standbys the primary behind HAProxy streams to (`None`: it does not take
+    /// writes).
+    async fn streaming(&self) -> Option<i64> {
+        use sqlx::Connection;
+        let mut conn = tokio::time::timeout(
+            Duration::from_secs(2),
+            sqlx::PgConnection::connect(&self.url("postgres")),
+        )
+        .await
+        .ok()?
+        .ok()?;
+        let streaming: Option<i64> = sqlx::query_scalar(
+            "SELECT CASE WHEN pg_is_in_recovery() THEN NULL ELSE \
+             (SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming') END",
+        )
+        .fetch_one(&mut conn)
+        .await
+        .ok()?;
+        let _ = conn.close().await;
+        streaming
     }
 
     /// Whether HAProxy's address reaches a primary that takes writes.
@@ -397,15 +419,17 @@ impl PatroniCluster {
         }
     }
 
-    /// `patronictl switchover` to `candidate`, now: the leader hands over after its standby
-    /// caught up (nothing is lost; the old leader becomes a replica).
-    pub fn switchover(&self, candidate: usize) {
-        let leader_config = &self.nodes[0].config;
+    /// `patronictl switchover` from `leader` to `candidate`, now: the leader hands over
+    /// once the candidate caught up (nothing is lost; the old leader becomes a replica).
+    /// Returns when the candidate takes writes through HAProxy.
+    pub async fn switchover(&self, leader: usize, candidate: usize) -> Instant {
         let done = as_postgres(
             Command::new("patronictl")
                 .arg("-c")
-                .arg(leader_config)
-                .args(["switchover", "--force", "--candidate"])
+                .arg(&self.nodes[leader].config)
+                .args(["switchover", "--force", "--leader"])
+                .arg(&self.nodes[leader].name)
+                .arg("--candidate")
                 .arg(&self.nodes[candidate].name)
                 .stdout(Stdio::null())
                 .stderr(Stdio::null()),
@@ -413,6 +437,9 @@ impl PatroniCluster {
         .status()
         .expect("patronictl");
         assert!(done.success(), "patronictl switchover failed");
+        let (new_leader, at) = self.wait_new_leader(leader).await;
+        assert_eq!(new_leader, candidate, "the candidate leads");
+        at
     }
 
     /// The port of node `i`'s PostgreSQL (to read it directly, past HAProxy).
