@@ -150,8 +150,11 @@ impl Node {
             let _ = patroni.wait();
         }
         if let Some(postmaster) = self.postmaster() {
+            // Its children first: once it is dead they are the init process's, and a backend
+            // left running holds the shared memory a restart needs.
+            let children = children_of(postmaster);
             kill(postmaster, libc::SIGKILL);
-            for (pid, _) in children_of(postmaster) {
+            for (pid, _) in children {
                 kill(pid, libc::SIGKILL);
             }
         }
