@@ -40,9 +40,9 @@ struct SaleState {
 }
 
 impl SaleState {
-    /// DESIGN's invariants as this sale's state shows them, checked where they change
-    /// (debug builds): the stock is never negative nor more than the sale's (1, 5: stock
-    /// comes back once), and no buyer holds more than the limit (2).
+    /// The invariants (docs/ARCHITECTURE.md) as this sale's state shows them, checked where
+    /// they change (debug builds): the stock is never negative nor more than the sale's (1,
+    /// 5: stock comes back once), and no buyer holds more than the limit (2).
     fn assert_invariants(&self, sale_id: i64, user_id: i64) {
         debug_assert!(
             self.remaining >= 0,

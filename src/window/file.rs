@@ -240,48 +240,6 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn changes_are_read_back_in_order_from_where_a_reader_stopped() {
-        let (w, dir) = window();
-        for i in 0..5 {
-            w.keep("db-a", &format!("change {i}")).await.unwrap();
-        }
-        let first = w.read("0", 2).await.unwrap();
-        assert_eq!(
-            first.iter().map(|r| r.1.as_str()).collect::<Vec<_>>(),
-            ["change 0", "change 1"]
-        );
-        let rest = w.read(&first[1].0, 10).await.unwrap();
-        assert_eq!(
-            rest.iter().map(|r| r.1.as_str()).collect::<Vec<_>>(),
-            ["change 2", "change 3", "change 4"]
-        );
-        assert!(w.read(&rest[2].0, 10).await.unwrap().is_empty());
-        // Settled against another database only once every change was read.
-        assert_eq!(
-            w.settle(Some("db-a"), "db-b", &first[1].0).await.unwrap(),
-            Settled::More
-        );
-        assert_eq!(
-            w.settle(Some("db-x"), "db-b", &rest[2].0).await.unwrap(),
-            Settled::Moved("db-a".into())
-        );
-        assert_eq!(
-            w.settle(Some("db-a"), "db-b", &rest[2].0).await.unwrap(),
-            Settled::Done
-        );
-        // A change committed under the old identity is refused now.
-        assert!(matches!(
-            w.keep("db-a", "late").await,
-            Err(WindowError::Moved(_))
-        ));
-        w.keep("db-b", "change 5").await.unwrap();
-        // Nothing ages out under an identity the window is not settled against.
-        w.trim("db-a", Duration::ZERO).await.unwrap();
-        assert_eq!(w.read("0", 10).await.unwrap().len(), 6);
-        let _ = std::fs::remove_dir_all(dir);
-    }
-
-    #[tokio::test]
     async fn a_line_cut_short_is_no_record() {
         let (w, dir) = window();
         w.keep("db", "whole").await.unwrap();

@@ -1,5 +1,6 @@
-//! The library against real servers, without the binary: each gate, store and order log
-//! held to the same cases on every backend (SQLite, PostgreSQL, MariaDB, Redis).
+//! The library against real servers, without the binary: each gate, store, order log and
+//! failover window held to the same cases on every backend (SQLite, PostgreSQL, MariaDB,
+//! Redis, files).
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -11,4 +12,5 @@ mod lifecycle;
 mod orderlog_redis;
 mod room;
 mod store;
+mod window;
 mod writer;

@@ -1,12 +1,13 @@
 //! The distributed deployment behind seeded fault proxies (`common::proxy`), Jepsen's
 //! nemesis the model: two instances and two workers reach their Redis and their PostgreSQL
-//! database only through proxies that delay, stall, reset and refuse connections, and
-//! now and then cut one off for a while, on a schedule drawn from a seed, while 3,000
-//! buyers storm a sale over 15 s. Then the faults stop and DESIGN's invariants are checked: every
-//! `ok` is in SQL, no order was made of an attempt answered anything but `ok` or `pending`
-//! (a 503 is never executed later), nobody holds two, SQL's stock adds up, the gate equals
-//! SQL, and the deployment sells again. The seed is printed; `SECKILL_TEST_NEMESIS_SEED`
-//! replays a schedule, `SECKILL_TEST_NEMESIS_RUNS` runs that many seeds in a row.
+//! database only through proxies that delay, stall, reset and refuse connections, and now
+//! and then cut one off for a while, on a schedule drawn from a seed, while 3,000 buyers
+//! storm a sale over 15 s. Then the faults stop and the invariants of docs/ARCHITECTURE.md
+//! are checked: every `ok` is in SQL, no order was made of an attempt answered anything but
+//! `ok` or `pending` (a 503 is never executed later), nobody holds two, SQL's stock adds
+//! up, the gate equals SQL, and the deployment sells again. The seed is printed;
+//! `SECKILL_TEST_NEMESIS_SEED` replays a schedule, `SECKILL_TEST_NEMESIS_RUNS` runs that
+//! many seeds in a row.
 
 use crate::common;
 

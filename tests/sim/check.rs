@@ -1,5 +1,6 @@
-//! DESIGN.md's invariants, checked from outside after every step: against SQL (read by an
-//! observer connection of its own), the order log, the gate, and what each buyer was told.
+//! The invariants of docs/ARCHITECTURE.md, checked from outside after every step: against
+//! SQL (read by an observer connection of its own), the order log, the gate, and what each
+//! buyer was told.
 
 use std::collections::{BTreeMap, HashMap};
 

@@ -1,16 +1,16 @@
-//! A deterministic simulation of the embedded pipeline, after TigerBeetle's simulator:
-//! the product's own memory gate (behind its sold-out shortcut), order log, writer,
-//! lifecycle and scheduler on SQLite, on a simulated disk and a simulated clock, driven by
-//! a seed. Each seed draws its regime (buyers, sales, how often the disk fails or the
-//! process dies) and then its steps: purchases in bursts, the log's group commits, writer
-//! batches, payments, cancels (some by the wrong buyer), time passing past payment
-//! deadlines, scheduler passes, SQLite locked by another process (real busy errors), and
-//! crashes: between steps, in an append or a sync of the log (torn: part of the bytes
-//! written), just before or just after a SQL commit. After a crash the disk keeps what was
-//! synced and a random prefix of the rest, and a new process starts as a server does. After
-//! every step DESIGN.md's invariants are checked (`check`); at the end, faults stop, the
-//! log drains, and every `ok` must be in SQL, the gate equal to SQL, and stock that came
-//! back must sell again.
+//! A deterministic simulation of the embedded pipeline, after TigerBeetle's simulator: the
+//! product's own memory gate (behind its sold-out shortcut), order log, writer, lifecycle
+//! and scheduler on SQLite, on a simulated disk and a simulated clock, driven by a seed.
+//! Each seed draws its regime (buyers, sales, how often the disk fails or the process dies)
+//! and then its steps: purchases in bursts, the log's group commits, writer batches,
+//! payments, cancels (some by the wrong buyer), time passing past payment deadlines,
+//! scheduler passes, SQLite locked by another process (real busy errors), and crashes:
+//! between steps, in an append or a sync of the log (torn: part of the bytes written), just
+//! before or just after a SQL commit. After a crash the disk keeps what was synced and a
+//! random prefix of the rest, and a new process starts as a server does. After every step
+//! the invariants of docs/ARCHITECTURE.md are checked (`check`); at the end, faults stop,
+//! the log drains, and every `ok` must be in SQL, the gate equal to SQL, and stock that
+//! came back must sell again.
 //!
 //! `cargo test --test sim` runs `SECKILL_SIM_SEEDS` seeds (default 250) from a start
 //! drawn at random and printed. A failing seed prints itself and its last steps;
