@@ -238,7 +238,7 @@ fn warn_about_security(config: &Config) {
         None => tracing::warn!(
             "no payment provider is configured: buyers' /pay answers 503 \
              payment_unavailable. Set --payment-redirect-url and --payment-secret (see the \
-             README's payment section)."
+             docs/guides/selling.md)."
         ),
         _ => {}
     }

@@ -28,8 +28,8 @@ pub const MAX_CALLS_IN_FLIGHT: usize = 8;
 /// the next batch. Redis runs the calls one after another anyway, so more calls out at once
 /// only cut the same attempts into smaller batches, and each call has a fixed cost in Redis
 /// (the script's set-up, the sale's fields, the clock, the stock's write) and in this
-/// process (a request written and a reply parsed). Measured on loopback (BENCHMARKS,
-/// session 24); a Redis a long round trip away would want more.
+/// process (a request written and a reply parsed). Measured on loopback (docs/adr/0006);
+/// a Redis a long round trip away would want more.
 pub const CALLS_IN_FLIGHT: usize = 2;
 
 /// Script calls made and attempts they decided, process-wide, for /metrics: their ratio

@@ -12,10 +12,9 @@
 -- ARGV[4] 1 when the client may resend a call Redis already ran (a cluster client), else 0
 -- ARGV[5] how accepted orders are written into the stream: batch (one entry per call, one
 -- field 'b', 'sale_id:price_cents:accepted_at' then ';order_id:user_id:quantity' per order,
--- which writers of builds before 2026-11-28 cannot read), packed (an entry per order, one
--- field 'o', 'order_id:sale_id:user_id:quantity:price_cents:accepted_at') or fields (an
--- entry per order, one field per value, the only form writers of builds before 2026-11-27
--- read)
+-- docs/adr/0003), packed (an entry per order, one field 'o',
+-- 'order_id:sale_id:user_id:quantity:price_cents:accepted_at') or fields (an entry per
+-- order, one field per value, the form every writer reads)
 -- then five values per attempt i, from ARGV[5*i+1]: user_id, quantity, order_id, how long
 -- to remember its spent purchase token in ms (0: no token; -1: the attempt is tried again
 -- after a move of stock into its segment, its token and rate were spent by the first try),
@@ -146,7 +145,7 @@ local function decide(i)
   -- without spending a place in the rate, and the purchase that takes a buyer to the limit
   -- keeps none (a release takes one when it frees the slot: release.lua): in a storm most
   -- winners reach the limit with their first purchase, and without those writes this script
-  -- costs 13-23% less (BENCHMARKS.md, session 32).
+  -- costs 13-23% less (measured with scripts/purchase-script-cost).
   if interval > 0 and keep >= 0 and not (open and held[user] >= limit) then
     local tat = math.max(tats[user], now)
     local wait = tat - now - tolerance

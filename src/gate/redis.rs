@@ -780,7 +780,7 @@ fn pack_counted(ids: &[i64]) -> Vec<(String, String)> {
 
 /// Sends a load's staging commands (each a chunk of one staged key), `STAGE_PIPELINE` to a
 /// round trip: a million buyers and order ids are two thousand chunks, whose round trips
-/// one at a time cost as much as Redis' own work (issue 27). Plain commands, no script
+/// one at a time cost as much as Redis' own work. Plain commands, no script
 /// (a script's arguments cost Redis a third more): a staged key is its loader's own, so a
 /// loader that lost its lock writes where nobody reads. Each round trip reads the lock
 /// too and stops once it has passed to another loader (load_sale.lua then refuses this

@@ -1,7 +1,7 @@
 //! The SQL gates: purchases decided and written in the database itself, one transaction
 //! each (`sql-lock`: `SELECT ... FOR UPDATE`; `sql-conditional`: guarded `UPDATE`). They
 //! exist for comparison in `seckill bench --compare` and as a deployment without Redis
-//! (never as a switch mid-sale: see README, "Running distributed"). A concurrency limit keeps a storm from burying the database: requests beyond it
+//! (never as a switch mid-sale: see docs/operating/deploying.md). A concurrency limit keeps a storm from burying the database: requests beyond it
 //! wait their turn rather than piling onto the sale's row lock.
 
 use async_trait::async_trait;

@@ -8,7 +8,7 @@
 -- dead letter, both of which remove it from the stream: everything up to the newest id is
 -- written or set aside. It assumes what this repository does: one group per stream, entries
 -- appended with XADD, never a XGROUP SETID, DELCONSUMER or NOACK read. XDEL seeks each id
--- through its node, five times the cost of this whole step (BENCHMARKS.md, session 23).
+-- through its node, five times the cost of this whole step (docs/adr/0002).
 -- Otherwise (another writer still holds older entries, or some ids were not pending: taken
 -- over by a reclaim, or from before the stream was made again) only these ids are deleted.
 -- KEYS[1] the stream  ARGV[1] the group  ARGV[2] the newest id ('' when not every id reads

@@ -577,7 +577,7 @@ impl Appender {
             // length (MIN_GATHER to MAX_GATHER) for more to join them: a sync costs the
             // process CPU whatever the group's size. In a winners storm on a virtual disk
             // (commits of about 0.35 ms) groups grew from 19 to 25-32 orders and a winner
-            // cost about 5% less CPU (BENCHMARKS.md, session 25). A lone append (a quiet
+            // cost about 5% less CPU. A lone append (a quiet
             // sale) is written at once, and a log without a file never waits.
             let gather = (last_commit / 4).min(MAX_GATHER);
             let durable = self.segment.is_some() && !self.broken;

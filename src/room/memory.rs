@@ -1,6 +1,6 @@
 //! The embedded deployment's rooms: one line per sale in this process's memory. Lost with
 //! the process (as the embedded gate's own state is rebuilt from SQL, a room is not: its
-//! buyers join again and keep nothing they had; see the README).
+//! buyers join again and keep nothing they had; see docs/guides/selling.md).
 
 use std::collections::HashMap;
 use std::sync::Mutex;

@@ -22,8 +22,7 @@ const RECLAIM_EVERY: Duration = Duration::from_secs(5);
 /// A shared log's [`Writer::linger`]: in a Redis + PostgreSQL winners storm, 20 ms took
 /// batches from about 100 orders to about 460 and the CPU of an order, all processes, down
 /// by 9-28% (five pairs); longer waits cost less still but put p99 past 3x the mean wait
-/// (BENCHMARKS.md, session 27, which also answers session 25's trial of the same, which
-/// found no gain). The local log lingers itself, on its own side of the read.
+/// (docs/adr/0001). The local log lingers itself, on its own side of the read.
 pub const SHARED_LOG_LINGER: Duration = Duration::from_millis(20);
 /// How long the writer keeps trying to tell the gate of orders it wrote.
 const CONFIRM_FOR: Duration = Duration::from_secs(30);

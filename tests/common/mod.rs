@@ -364,7 +364,7 @@ pub fn spawn(env: &[(String, String)], args: &[String]) -> (Child, std::path::Pa
     // The audit reports drift and repairs nothing unless a test asks for repairs: a test
     // that ends with the gate reconciled exact must not have a repair hide the fault.
     cmd.env("SECKILL_AUDIT_REPAIR", "0");
-    // Servers run as a new deployment would (README, "Running distributed"); the gate
+    // Servers run as a new deployment would (docs/operating/deploying.md); the gate
     // conformance tests cover the default form, and every form in one stream.
     cmd.env("SECKILL_ORDER_LOG_ENTRY", "batch");
     for (k, v) in env {

@@ -457,7 +457,7 @@ fn release_of(r: &StockReturn) -> Release {
     }
 }
 
-/// A return that meets a rebuild between its SQL snapshot and its install (issue 29's
+/// A return that meets a rebuild between its SQL snapshot and its install (once a
 /// loss): it is kept in the outbox, not marked done, and handed over once the sale is in,
 /// exactly once; its buyer may buy again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -569,7 +569,7 @@ async fn a_return_that_meets_a_rebuild_is_kept_for_it_and_counted_once() {
 }
 
 /// A release that comes late to a rebuilt gate, of a return the rebuild counted already
-/// (issue 29's double count: a stale outbox batch, the cancel handler and the scheduler
+/// (a double count found once: a stale outbox batch, the cancel handler and the scheduler
 /// racing), changes nothing; so does the release of an order the gate never counted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_release_of_what_the_rebuild_counted_changes_nothing() {

@@ -79,7 +79,7 @@ async fn a_batch_is_written_once_however_often_it_is_delivered() {
 
 /// A redelivered batch that took the last units, or its buyers' whole limit, is skipped, not
 /// refused by the guards its own earlier write trips: a writer that counted a batch's
-/// units before looking its orders up (session 24 tried one) would dead-letter it.
+/// units before looking its orders up (a shortcut once tried) would dead-letter it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redelivered_batch_that_took_the_last_units_is_skipped_not_refused() {
     for kind in ALL_SQL {

@@ -1,4 +1,4 @@
-//! The attacks of issue 28, tried over HTTP against the real binary, each as the attacker
+//! The attacks of docs/operating/security.md, tried over HTTP against the real binary, each as the attacker
 //! did it: a production-like embedded server (dev mode off, its secrets set, login codes
 //! delivered through `--sms-hook`), unless the case needs dev mode. Each test failed
 //! before its fix.

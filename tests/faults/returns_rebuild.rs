@@ -1,4 +1,4 @@
-//! Stock returns while Redis loses the gate, again and again (issue 29): a sale sold out
+//! Stock returns while Redis loses the gate, again and again: a sale sold out
 //! and written; most buyers cancel at an even pace while Redis loses its data five times
 //! (FLUSHDB) and other buyers keep trying to buy, which starts rebuilds from the purchase
 //! path. After every run the rebuilt gate equals SQL (reconcile exact, no repair), no

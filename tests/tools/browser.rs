@@ -6,7 +6,7 @@
 //!
 //! A failing test saves a screenshot of the page as it was under
 //! `target/browser-screenshots/` (named after the test); passing runs save one of each
-//! page there too (README's pictures come from them).
+//! page there too (the documents' pictures come from them).
 
 use crate::common;
 

@@ -6,7 +6,7 @@
 //!
 //! Purchases skip the router, and connections skip `axum::serve`, because a storm is
 //! hundreds of thousands of purchases, most answered `sold_out` from a local flag: on the
-//! 2-core box (BENCHMARKS.md) the router with its boxed per-route services and layers,
+//! 2-core box (docs/internals/benchmarking.md) the router with its boxed per-route services and layers,
 //! and axum's per-request service clone and body boxing, cost more CPU per request than
 //! hyper itself. The purchase handler gives itself what the layers gave it (the body
 //! limit, the time limit, JSON errors). This door must never answer a call differently
@@ -71,7 +71,7 @@ where
         let connections = state.connections.clone();
         tokio::spawn(async move {
             // One write per answer: head and body copied into one buffer measured 1.5-3.5%
-            // faster than a vectored write of the two on loopback (BENCHMARKS.md).
+            // faster than a vectored write of the two on loopback.
             let conn = hyper::server::conn::http1::Builder::new()
                 .writev(false)
                 .serve_connection(TokioIo::new(io), front);
