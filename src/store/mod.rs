@@ -1,7 +1,12 @@
 //! The SQL store: the durable truth of sales, orders and users, on SQLite, PostgreSQL or
 //! MySQL/MariaDB through one set of queries (sqlx's `Any` driver plus a [`Dialect`] for
-//! the few statements that differ). Owns the schema and every SQL statement; never
-//! decides a purchase (that is the gate's job) and is never called on the purchase path.
+//! the few statements that differ). Owns the schema and every SQL statement.
+//!
+//! Purchases are decided here only for the SQL gates (`--gate sql-lock | sql-conditional`,
+//! in `sql_gate`), whose whole decision is one transaction by design. Behind the Redis and
+//! in-memory gates the store decides no purchase: it writes the orders they accepted, off
+//! the buyers' path, which reaches it only to read a sale not cached yet or to load a sale
+//! the gate lost.
 //!
 //! Each concern is a file of its own, which says in its header what it owns and what it
 //! must never do; this one holds the [`Store`] and what every part shares.
