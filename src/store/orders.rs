@@ -85,6 +85,17 @@ pub const PG_WRITTEN_ALREADY: &str = "SELECT u.id \
      FROM unnest(CAST(CAST($1 AS TEXT) AS BIGINT[])) AS u(id) \
      CROSS JOIN LATERAL (SELECT COUNT(*) AS n FROM orders WHERE id = u.id) h WHERE h.n > 0";
 
+/// Per sale, the units of `fresh` and how many orders.
+fn units_per_sale(fresh: &[&NewOrder]) -> BTreeMap<i64, (i64, usize)> {
+    let mut per_sale: BTreeMap<i64, (i64, usize)> = BTreeMap::new();
+    for o in fresh {
+        let (units, orders) = per_sale.entry(o.sale_id).or_default();
+        *units += o.quantity;
+        *orders += 1;
+    }
+    per_sale
+}
+
 impl Store {
     /// Writes a batch of accepted orders in one transaction: inserts those not yet written
     /// and takes their quantity off `sales.stock` under a `stock >= qty` guard. An order that
@@ -106,12 +117,49 @@ impl Store {
         Ok(outcome)
     }
 
+    /// The batch's write, in the caller's transaction (see [`Store::write_orders`]).
     async fn write_orders_in_tx(
         &self,
         conn: &mut sqlx::AnyConnection,
         batch: &[NewOrder],
     ) -> Result<WriteOutcome, StoreError> {
         let now = self.now_ms();
+        let terms = self.lock_sales_of(conn, batch).await?;
+        let fresh = self.not_written_yet(conn, batch).await?;
+        let mut tallies = tallies::Tallies::default();
+        let new_buyers = self
+            .check_user_limits(conn, &fresh, &terms, &mut tallies)
+            .await?;
+        for o in &fresh {
+            tallies.order_moved(o.sale_id, None, OrderStatus::PendingPayment);
+        }
+        let inserted = if self.dialect == Dialect::Postgres {
+            self.insert_orders_pg(conn, &fresh, &terms, now).await?
+        } else {
+            self.insert_orders_values(conn, &fresh, &terms, now).await?
+        };
+        if inserted != fresh.len() as u64 {
+            // Another writer inserted some of them since they were looked up.
+            return Err(StoreError::ConcurrentWrite);
+        }
+        self.index_buyers(conn, &fresh).await?;
+        let per_sale = units_per_sale(&fresh);
+        self.journal_written(conn, &per_sale, now).await?;
+        self.take_stock(conn, &per_sale, &new_buyers, now).await?;
+        self.tally_in(conn, &tallies).await?;
+        Ok(WriteOutcome {
+            written: fresh.len(),
+            duplicates: batch.len() - fresh.len(),
+        })
+    }
+
+    /// The terms of the batch's sales, by sale: (payment window in seconds, per-user
+    /// limit). A sale that does not exist fails the batch.
+    async fn lock_sales_of(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        batch: &[NewOrder],
+    ) -> Result<HashMap<i64, (i64, i64)>, StoreError> {
         let sale_ids: Vec<i64> = batch
             .iter()
             .map(|o| o.sale_id)
@@ -120,7 +168,7 @@ impl Store {
             .collect();
         // The sales' rows are locked first (SQLite's BEGIN IMMEDIATE has locked the whole
         // file): every write of a sale's orders then runs one after another, and the
-        // per-user check below sees the orders of every writer that went before.
+        // per-user check after it sees the orders of every writer that went before.
         let q = format!(
             "SELECT id, payment_window_secs, per_user_limit FROM sales WHERE id IN ({}) ORDER BY id{}",
             Self::placeholders(sale_ids.len()),
@@ -145,7 +193,15 @@ impl Store {
         if let Some(missing) = sale_ids.iter().find(|id| !terms.contains_key(id)) {
             return Err(StoreError::UnknownSale(*missing));
         }
+        Ok(terms)
+    }
 
+    /// The batch's orders that SQL does not hold yet, each once, in buyer order.
+    async fn not_written_yet<'b>(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        batch: &'b [NewOrder],
+    ) -> Result<Vec<&'b NewOrder>, StoreError> {
         let mut existing = HashSet::new();
         for chunk in self.statement_chunks(batch, 1000) {
             existing.extend(self.written_already(conn, chunk).await?);
@@ -158,36 +214,22 @@ impl Store {
         // In buyer order, the indexes keyed by buyer (on SQLite, the buyer index's small
         // run: see `buyers`) take the batch's entries page by page instead of at random: on
         // SQLite, whose page cache is a few MB, a random order read and wrote each of their
-        // pages several times per batch once a sale outgrew the cache (issue 27: CPU per
+        // pages several times per batch once a sale outgrew the cache (measured: CPU per
         // order grew with the sale). Stable, so each buyer's orders keep their order.
         fresh.sort_by_key(|o| (o.sale_id, o.user_id));
-        let mut tallies = tallies::Tallies::default();
-        let new_buyers = self
-            .check_user_limits(conn, &fresh, &terms, &mut tallies)
-            .await?;
-        for o in &fresh {
-            tallies.order_moved(o.sale_id, None, OrderStatus::PendingPayment);
-        }
+        Ok(fresh)
+    }
 
-        let inserted = if self.dialect == Dialect::Postgres {
-            self.insert_orders_pg(conn, &fresh, &terms, now).await?
-        } else {
-            self.insert_orders_values(conn, &fresh, &terms, now).await?
-        };
-        if inserted != fresh.len() as u64 {
-            return Err(StoreError::ConcurrentWrite);
-        }
-        self.index_buyers(conn, &fresh).await?;
-        // One journal row per sale and batch, its units and how many orders: each order is
-        // its own record already (units, written_at). A row per order doubled the rows and
-        // index entries of a batch (PostgreSQL's CPU per order written fell by about a
-        // quarter without them: BENCHMARKS, session 26).
-        let mut per_sale: BTreeMap<i64, (i64, usize)> = BTreeMap::new();
-        for o in &fresh {
-            let (units, orders) = per_sale.entry(o.sale_id).or_default();
-            *units += o.quantity;
-            *orders += 1;
-        }
+    /// One journal row per sale and batch, its units and how many orders: each order is
+    /// its own record already (units, written_at). A row per order doubled the rows and
+    /// index entries of a batch (measured: PostgreSQL's CPU per order written fell by
+    /// about a quarter without them).
+    async fn journal_written(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        per_sale: &BTreeMap<i64, (i64, usize)>,
+        now: i64,
+    ) -> Result<(), StoreError> {
         let details: Vec<String> = per_sale
             .values()
             .map(|(_, orders)| match orders {
@@ -203,9 +245,19 @@ impl Store {
                 ..Movement::new(*sale_id, -units, Cause::Written)
             })
             .collect();
-        self.journal_rows_in(conn, &written, now).await?;
+        self.journal_rows_in(conn, &written, now).await
+    }
 
-        for (&sale_id, &(qty, _)) in &per_sale {
+    /// Takes each sale's units of the batch off its stock, under the `stock >= qty` guard:
+    /// a sale short of stock fails the batch.
+    async fn take_stock(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        per_sale: &BTreeMap<i64, (i64, usize)>,
+        new_buyers: &HashMap<i64, i64>,
+        now: i64,
+    ) -> Result<(), StoreError> {
+        for (&sale_id, &(qty, _)) in per_sale {
             // The stock and the counters in one statement: the batch's units are live now.
             let bump = counters::Bump {
                 live_units: qty,
@@ -229,11 +281,7 @@ impl Store {
                 return Err(StoreError::StockGuard { sale_id });
             }
         }
-        self.tally_in(conn, &tallies).await?;
-        Ok(WriteOutcome {
-            written: fresh.len(),
-            duplicates: batch.len() - fresh.len(),
-        })
+        Ok(())
     }
 
     /// The last line of defence against a gate fault (a rebuilt or stale gate that forgot a
@@ -340,7 +388,7 @@ impl Store {
                 // kept per shape and pooled connection would hold dozens each): 4,500
                 // parameters prepared, bound and released per 500 orders. The same rows as
                 // literals, sent as text, cost MariaDB and the instance about 12% less CPU
-                // per order (BENCHMARKS.md, session 29).
+                // per order (measured).
                 let q = format!(
                     "{} VALUES {}",
                     self.insert_ignore(cols),
