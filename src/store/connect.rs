@@ -18,12 +18,12 @@ use super::{buyers, Dialect, Store, StoreError};
 /// The page cache of SQLite's write connection, KiB (SQLite's default: 2,000). The writer's
 /// per-user guard seeks the large run of the buyer index (`buyers`) for each buyer of a
 /// batch, and each merge rewrites that run; the default cache held too little of it, and
-/// each seek read a page from the file. At a million buyers the run is 8,184
-/// pages, 33 MB (`dbstat` after a 1M storm), more than this cache too: what it misses comes
-/// from the OS's page cache (at the end of a 1M storm SQLite read 1.6-2.1 KB per order from
-/// files, checkpoints included). 40 MB, which holds the run, read 0.8 KB but spent no less
-/// CPU per order over six 1M storms, for 17 MB more RSS (91-92 MB after the storm, against
-/// a bound of 100 MB): its whole size counts in the process's memory once filled.
+/// each seek read a page from the file. At a million buyers the run is 8,184 pages, 33 MB
+/// (`dbstat` after a 1M storm), more than this cache too: what it misses comes from the
+/// OS's page cache (at the end of a 1M storm SQLite read 1.6-2.1 KB per order from files,
+/// checkpoints included). 40 MB, which holds the run, read 0.8 KB but spent no less CPU
+/// per order over six 1M storms, for 17 MB more RSS (91-92 MB after the storm, against a
+/// bound of 100 MB): its whole size counts in the process's memory once filled.
 const WRITER_CACHE_KIB: u32 = 24 * 1024;
 
 /// Puts a SQLite file in WAL mode (readers run beside the writer), once: the mode is a
@@ -61,6 +61,86 @@ async fn switch_to_wal(options: &AnyConnectOptions) -> Result<(), StoreError> {
     }
 }
 
+/// The dialect of a database URL, and the URL as sqlx is to open it: a SQLite file is
+/// created when missing (`mode=rwc`, unless the URL names a mode), `mariadb:` is `mysql:`.
+fn dialect_of(url: &str) -> Result<(Dialect, String), StoreError> {
+    if url.starts_with("sqlite:") {
+        let url = if url.contains("mode=") {
+            url.to_string()
+        } else if url.contains('?') {
+            format!("{url}&mode=rwc")
+        } else {
+            format!("{url}?mode=rwc")
+        };
+        Ok((Dialect::Sqlite, url))
+    } else if url.starts_with("postgres") {
+        Ok((Dialect::Postgres, url.to_string()))
+    } else if url.starts_with("mysql:") || url.starts_with("mariadb:") {
+        Ok((Dialect::MySql, url.replacen("mariadb:", "mysql:", 1)))
+    } else {
+        Err(StoreError::BadUrl(crate::text::mask_url(url)))
+    }
+}
+
+/// One direct connection to a database server, closed at once, before any pool: a closed
+/// port, an unknown host or a refused password is told at once and with its cause, not as
+/// the pool's "timed out" after its wait. A server merely slow to answer still gets the
+/// whole wait (no error here).
+async fn connect_once(
+    options: &AnyConnectOptions,
+    wait: std::time::Duration,
+) -> Result<(), sqlx::Error> {
+    use sqlx::Connection;
+    match tokio::time::timeout(wait, sqlx::AnyConnection::connect_with(options)).await {
+        Ok(Ok(conn)) => {
+            let _ = conn.close().await;
+            Ok(())
+        }
+        Ok(Err(e)) => Err(e),
+        Err(_) => Ok(()),
+    }
+}
+
+/// A pool of `size` connections, each waited for up to `wait`. On SQLite each connection
+/// is tuned as it opens: the WAL's checkpoint, the page cache (`cache_kib`, when given)
+/// and how long a statement waits for another connection's lock (`sqlite_busy`, or `wait`).
+fn pool_options(
+    dialect: Dialect,
+    size: u32,
+    cache_kib: Option<u32>,
+    wait: std::time::Duration,
+    sqlite_busy: Option<std::time::Duration>,
+) -> AnyPoolOptions {
+    let pool = AnyPoolOptions::new()
+        .max_connections(size)
+        .min_connections(1)
+        .acquire_timeout(wait);
+    if dialect != Dialect::Sqlite {
+        return pool;
+    }
+    let busy_ms = sqlite_busy.unwrap_or(wait).as_millis() as u64;
+    // A commit of a writer's batch dirties thousands of index pages (buyers' ids are
+    // random), past SQLite's default checkpoint of 1,000 WAL pages: each commit was
+    // followed by a checkpoint writing every page a second time. Checkpointing every
+    // 16,000 pages (64 MB of WAL) writes a page dirtied by many commits back once.
+    pool.after_connect(move |conn, _| {
+        Box::pin(async move {
+            sqlx::query("PRAGMA wal_autocheckpoint = 16000")
+                .execute(&mut *conn)
+                .await?;
+            if let Some(kib) = cache_kib {
+                sqlx::query(&format!("PRAGMA cache_size = -{kib}"))
+                    .execute(&mut *conn)
+                    .await?;
+            }
+            sqlx::query(&format!("PRAGMA busy_timeout = {busy_ms}"))
+                .execute(conn)
+                .await
+                .map(|_| ())
+        })
+    })
+}
+
 impl Store {
     pub async fn connect(url: &str, max_connections: u32) -> Result<Store, StoreError> {
         Store::connect_waiting(url, max_connections, None).await
@@ -96,22 +176,7 @@ impl Store {
     ) -> Result<Store, StoreError> {
         sqlx::any::install_default_drivers();
         let shown = crate::text::mask_url(url);
-        let (dialect, url) = if url.starts_with("sqlite:") {
-            let url = if url.contains("mode=") {
-                url.to_string()
-            } else if url.contains('?') {
-                format!("{url}&mode=rwc")
-            } else {
-                format!("{url}?mode=rwc")
-            };
-            (Dialect::Sqlite, url)
-        } else if url.starts_with("postgres") {
-            (Dialect::Postgres, url.to_string())
-        } else if url.starts_with("mysql:") || url.starts_with("mariadb:") {
-            (Dialect::MySql, url.replacen("mariadb:", "mysql:", 1))
-        } else {
-            return Err(StoreError::BadUrl(crate::text::mask_url(url)));
-        };
+        let (dialect, url) = dialect_of(url)?;
         let failed = |source: sqlx::Error| connect_error(dialect, &shown, source);
         let options = AnyConnectOptions::from_str(&url).map_err(failed)?;
         if dialect == Dialect::Sqlite {
@@ -129,54 +194,14 @@ impl Store {
             if dialect == Dialect::Sqlite { 30 } else { 5 },
         ));
         if dialect != Dialect::Sqlite {
-            // One direct connection first: a closed port, an unknown host or a refused
-            // password is told at once and with its cause, not as the pool's "timed out"
-            // after its wait. A server merely slow to answer still gets the whole wait.
-            use sqlx::Connection;
-            match tokio::time::timeout(wait, sqlx::AnyConnection::connect_with(&options)).await {
-                Ok(Ok(conn)) => {
-                    let _ = conn.close().await;
-                }
-                Ok(Err(e)) => return Err(failed(e)),
-                Err(_) => {}
-            }
+            connect_once(&options, wait).await.map_err(failed)?;
         }
-        let pool_of = |size: u32, cache_kib: Option<u32>| {
-            let pool = AnyPoolOptions::new()
-                .max_connections(size)
-                .min_connections(1)
-                .acquire_timeout(wait);
-            if dialect != Dialect::Sqlite {
-                return pool;
-            }
-            let busy_ms = sqlite_busy.unwrap_or(wait).as_millis() as u64;
-            // A commit of a writer's batch dirties thousands of index pages (buyers' ids are
-            // random), past SQLite's default checkpoint of 1,000 WAL pages: each commit was
-            // followed by a checkpoint writing every page a second time. Checkpointing every
-            // 16,000 pages (64 MB of WAL) writes a page dirtied by many commits back once.
-            pool.after_connect(move |conn, _| {
-                Box::pin(async move {
-                    sqlx::query("PRAGMA wal_autocheckpoint = 16000")
-                        .execute(&mut *conn)
-                        .await?;
-                    if let Some(kib) = cache_kib {
-                        sqlx::query(&format!("PRAGMA cache_size = -{kib}"))
-                            .execute(&mut *conn)
-                            .await?;
-                    }
-                    sqlx::query(&format!("PRAGMA busy_timeout = {busy_ms}"))
-                        .execute(conn)
-                        .await
-                        .map(|_| ())
-                })
-            })
-        };
-        let pool = pool_of(max_connections.max(2), None)
+        let pool = pool_options(dialect, max_connections.max(2), None, wait, sqlite_busy)
             .connect_with(options.clone())
             .await
             .map_err(failed)?;
         let writes = if dialect == Dialect::Sqlite {
-            pool_of(1, Some(WRITER_CACHE_KIB))
+            pool_options(dialect, 1, Some(WRITER_CACHE_KIB), wait, sqlite_busy)
                 .connect_with(options.clone())
                 .await
                 .map_err(failed)?
