@@ -1,11 +1,16 @@
 //! Purchases decided in SQL itself (`--gate sql-lock | sql-conditional`): the whole
-//! decision in one transaction, and the single-use nonces it spends.
+//! decision in one transaction, and the single-use nonces it spends. The one part of the
+//! store that decides a purchase, by design: behind these gates the database is the gate.
+//!
+//! What it must never do: accept a purchase whose order is not written in the same
+//! transaction, or sell past the sale's stock or the buyer's limit.
 
 use sqlx::Row;
 
 use super::journal::{Cause, Movement};
 use super::retry::{retry_transient, retry_while};
 use super::{Dialect, Store, StoreError};
+use crate::model::NewOrder;
 
 /// How a purchase decided in SQL serializes buyers of the same sale.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -125,94 +130,34 @@ impl Store {
         result
     }
 
+    /// The decision and its writes, in the caller's transaction: the sale's window, then
+    /// the user's limit, then the stock; then the order and what it moves.
     async fn sql_purchase_in_tx(
         &self,
         conn: &mut sqlx::AnyConnection,
-        p: &crate::model::NewOrder,
+        p: &NewOrder,
         how: SqlDecision,
     ) -> Result<SqlVerdict, StoreError> {
         let now = self.now_ms();
-        let lock = if how == SqlDecision::Lock && self.dialect != Dialect::Sqlite {
-            " FOR UPDATE"
-        } else {
-            ""
-        };
-        let q = format!(
-            "SELECT stock, per_user_limit, begins_at, ends_at, paused, price_cents, status, payment_window_secs \
-             FROM sales WHERE id = ?{lock}"
-        );
-        let Some(row) = sqlx::query(&self.sql(&q))
-            .bind(p.sale_id)
-            .fetch_optional(&mut *conn)
-            .await?
-        else {
+        let Some(sale) = self.sale_terms_in(conn, p.sale_id, how).await? else {
             return Ok(SqlVerdict::NotLoaded);
         };
-        let stock: i64 = row.try_get(0)?;
-        let limit: i64 = row.try_get(1)?;
-        let (begins, ends): (i64, i64) = (row.try_get(2)?, row.try_get(3)?);
-        let paused = row.try_get::<i64, _>(4)? != 0;
-        let price: i64 = row.try_get(5)?;
-        let approved = row.try_get::<String, _>(6)? == "approved";
-        let window: i64 = row.try_get(7)?;
-        if !approved {
-            return Ok(SqlVerdict::NotLoaded);
-        }
-        if now < begins {
-            return Ok(SqlVerdict::NotStarted);
-        }
-        if now >= ends {
-            return Ok(SqlVerdict::Ended);
-        }
-        if paused {
-            return Ok(SqlVerdict::Paused);
+        if let Some(refused) = sale.refusal_at(now) {
+            return Ok(refused);
         }
         let held_query = self.live_units_of_buyer_query();
-        let remaining = match how {
-            SqlDecision::Lock => stock,
-            SqlDecision::Conditional => {
-                // A cheap look first, so that a buyer at the limit hears so rather than
-                // `sold_out`; the authoritative check follows under the row lock.
-                let held: i64 = sqlx::query(&self.sql(&held_query))
-                    .bind(p.sale_id)
-                    .bind(p.user_id)
-                    .fetch_one(&mut *conn)
-                    .await?
-                    .try_get(0)?;
-                if held >= limit {
-                    return Ok(SqlVerdict::AlreadyPurchased);
-                }
-                let taken = sqlx::query(&self.sql("UPDATE sales SET stock = stock - ?, updated_at = ? WHERE id = ? AND stock >= ?"))
-                    .bind(p.quantity)
-                    .bind(now)
-                    .bind(p.sale_id)
-                    .bind(p.quantity)
-                    .execute(&mut *conn)
-                    .await?;
-                if taken.rows_affected() != 1 {
-                    return Ok(SqlVerdict::SoldOut {
-                        remaining: stock.min(p.quantity - 1).max(0),
-                    });
-                }
-                stock
+        if how == SqlDecision::Conditional {
+            if let Some(refused) = self
+                .take_stock_first(conn, p, &sale, &held_query, now)
+                .await?
+            {
+                return Ok(refused);
             }
-        };
-        // The authoritative look, under the sale's row lock. InnoDB's plain reads come from
-        // the snapshot of the transaction's first read (taken before the lock above when
-        // the cheap look ran); a locking read sees every committed order.
-        let locked_held_query = if self.dialect == Dialect::MySql {
-            format!("{held_query} FOR UPDATE")
-        } else {
-            held_query
-        };
-        let held: i64 = sqlx::query(&self.sql(&locked_held_query))
-            .bind(p.sale_id)
-            .bind(p.user_id)
-            .fetch_one(&mut *conn)
-            .await?
-            .try_get(0)?;
-        if held + p.quantity > limit {
-            return Ok(if held >= limit {
+        }
+        let remaining = sale.stock;
+        let held = self.held_under_lock(conn, p, held_query).await?;
+        if held + p.quantity > sale.limit {
+            return Ok(if held >= sale.limit {
                 SqlVerdict::AlreadyPurchased
             } else {
                 SqlVerdict::OverLimit { held }
@@ -231,6 +176,121 @@ impl Store {
             .execute(&mut *conn)
             .await?;
         }
+        self.write_purchase_in(conn, p, &sale, now).await?;
+        self.count_purchase_in(conn, p, held).await?;
+        Ok(SqlVerdict::Accepted {
+            remaining: remaining - p.quantity,
+        })
+    }
+
+    /// The sale's row as a purchase reads it, locked on `sql-lock` (on SQLite the write
+    /// transaction has locked the whole file); `None` when the sale does not exist.
+    async fn sale_terms_in(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        sale_id: i64,
+        how: SqlDecision,
+    ) -> Result<Option<SaleTerms>, StoreError> {
+        let lock = if how == SqlDecision::Lock && self.dialect != Dialect::Sqlite {
+            " FOR UPDATE"
+        } else {
+            ""
+        };
+        let q = format!(
+            "SELECT stock, per_user_limit, begins_at, ends_at, paused, price_cents, status, payment_window_secs \
+             FROM sales WHERE id = ?{lock}"
+        );
+        let Some(row) = sqlx::query(&self.sql(&q))
+            .bind(sale_id)
+            .fetch_optional(&mut *conn)
+            .await?
+        else {
+            return Ok(None);
+        };
+        Ok(Some(SaleTerms {
+            stock: row.try_get(0)?,
+            limit: row.try_get(1)?,
+            begins: row.try_get(2)?,
+            ends: row.try_get(3)?,
+            paused: row.try_get::<i64, _>(4)? != 0,
+            price: row.try_get(5)?,
+            approved: row.try_get::<String, _>(6)? == "approved",
+            window: row.try_get(7)?,
+        }))
+    }
+
+    /// `sql-conditional`'s first step: the stock taken by a guarded `UPDATE`, which takes
+    /// the sale's row lock. A refusal when the buyer is at the limit or the stock is short.
+    async fn take_stock_first(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        p: &NewOrder,
+        sale: &SaleTerms,
+        held_query: &str,
+        now: i64,
+    ) -> Result<Option<SqlVerdict>, StoreError> {
+        // A cheap look first, so that a buyer at the limit hears so rather than
+        // `sold_out`; the authoritative check follows under the row lock.
+        let held: i64 = sqlx::query(&self.sql(held_query))
+            .bind(p.sale_id)
+            .bind(p.user_id)
+            .fetch_one(&mut *conn)
+            .await?
+            .try_get(0)?;
+        if held >= sale.limit {
+            return Ok(Some(SqlVerdict::AlreadyPurchased));
+        }
+        let taken =
+            sqlx::query(&self.sql(
+                "UPDATE sales SET stock = stock - ?, updated_at = ? WHERE id = ? AND stock >= ?",
+            ))
+            .bind(p.quantity)
+            .bind(now)
+            .bind(p.sale_id)
+            .bind(p.quantity)
+            .execute(&mut *conn)
+            .await?;
+        if taken.rows_affected() != 1 {
+            return Ok(Some(SqlVerdict::SoldOut {
+                remaining: sale.stock.min(p.quantity - 1).max(0),
+            }));
+        }
+        Ok(None)
+    }
+
+    /// The units the buyer holds in the sale's live orders: the authoritative look, under
+    /// the sale's row lock.
+    async fn held_under_lock(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        p: &NewOrder,
+        held_query: String,
+    ) -> Result<i64, StoreError> {
+        // InnoDB's plain reads come from the snapshot of the transaction's first read
+        // (taken before the row lock when `take_stock_first`'s cheap look ran); a locking
+        // read sees every committed order.
+        let locked_held_query = if self.dialect == Dialect::MySql {
+            format!("{held_query} FOR UPDATE")
+        } else {
+            held_query
+        };
+        let held: i64 = sqlx::query(&self.sql(&locked_held_query))
+            .bind(p.sale_id)
+            .bind(p.user_id)
+            .fetch_one(&mut *conn)
+            .await?
+            .try_get(0)?;
+        Ok(held)
+    }
+
+    /// The accepted purchase's order, its entry in the buyer index and its journal row.
+    async fn write_purchase_in(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        p: &NewOrder,
+        sale: &SaleTerms,
+        now: i64,
+    ) -> Result<(), StoreError> {
         sqlx::query(&self.sql(
             "INSERT INTO orders (id, sale_id, user_id, quantity, price_cents, status, accepted_at, written_at, pay_deadline, updated_at) \
              VALUES (?, ?, ?, ?, ?, 'pending_payment', ?, ?, ?, ?)",
@@ -239,16 +299,26 @@ impl Store {
         .bind(p.sale_id)
         .bind(p.user_id)
         .bind(p.quantity)
-        .bind(price)
+        .bind(sale.price)
         .bind(now)
         .bind(now)
-        .bind(now + window * 1000)
+        .bind(now + sale.window * 1000)
         .bind(now)
         .execute(&mut *conn)
         .await?;
         self.index_buyers(conn, &[p]).await?;
         let taken = Movement::new(p.sale_id, -p.quantity, Cause::Accepted).order(p.id);
-        self.journal_rows_in(conn, &[taken], now).await?;
+        self.journal_rows_in(conn, &[taken], now).await
+    }
+
+    /// The accepted purchase in the sale's counters and tallies; the buyer held `held`
+    /// units before it.
+    async fn count_purchase_in(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        p: &NewOrder,
+        held: i64,
+    ) -> Result<(), StoreError> {
         // The counters in one statement, under the row lock this purchase holds.
         let bump = super::counters::Bump {
             live_units: p.quantity,
@@ -266,9 +336,39 @@ impl Store {
         let mut tallies = super::tallies::Tallies::default();
         tallies.order_moved(p.sale_id, None, crate::model::OrderStatus::PendingPayment);
         tallies.holding_moved(p.sale_id, held, held + p.quantity);
-        self.tally_in(conn, &tallies).await?;
-        Ok(SqlVerdict::Accepted {
-            remaining: remaining - p.quantity,
-        })
+        self.tally_in(conn, &tallies).await
+    }
+}
+
+/// What a purchase decided in SQL reads of its sale.
+struct SaleTerms {
+    stock: i64,
+    limit: i64,
+    begins: i64,
+    ends: i64,
+    paused: bool,
+    price: i64,
+    approved: bool,
+    /// The payment window, seconds.
+    window: i64,
+}
+
+impl SaleTerms {
+    /// Why the sale takes no purchase at `now`, if it takes none: not approved, not begun,
+    /// ended or paused.
+    fn refusal_at(&self, now: i64) -> Option<SqlVerdict> {
+        if !self.approved {
+            return Some(SqlVerdict::NotLoaded);
+        }
+        if now < self.begins {
+            return Some(SqlVerdict::NotStarted);
+        }
+        if now >= self.ends {
+            return Some(SqlVerdict::Ended);
+        }
+        if self.paused {
+            return Some(SqlVerdict::Paused);
+        }
+        None
     }
 }
