@@ -13,7 +13,36 @@ pub fn migrations(d: Dialect) -> Vec<(i64, Vec<String>)> {
         Dialect::MySql => " ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
         _ => "",
     };
-    let v1 = vec![
+    vec![
+        (1, first_tables(int, tail)),
+        (2, order_events_payments_and_returns(int, tail)),
+        (3, anti_bot_and_spent_nonces(int, tail)),
+        (4, writer_fence(int, tail)),
+        (5, segment_moves(int, tail)),
+        (6, stock_journal(d, int, tail)),
+        (7, logins_phones_and_intents(d, int, tail)),
+        (9, orders_by_sale_id()),
+        (10, sale_counters(int)),
+        (11, tallies(d, int, tail)),
+        // A sale's waiting room (see `room`): admissions per second, and how long before
+        // the opening buyers may join; NULL when the sale has none.
+        (
+            12,
+            vec![
+                format!("ALTER TABLE sales ADD COLUMN room_admit_per_sec {int}"),
+                format!("ALTER TABLE sales ADD COLUMN room_prequeue_secs {int}"),
+            ],
+        ),
+        (13, narrow_orders_by_user(d)),
+        (14, buyers_indexed_by_sale_only(d)),
+        (15, buyers_indexed_in_runs(d)),
+    ]
+}
+
+/// The first tables: sales, orders (indexed by sale and buyer, and by buyer), users,
+/// login codes and the shared `meta` values.
+fn first_tables(int: &str, tail: &str) -> Vec<String> {
+    vec![
         format!(
             "CREATE TABLE IF NOT EXISTS sales (
                 id {int} PRIMARY KEY,
@@ -73,8 +102,13 @@ pub fn migrations(d: Dialect) -> Vec<(i64, Vec<String>)> {
                 v VARCHAR(512) NOT NULL
             ){tail}"
         ),
-    ];
-    let v2 = vec![
+    ]
+}
+
+/// Each order's history of statuses, payment intents, and the outbox of stock going back
+/// to the gate.
+fn order_events_payments_and_returns(int: &str, tail: &str) -> Vec<String> {
+    vec![
         // Each status is reached at most once per order, so (order_id, status) is the key
         // and doubles as a guard against recording a transition twice.
         format!(
@@ -113,8 +147,12 @@ pub fn migrations(d: Dialect) -> Vec<(i64, Vec<String>)> {
             ){tail}"
         ),
         "CREATE INDEX orders_by_deadline ON orders (status, pay_deadline)".to_string(),
-    ];
-    let v3 = vec![
+    ]
+}
+
+/// A sale's anti-bot setting, and the single-use nonces the SQL gates spend.
+fn anti_bot_and_spent_nonces(int: &str, tail: &str) -> Vec<String> {
+    vec![
         "ALTER TABLE sales ADD COLUMN anti_bot VARCHAR(16) NOT NULL DEFAULT 'off'".to_string(),
         // Single-use nonces (purchase tokens, captchas) spent through the SQL gate; each row
         // is kept until the nonce could no longer be honoured anyway.
@@ -126,15 +164,23 @@ pub fn migrations(d: Dialect) -> Vec<(i64, Vec<String>)> {
                 PRIMARY KEY (sale_id, nonce)
             ){tail}"
         ),
-    ];
-    let v4 = vec![
+    ]
+}
+
+/// The row order writers and a gate rebuild take turns on.
+fn writer_fence(int: &str, tail: &str) -> Vec<String> {
+    vec![
         // One row that order writers share-lock while they hold a batch read from Redis,
         // and that a gate rebuild locks exclusively before its snapshot: the rebuild waits
         // for batches read before Redis lost its data (see `Store::hold_writer_fence`).
         format!("CREATE TABLE IF NOT EXISTS writer_fence (id {int} PRIMARY KEY){tail}"),
         "INSERT INTO writer_fence (id) VALUES (1)".to_string(),
-    ];
-    let v5 = vec![
+    ]
+}
+
+/// A sale's segments, and the stock moved between them.
+fn segment_moves(int: &str, tail: &str) -> Vec<String> {
+    vec![
         format!("ALTER TABLE sales ADD COLUMN segments {int} NOT NULL DEFAULT 1"),
         // Stock moved between the segments of a sale (see `segments`): each segment's
         // allocation is its even share of the initial stock plus the moves in and out
@@ -152,15 +198,23 @@ pub fn migrations(d: Dialect) -> Vec<(i64, Vec<String>)> {
             ){tail}"
         ),
         "CREATE INDEX segment_moves_by_sale ON segment_moves (sale_id, state)".to_string(),
-    ];
-    let v6 = vec![
-        // The stock journal (see `journal`); existing sales open it with their stock.
+    ]
+}
+
+/// The stock journal (see `journal`); existing sales open it with their stock.
+fn stock_journal(d: Dialect, int: &str, tail: &str) -> Vec<String> {
+    vec![
         super::journal::table(d, int, tail),
         "CREATE INDEX stock_journal_by_sale ON stock_journal (sale_id, id)".to_string(),
         "INSERT INTO stock_journal (sale_id, delta, cause, detail, at) \
          SELECT id, stock, 'opening_balance', 'the stock when the journal began', updated_at FROM sales"
             .to_string(),
-    ];
+    ]
+}
+
+/// A phone's guesses at login codes, users kept apart by the phones' migration, and at
+/// most one open payment intent per order.
+fn logins_phones_and_intents(d: Dialect, int: &str, tail: &str) -> Vec<String> {
     let open_intents_index = match d {
         // MySQL has no partial index: a generated column that holds the order only while
         // the intent is open, NULL (never equal to another NULL) once it is settled.
@@ -175,7 +229,7 @@ pub fn migrations(d: Dialect) -> Vec<(i64, Vec<String>)> {
                 .to_string(),
         ],
     };
-    let mut v7 = vec![
+    let mut v = vec![
         // A phone's guesses at login codes in its current day, whatever codes it asked for.
         format!(
             "CREATE TABLE IF NOT EXISTS login_guesses (
@@ -204,51 +258,34 @@ pub fn migrations(d: Dialect) -> Vec<(i64, Vec<String>)> {
          GROUP BY order_id) AS k)"
             .to_string(),
     ];
-    v7.extend(open_intents_index);
-    let v9 = vec![
-        // The admin's pages of a sale's order ids walk this index from the cursor and stop
-        // after a page: without it, each page sorted every order of the sale (seconds at a
-        // million orders).
-        "CREATE INDEX orders_by_sale_id ON orders (sale_id, id)".to_string(),
-    ];
-    let mut v10: Vec<String> = COUNTERS
+    v.extend(open_intents_index);
+    v
+}
+
+/// The admin's pages of a sale's order ids walk this index from the cursor and stop after
+/// a page: without it, each page sorted every order of the sale (seconds at a million
+/// orders).
+fn orders_by_sale_id() -> Vec<String> {
+    vec!["CREATE INDEX orders_by_sale_id ON orders (sale_id, id)".to_string()]
+}
+
+/// A sale's counters (see `COUNTERS`), filled by a recount of its rows.
+fn sale_counters(int: &str) -> Vec<String> {
+    let mut v: Vec<String> = COUNTERS
         .iter()
         .map(|c| format!("ALTER TABLE sales ADD COLUMN {c} {int} NOT NULL DEFAULT 0"))
         .collect();
-    v10.push(format!(
+    v.push(format!(
         "UPDATE sales SET {}",
         recounted_counters("sales.id")
     ));
-    vec![
-        (1, v1),
-        (2, v2),
-        (3, v3),
-        (4, v4),
-        (5, v5),
-        (6, v6),
-        (7, v7),
-        (9, v9),
-        (10, v10),
-        (11, tallies(d, int, tail)),
-        // A sale's waiting room (see `room`): admissions per second, and how long before
-        // the opening buyers may join; NULL when the sale has none.
-        (
-            12,
-            vec![
-                format!("ALTER TABLE sales ADD COLUMN room_admit_per_sec {int}"),
-                format!("ALTER TABLE sales ADD COLUMN room_prequeue_secs {int}"),
-            ],
-        ),
-        (13, narrow_orders_by_user(d)),
-        (14, buyers_indexed_by_sale_only(d)),
-        (15, buyers_indexed_in_runs(d)),
-    ]
+    v
 }
 
 /// On SQLite, orders by (sale, buyer) in two runs of their own instead of an index on
 /// `orders` (see `store::buyers`): a writer's batch of a million-order sale wrote back a page
-/// of that index per order, and SQLite's CPU per order grew with the sale (issue 27). The
-/// orders there are moved into the large run in key order.
+/// of that index per order, and SQLite's CPU per order grew with the sale. The orders there
+/// are moved into the large run in key order.
 fn buyers_indexed_in_runs(d: Dialect) -> Vec<String> {
     if d != Dialect::Sqlite {
         return Vec::new();
@@ -278,15 +315,15 @@ fn buyers_indexed_in_runs(d: Dialect) -> Vec<String> {
 }
 
 /// On SQLite, no index of orders by buyer alone: a buyer's list seeks `orders_by_sale_user`
-/// (since migration 15, both runs of the buyer index) once per sale instead (`store::SQLITE_ORDERS_OF_USER`; 0.4 ms at 1,000 sales). A writer's
-/// batch of a million-order sale rewrote nearly every page of each index keyed by buyer,
-/// on the disk the order log syncs to. Without this one, over three sittings, a 1M-order
-/// storm's p99.9 fell from 7.6-11.3x the mean wait to 5.5-7.5x, its slow log commits by
-/// about 30%, and SQLite's CPU per order from 27-31 to 19-26 µs (BENCHMARKS.md, session 21).
-/// PostgreSQL and MySQL keep it: their costs at a million orders were flat already, and a
-/// buyer's list there is one walk of it. (Without it PostgreSQL's CPU per order written fell
-/// 10%, but a buyer's list, a seek per sale, took 2-8 ms at 1,000 sales against 0.2 ms:
-/// BENCHMARKS.md, session 30.)
+/// (since migration 15, both runs of the buyer index) once per sale instead
+/// (`store::SQLITE_ORDERS_OF_USER`; 0.4 ms at 1,000 sales). A writer's batch of a
+/// million-order sale rewrote nearly every page of each index keyed by buyer, on the disk
+/// the order log syncs to. Measured without this one, on repeated 1M-order storms: the
+/// p99.9 fell from 7.6-11.3x the mean wait to 5.5-7.5x, the slow log commits by about 30%,
+/// and SQLite's CPU per order from 27-31 to 19-26 µs. PostgreSQL and MySQL keep it: their
+/// costs at a million orders were flat already, and a buyer's list there is one walk of
+/// it. (Measured without it on PostgreSQL: CPU per order written fell 10%, but a buyer's
+/// list, a seek per sale, took 2-8 ms at 1,000 sales against 0.2 ms.)
 fn buyers_indexed_by_sale_only(d: Dialect) -> Vec<String> {
     match d {
         Dialect::Sqlite => vec!["DROP INDEX IF EXISTS orders_by_user".to_string()],
@@ -297,10 +334,10 @@ fn buyers_indexed_by_sale_only(d: Dialect) -> Vec<String> {
 /// On SQLite, a buyer's orders indexed by `(user_id)` alone (until migration 14 dropped the
 /// index): an index entry of a rowid table ends with the rowid, which is the order's id, so
 /// `(user_id)` orders a buyer's orders by id as `(user_id, id)` did, in entries 8 bytes
-/// narrower. Each writer batch
-/// writes back every page of this index it touched (a page per order or so at a million
-/// orders), so fewer pages are less CPU and less I/O per order (issue 27). PostgreSQL's
-/// index does not hold the id unless it names it; MySQL's would, but is left as it is.
+/// narrower. Each writer batch writes back every page of this index it touched (a page per
+/// order or so at a million orders), so fewer pages are less CPU and less I/O per order.
+/// PostgreSQL's index does not hold the id unless it names it; MySQL's would, but is left
+/// as it is.
 fn narrow_orders_by_user(d: Dialect) -> Vec<String> {
     match d {
         Dialect::Sqlite => vec![
