@@ -3,8 +3,8 @@
 //! turns, then the phones' migration (written in Rust, in `users`); each recorded in
 //! `schema_migrations` once applied.
 //!
-//! What it must never do: apply a migration twice, or leave the lock behind (its
-//! connection is closed, never handed back to the pool).
+//! What it must never do: run a migration already recorded as applied, or leave the lock
+//! behind (its connection is closed, never handed back to the pool).
 
 use super::{schema, Dialect, Store, StoreError};
 

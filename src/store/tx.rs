@@ -5,7 +5,8 @@
 //! the faults a simulation strikes commits with.
 //!
 //! What it must never do: hand a connection back to the pool while its transaction's
-//! state is unknown, or run a write on a server the failover window is not settled against.
+//! state is unknown, or run the work of `in_write_tx` or `in_kept_tx` on a server the
+//! failover window is not settled against.
 
 use sqlx::AnyPool;
 
