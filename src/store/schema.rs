@@ -284,8 +284,8 @@ fn sale_counters(int: &str) -> Vec<String> {
 
 /// On SQLite, orders by (sale, buyer) in two runs of their own instead of an index on
 /// `orders` (see `store::buyers`): a writer's batch of a million-order sale wrote back a page
-/// of that index per order, and SQLite's CPU per order grew with the sale. The orders there
-/// are moved into the large run in key order.
+/// of that index per order, and SQLite's CPU per order grew with the sale (docs/adr/0004).
+/// The orders there are moved into the large run in key order.
 fn buyers_indexed_in_runs(d: Dialect) -> Vec<String> {
     if d != Dialect::Sqlite {
         return Vec::new();
