@@ -32,6 +32,8 @@
 //! - [`writer`]: drains the order log into SQL in batches, exactly once per order.
 //! - [`reconcile`]: the gate compared with SQL and what is in flight; audit and repair.
 //! - [`scheduler`]: the one-second tick that runs the background duties.
+//! - [`room`]: the waiting room in front of a hot sale: tickets, the lottery at the opening,
+//!   the admission rate shared by every instance (in memory, or in Redis).
 //! - [`edge`]: HTTP: the front door, auth, limits, input checks, pages; maps every error.
 //! - [`app`]: assembles the parts for one of the deployments (embedded or distributed).
 //! - [`bench`]: `seckill bench`, the load generator and its report (speaks HTTP only).
