@@ -111,6 +111,30 @@ impl Sale {
     }
 }
 
+/// Where an order may go from `pending_payment`: one of them wins (see
+/// `store::transitions`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub enum Outcome {
+    Paid,
+    Cancelled,
+    Expired,
+}
+
+impl Outcome {
+    pub fn status(self) -> OrderStatus {
+        match self {
+            Outcome::Paid => OrderStatus::Paid,
+            Outcome::Cancelled => OrderStatus::Cancelled,
+            Outcome::Expired => OrderStatus::Expired,
+        }
+    }
+
+    /// Whether the order's units go back to the stock.
+    pub fn returns_stock(self) -> bool {
+        self != Outcome::Paid
+    }
+}
+
 /// An order the gate accepted, as it travels through the order log to the writer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct NewOrder {

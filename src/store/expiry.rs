@@ -50,7 +50,7 @@ impl Store {
         let ids = &ids;
         let kept = self
             .keeps_changes()
-            .then(|| super::failover::Change::Expired {
+            .then(|| super::change::Change::Expired {
                 ids: ids.clone(),
                 now,
             });

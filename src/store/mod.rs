@@ -34,13 +34,15 @@ pub mod transitions;
 mod users;
 
 // Purchases decided in SQL, gates rebuilt from SQL, recounts, and surviving a failover.
+pub mod change;
 pub mod failover;
 pub mod rebuild;
 pub mod recount;
 pub mod sql_gate;
 
+pub use change::Change;
 pub use error::{StoreError, DB_ERRORS};
-pub use failover::{Change, Window, WindowError};
+pub use failover::{Window, WindowError};
 pub use orders::{
     WriteOutcome, LIVE_ORDER_IDS, ORDERS_OF_USER, PG_HELD_BY_BUYERS, PG_WRITTEN_ALREADY,
     SQLITE_ORDERS_OF_USER,

@@ -15,7 +15,7 @@ use sqlx::Row;
 
 use super::journal::{Cause, Movement};
 use super::sql::{execute_text, fetch_text, first_int, literal_list, pg_array};
-use super::{counters, failover, tallies, Dialect, Store, StoreError};
+use super::{change, counters, tallies, Dialect, Store, StoreError};
 use crate::model::{NewOrder, Order, OrderStatus};
 
 /// What one batch write did.
@@ -104,7 +104,7 @@ impl Store {
         if batch.is_empty() {
             return Ok(WriteOutcome::default());
         }
-        let kept = self.keeps_changes().then(|| failover::Change::Orders {
+        let kept = self.keeps_changes().then(|| change::Change::Orders {
             orders: batch.to_vec(),
         });
         let outcome = self

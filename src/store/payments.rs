@@ -46,7 +46,13 @@ impl Store {
         // next round opens one again.
         let kept = self
             .keeps_changes()
-            .then(|| super::failover::Change::PaymentOpened { payment: p.clone() });
+            .then_some(super::change::Change::PaymentOpened {
+                intent: p.intent_id,
+                order: p.order_id,
+                user: p.user_id,
+                amount_cents: p.amount_cents,
+                created_at: p.created_at,
+            });
         for _ in 0..3 {
             let q = &q;
             self.in_kept_tx(kept.as_ref(), |mut conn| async move {
@@ -161,7 +167,7 @@ impl Store {
     ) -> Result<bool, StoreError> {
         let kept = self
             .keeps_changes()
-            .then(|| super::failover::Change::PaymentFailed {
+            .then(|| super::change::Change::PaymentFailed {
                 intent: intent_id,
                 provider_ref: provider_ref.to_string(),
                 now,
@@ -214,7 +220,7 @@ impl Store {
     ) -> Result<PaymentSettlement, TransitionError> {
         let kept = self
             .keeps_changes()
-            .then(|| super::failover::Change::PaymentSettled {
+            .then(|| super::change::Change::PaymentSettled {
                 intent: intent_id,
                 provider_ref: provider_ref.to_string(),
                 now,

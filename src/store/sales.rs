@@ -13,7 +13,7 @@ use sqlx::Row;
 
 use super::journal::{Cause, Movement};
 use super::sql::int_pair;
-use super::{failover, Store, StoreError};
+use super::{change, Store, StoreError};
 use crate::model::Sale;
 
 /// The approved sales' figures folded into a few numbers (see
@@ -69,7 +69,7 @@ impl Store {
         let now = self.now_ms();
         let kept = self
             .keeps_changes()
-            .then(|| failover::Change::SaleCreated { sale: s.clone() });
+            .then(|| change::Change::SaleCreated { sale: s.clone() });
         self.in_kept_tx(kept.as_ref(), |mut conn| async move {
             let done = self.create_sale_in_tx(&mut conn, s, now).await;
             (conn, done)
@@ -115,7 +115,7 @@ impl Store {
     pub async fn approve_sale(&self, id: i64) -> Result<bool, StoreError> {
         let kept = self
             .keeps_changes()
-            .then_some(failover::Change::SaleApproved { id });
+            .then_some(change::Change::SaleApproved { id });
         let now = self.now_ms();
         let approved = self
             .in_kept_tx(kept.as_ref(), |mut conn| async move {
@@ -142,7 +142,7 @@ impl Store {
     pub async fn update_draft(&self, s: &Sale) -> Result<bool, StoreError> {
         let kept = self
             .keeps_changes()
-            .then(|| failover::Change::DraftUpdated { sale: s.clone() });
+            .then(|| change::Change::DraftUpdated { sale: s.clone() });
         self.in_kept_tx(kept.as_ref(), |mut conn| async move {
             let done = self.update_draft_in_tx(&mut conn, s).await;
             (conn, done)
@@ -215,7 +215,7 @@ impl Store {
     pub async fn delete_draft(&self, id: i64) -> Result<bool, StoreError> {
         let kept = self
             .keeps_changes()
-            .then_some(failover::Change::DraftDeleted { id });
+            .then_some(change::Change::DraftDeleted { id });
         self.in_kept_tx(kept.as_ref(), |mut conn| async move {
             let done = async {
                 let Some(stock) = self.draft_stock_in(&mut conn, id).await? else {
@@ -248,7 +248,7 @@ impl Store {
     pub async fn end_early(&self, id: i64, at: i64) -> Result<Option<Sale>, StoreError> {
         let kept = self
             .keeps_changes()
-            .then_some(failover::Change::SaleEnded { id, at });
+            .then_some(change::Change::SaleEnded { id, at });
         let now = self.now_ms();
         self.in_kept_tx(kept.as_ref(), |mut conn| async move {
             let done = sqlx::query(&self.sql(
@@ -270,7 +270,7 @@ impl Store {
     pub async fn set_paused(&self, id: i64, paused: bool) -> Result<(), StoreError> {
         let kept = self
             .keeps_changes()
-            .then_some(failover::Change::SalePaused { id, paused });
+            .then_some(change::Change::SalePaused { id, paused });
         let now = self.now_ms();
         let changed = self
             .in_kept_tx(kept.as_ref(), |mut conn| async move {

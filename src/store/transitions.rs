@@ -7,29 +7,8 @@ use sqlx::Row;
 use super::journal::{Cause, Movement};
 use super::retry::{retry_transient, Transient};
 use super::{Store, StoreError};
+pub use crate::model::Outcome;
 use crate::model::{Order, OrderStatus};
-
-/// Where an order may go from `pending_payment`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub enum Outcome {
-    Paid,
-    Cancelled,
-    Expired,
-}
-
-impl Outcome {
-    pub fn status(self) -> OrderStatus {
-        match self {
-            Outcome::Paid => OrderStatus::Paid,
-            Outcome::Cancelled => OrderStatus::Cancelled,
-            Outcome::Expired => OrderStatus::Expired,
-        }
-    }
-
-    fn returns_stock(self) -> bool {
-        self != Outcome::Paid
-    }
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum TransitionError {
@@ -97,7 +76,7 @@ impl Store {
     ) -> Result<Order, TransitionError> {
         let kept = self
             .keeps_changes()
-            .then(|| super::failover::Change::Transition {
+            .then(|| super::change::Change::Transition {
                 order: order_id,
                 owner,
                 outcome,

@@ -10,7 +10,7 @@
 
 use sqlx::AnyPool;
 
-use super::{failover, Dialect, Store, StoreError};
+use super::{change, failover, Dialect, Store, StoreError};
 
 /// Where a simulation strikes a write transaction (`Store::with_faults`): the process
 /// "dies" just before its COMMIT (it rolls back) or just after (it stands, and its caller
@@ -77,7 +77,7 @@ impl Store {
     /// the one the window is settled against.
     pub(crate) async fn in_kept_tx<T, E, F, Fut>(
         &self,
-        change: Option<&failover::Change>,
+        change: Option<&change::Change>,
         work: F,
     ) -> Result<T, E>
     where

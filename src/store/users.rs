@@ -8,7 +8,7 @@
 
 use sqlx::Row;
 
-use super::{failover, Dialect, Store, StoreError};
+use super::{change, Dialect, Store, StoreError};
 
 impl Store {
     /// The id of the user with this phone, creating the user with `new_id` if needed.
@@ -40,7 +40,7 @@ impl Store {
     /// Users of (id, phone), those not there yet, in one transaction kept in the failover
     /// window.
     async fn insert_users_kept(&self, users: &[(i64, String)]) -> Result<(), StoreError> {
-        let kept = self.keeps_changes().then(|| failover::Change::Users {
+        let kept = self.keeps_changes().then(|| change::Change::Users {
             users: users.to_vec(),
         });
         self.in_kept_tx(kept.as_ref(), |mut conn| async move {
