@@ -7,6 +7,7 @@
 //! - `resolve`: the layers to a `Config`, and the defaults worked out from other settings;
 //! - `validate`: the checks a `Config` must pass, in order;
 //! - `describe`: the start-up listing, secrets masked;
+//! - `reference`: the configuration reference, generated from the declaration;
 //! - `values`, `redis_url`: the value types settings name.
 //!
 //! Config sits low in the layers: it never imports the store, Redis client or HTTP edge.
@@ -18,12 +19,14 @@ use serde::Serialize;
 
 mod describe;
 pub mod redis_url;
+mod reference;
 mod resolve;
 mod settings;
 mod validate;
 mod values;
 
 use describe::{masked_url, masked_url_opt, seconds, secret};
+pub use reference::reference_markdown;
 pub use resolve::default_order_log_dir;
 pub use settings::ConfigArgs;
 pub use values::{Durability, EntryForm, GateKind, PaymentProviderKind, RateLimit};
