@@ -1,20 +1,35 @@
 //! The one typed configuration. Each setting comes from its flag, else its `SECKILL_*`
 //! environment variable (both parsed by clap), else the TOML file named by `--config`,
-//! else the default here. Printed at start-up with secrets masked; never logs a secret.
+//! else its default. Printed at start-up with secrets masked; never logs a secret.
+//!
+//! - `settings`: every setting declared once (name, flag, variable, help, default) and
+//!   the layers of them;
+//! - `resolve`: the layers to a `Config`, and the defaults worked out from other settings;
+//! - `validate`: the checks a `Config` must pass, in order;
+//! - `describe`: the start-up listing, secrets masked;
+//! - `reference`: the configuration reference, generated from the declaration;
+//! - `values`, `redis_url`: the value types settings name.
+//!
+//! Config sits low in the layers: it never imports the store, Redis client or HTTP edge.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use clap::Args;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
-use crate::text::mask_url;
-
+mod describe;
 pub mod redis_url;
+mod reference;
+mod resolve;
+mod settings;
+mod validate;
+mod values;
 
-/// Most orders in one writer transaction: the inserts go 500 to a statement whatever the
-/// batch, and a batch holds about 100 bytes an order.
-const MAX_WRITER_BATCH: usize = 50_000;
+use describe::{masked_url, masked_url_opt, seconds, secret};
+pub use reference::reference_markdown;
+pub use resolve::default_order_log_dir;
+pub use settings::ConfigArgs;
+pub use values::{Durability, EntryForm, GateKind, PaymentProviderKind, RateLimit};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -32,350 +47,10 @@ pub enum ConfigError {
     Invalid { name: &'static str, message: String },
 }
 
-/// Settings shared by every subcommand. Every field is optional here so that a missing
-/// flag can fall through to the file and then to the default.
-#[derive(Debug, Clone, Default, Args, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-#[command(
-    next_help_heading = "Settings of every subcommand (flags, SECKILL_* variables or --config)"
-)]
-pub struct ConfigArgs {
-    /// TOML file with any of these settings (snake_case keys).
-    #[arg(long, env = "SECKILL_CONFIG", global = true)]
-    #[serde(skip)]
-    pub config: Option<PathBuf>,
-    /// Address the HTTP server listens on [default: 127.0.0.1:8080].
-    #[arg(long, env = "SECKILL_LISTEN", global = true)]
-    pub listen: Option<SocketAddr>,
-    /// SQL database: sqlite://FILE, postgres://..., mysql://... [default: sqlite://seckill.db].
-    #[arg(long = "database", env = "SECKILL_DATABASE_URL", global = true)]
-    pub database_url: Option<String>,
-    /// Folder of the order log when purchases are decided in this process (no --redis):
-    /// accepted orders are fsynced there before `ok` [default: beside a SQLite file
-    /// (seckill.db -> seckill.db.orders), else ./seckill.orders].
-    #[arg(long, env = "SECKILL_ORDER_LOG_DIR", global = true)]
-    pub order_log_dir: Option<PathBuf>,
-    /// Redis URL; when set, seckill runs distributed (gate and order log in Redis):
-    /// redis://HOST:PORT/, redis+sentinel://HOST:PORT[,HOST:PORT...]/MASTER_NAME to
-    /// follow a Sentinel-managed master through failovers, or
-    /// redis+cluster://HOST:PORT[,HOST:PORT...] (seed nodes) for a Redis Cluster.
-    #[arg(long = "redis", env = "SECKILL_REDIS_URL", global = true)]
-    pub redis_url: Option<String>,
-    /// Prefix of every Redis key [default: seckill].
-    #[arg(long, env = "SECKILL_REDIS_PREFIX", global = true)]
-    pub redis_prefix: Option<String>,
-    /// What an `ok` waits for after the gate's script: none (Redis' memory; its own
-    /// appendfsync decides), aof (WAITAOF: fsynced to the master's AOF) or replica (WAIT:
-    /// received by a replica, so a failover keeps it) [default: replica on a cluster,
-    /// else none]. When the wait fails the buyer is answered 202 pending, never ok.
-    #[arg(long, env = "SECKILL_REDIS_DURABILITY", global = true)]
-    pub redis_durability: Option<Durability>,
-    /// How the gate writes accepted orders into the Redis order log: fields (an entry per
-    /// order, one field per value, the only form builds before 2026-11-27 read), packed (an
-    /// entry per order, one field, which writers read in a third less CPU) or batch (one
-    /// entry per script call, holding its orders: a tenth to a quarter less of Redis' CPU
-    /// per winner, and fewer entries for the writers to read and delete). Packed or batch
-    /// only once no process of a build that cannot read it uses the same Redis (packed:
-    /// before 2026-11-27; batch: before 2026-11-28): those would dead-letter such entries
-    /// and leave them out of a gate rebuild [default: fields].
-    #[arg(long, env = "SECKILL_ORDER_LOG_ENTRY", global = true)]
-    pub order_log_entry: Option<EntryForm>,
-    /// Bearer token of the admin API; the admin API is closed when unset.
-    #[arg(
-        long,
-        env = "SECKILL_ADMIN_TOKEN",
-        global = true,
-        hide_env_values = true
-    )]
-    pub admin_token: Option<String>,
-    /// Secret that signs user tokens; generated once and kept in the database when unset.
-    #[arg(
-        long,
-        env = "SECKILL_TOKEN_SECRET",
-        global = true,
-        hide_env_values = true
-    )]
-    pub token_secret: Option<String>,
-    /// Development mode: login codes are returned in the answer, so anyone can log in as
-    /// any phone [default: on only for the zero-configuration start, SQLite without Redis].
-    #[arg(long, env = "SECKILL_DEV", global = true, num_args = 0..=1, default_missing_value = "true",
-          value_parser = clap::builder::BoolishValueParser::new())]
-    pub dev: Option<bool>,
-    /// Secret shared with the payment provider to sign its callbacks; generated once and
-    /// kept in the database when unset (the built-in simulated provider uses it too).
-    #[arg(
-        long,
-        env = "SECKILL_PAYMENT_SECRET",
-        global = true,
-        hide_env_values = true
-    )]
-    pub payment_secret: Option<String>,
-    /// Who takes payments: simulated (the built-in provider's pay page and callbacks,
-    /// for trials: anyone can mark their own order paid) or redirect (a real provider's
-    /// hosted pay page, --payment-redirect-url, confirming through signed callbacks)
-    /// [default: redirect when --payment-redirect-url is set, else simulated in dev mode,
-    /// else none: /pay answers 503 payment_unavailable].
-    #[arg(long, env = "SECKILL_PAYMENT_PROVIDER", global = true)]
-    pub payment_provider: Option<PaymentProviderKind>,
-    /// The real provider's pay page for an intent, with {intent_id}, {order_id},
-    /// {amount_cents} and {expires_at} filled in, e.g.
-    /// https://pay.example/checkout?ref={intent_id}&amount={amount_cents}. Its callbacks
-    /// are signed with --payment-secret, which must then be set.
-    #[arg(long, env = "SECKILL_PAYMENT_REDIRECT_URL", global = true)]
-    pub payment_redirect_url: Option<String>,
-    /// Command run to deliver a login code (env SECKILL_PHONE, SECKILL_CODE) outside dev mode.
-    #[arg(long, env = "SECKILL_SMS_HOOK", global = true)]
-    pub sms_hook: Option<String>,
-    /// Region of phone numbers written without a country code (ISO 3166 code such as CN,
-    /// US, DE): numbers are normalised to E.164 before they name a user [default: CN].
-    #[arg(long, env = "SECKILL_PHONE_REGION", global = true)]
-    pub phone_region: Option<String>,
-    /// Bearer token that may read /metrics (the admin token may too) [default: unset].
-    #[arg(
-        long,
-        env = "SECKILL_METRICS_TOKEN",
-        global = true,
-        hide_env_values = true
-    )]
-    pub metrics_token: Option<String>,
-    /// Wrong admin or metrics tokens one client address may send before every admin call
-    /// from it is answered 429 (then one more a minute); 0 turns the guard off [default: 5].
-    #[arg(long, env = "SECKILL_WRONG_TOKEN_LIMIT", global = true)]
-    pub wrong_token_limit: Option<u32>,
-    /// Serve /metrics to anyone, without a token (dev mode does too) [default: false].
-    #[arg(long, env = "SECKILL_METRICS_PUBLIC", global = true, num_args = 0..=1, default_missing_value = "true",
-          value_parser = clap::builder::BoolishValueParser::new())]
-    pub metrics_public: Option<bool>,
-    /// Do not run the order writer inside `serve` (run `seckill worker` instead).
-    #[arg(long, env = "SECKILL_NO_WRITER", global = true, num_args = 0..=1, default_missing_value = "true",
-          value_parser = clap::builder::BoolishValueParser::new())]
-    pub no_writer: Option<bool>,
-    /// Most orders the writer puts in one SQL transaction [default: 20000 on SQLite, 5000
-    /// on PostgreSQL or MySQL].
-    #[arg(long, env = "SECKILL_WRITER_BATCH", global = true)]
-    pub writer_batch: Option<usize>,
-    /// Order-writer loops per process; several overlap their database round trips [default: 4].
-    #[arg(long, env = "SECKILL_WRITER_CONCURRENCY", global = true)]
-    pub writer_concurrency: Option<usize>,
-    /// Purchases per second one user may make on one sale, across all instances (GCRA);
-    /// 0 turns it off [default: 5].
-    #[arg(long, env = "SECKILL_RATE_USER_PER_SEC", global = true)]
-    pub rate_user_per_sec: Option<f64>,
-    /// Purchases one user may make at once before the per-user rate applies [default: 10].
-    #[arg(long, env = "SECKILL_RATE_USER_BURST", global = true)]
-    pub rate_user_burst: Option<u32>,
-    /// Requests per second one client address may make to the API (token bucket, per
-    /// instance); 0 turns it off [default: 0, off: a whole crowd may share one address].
-    #[arg(long, env = "SECKILL_RATE_ADDRESS_PER_SEC", global = true)]
-    pub rate_address_per_sec: Option<f64>,
-    /// Requests one client address may make at once [default: twice the rate].
-    #[arg(long, env = "SECKILL_RATE_ADDRESS_BURST", global = true)]
-    pub rate_address_burst: Option<u32>,
-    /// Proxies whose X-Forwarded-For is believed, comma-separated IP addresses [default: none].
-    #[arg(
-        long,
-        env = "SECKILL_TRUSTED_PROXIES",
-        global = true,
-        value_delimiter = ','
-    )]
-    pub trusted_proxies: Option<Vec<std::net::IpAddr>>,
-    /// Load approved sales into the gate this long before they open [default: 3600].
-    #[arg(long, env = "SECKILL_PRELOAD_AHEAD_SECS", global = true)]
-    pub preload_ahead_secs: Option<u64>,
-    /// An instance is not ready while an accepted order has waited this long to be
-    /// written to SQL (no writer running, or writers falling behind) [default: 30].
-    #[arg(long, env = "SECKILL_WRITER_LAG_NOT_READY_SECS", global = true)]
-    pub writer_lag_not_ready_secs: Option<u64>,
-    /// Compare each live sale's gate with SQL this often (one instance at a time); 0 turns
-    /// the continuous audit off [default: 2].
-    #[arg(long, env = "SECKILL_AUDIT_EVERY_SECS", global = true)]
-    pub audit_every_secs: Option<u64>,
-    /// How long every change committed to PostgreSQL or MySQL (orders written, payments,
-    /// cancellations, expiries, sales, users) is kept in Redis after its commit, to be
-    /// written again if the database fails over to a replica that lacks it (asynchronous
-    /// replication). Longer than a failover takes plus the replicas' worst lag; 0 keeps
-    /// nothing (with synchronous replication only) [default: 300].
-    #[arg(long, env = "SECKILL_DB_FAILOVER_WINDOW_SECS", global = true)]
-    pub db_failover_window_secs: Option<u64>,
-    /// Repair a sale's gate by itself once the audit confirms it drifted from SQL (and
-    /// pause a sale that keeps drifting); false only reports drift [default: true].
-    #[arg(long, env = "SECKILL_AUDIT_REPAIR", global = true, num_args = 0..=1, default_missing_value = "true",
-          value_parser = clap::builder::BoolishValueParser::new())]
-    pub audit_repair: Option<bool>,
-    /// Lifetime of a user token [default: 604800].
-    #[arg(long, env = "SECKILL_TOKEN_TTL_SECS", global = true)]
-    pub token_ttl_secs: Option<u64>,
-    /// SQL connection pool size [default: 16].
-    #[arg(long, env = "SECKILL_DB_MAX_CONNECTIONS", global = true)]
-    pub db_max_connections: Option<u32>,
-    /// Client connections served at once; beyond it, new ones wait in the accept queue
-    /// [default: 10000].
-    #[arg(long, env = "SECKILL_MAX_CONNECTIONS", global = true)]
-    pub max_connections: Option<usize>,
-    /// Seconds a client may take to send a request's head once it has started [default: 10].
-    #[arg(long, env = "SECKILL_HEADER_READ_TIMEOUT_SECS", global = true)]
-    pub header_read_timeout_secs: Option<u64>,
-    /// Seconds a connection may stay open without a request (a new connection before its
-    /// first byte, a keep-alive connection between requests) [default: 60].
-    #[arg(long, env = "SECKILL_IDLE_TIMEOUT_SECS", global = true)]
-    pub idle_timeout_secs: Option<u64>,
-    /// Client connections one address may hold open at once; further ones are closed at
-    /// once. Trusted proxies are exempt [default: 1000].
-    #[arg(long, env = "SECKILL_MAX_CONNECTIONS_PER_ADDRESS", global = true)]
-    pub max_connections_per_address: Option<usize>,
-    /// Web origins whose pages may call the API (CORS), comma-separated, e.g.
-    /// https://shop.example [default: none, same origin only].
-    #[arg(
-        long,
-        env = "SECKILL_CORS_ORIGINS",
-        global = true,
-        value_delimiter = ','
-    )]
-    pub cors_origins: Option<Vec<String>>,
-    /// How purchases are decided: redis (default with --redis), embedded (default without),
-    /// sql-lock or sql-conditional (in the database; for comparison, or to run without Redis).
-    #[arg(long, env = "SECKILL_GATE", global = true)]
-    pub gate: Option<GateKind>,
-    /// Threads that run the server's tasks (HTTP, gate calls, writer) [default: one per
-    /// core]. On a box shared with other busy processes (a load generator, the database),
-    /// fewer threads than cores spend less time being switched out.
-    #[arg(long, env = "SECKILL_THREADS", global = true)]
-    pub threads: Option<usize>,
-    /// Log filter, tracing's EnvFilter syntax [default: info].
-    #[arg(long, env = "SECKILL_LOG", global = true)]
-    pub log: Option<String>,
-}
-
-/// Where purchases are decided.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Deserialize, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum GateKind {
-    /// In process memory (the embedded deployment).
-    Embedded,
-    /// A Lua script in Redis (the distributed deployment).
-    Redis,
-    /// `SELECT ... FOR UPDATE` in SQL.
-    SqlLock,
-    /// A guarded `UPDATE ... WHERE stock >= qty` in SQL.
-    SqlConditional,
-}
-
-impl GateKind {
-    pub fn name(self) -> &'static str {
-        match self {
-            GateKind::Embedded => "embedded",
-            GateKind::Redis => "redis",
-            GateKind::SqlLock => "sql-lock",
-            GateKind::SqlConditional => "sql-conditional",
-        }
-    }
-}
-
-/// A per-user, per-sale request rate (GCRA): `per_sec` on average, `burst` at once.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct RateLimit {
-    pub per_sec: f64,
-    pub burst: u32,
-}
-
-impl RateLimit {
-    /// Milliseconds between requests at the steady rate; 0 when off.
-    pub fn interval_ms(&self) -> i64 {
-        if self.per_sec <= 0.0 {
-            0
-        } else {
-            ((1000.0 / self.per_sec).round() as i64).max(1)
-        }
-    }
-
-    /// How far ahead of the steady rate a burst may run, in milliseconds.
-    pub fn tolerance_ms(&self) -> i64 {
-        self.interval_ms() * (self.burst.max(1) as i64 - 1)
-    }
-
-    /// One GCRA step from the stored theoretical arrival time: the new one, or the wait in ms.
-    pub fn check(&self, tat: i64, now: i64) -> Result<i64, i64> {
-        let tat = tat.max(now);
-        let wait = tat - now - self.tolerance_ms();
-        if wait > 0 {
-            Err(wait)
-        } else {
-            Ok(tat + self.interval_ms())
-        }
-    }
-}
-/// Who confirms payments.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Deserialize, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum PaymentProviderKind {
-    /// The built-in provider: a pay page on this server whose buttons have the server sign
-    /// its own callback. For trials only: a buyer can mark their own order paid.
-    Simulated,
-    /// A real provider's hosted pay page (`--payment-redirect-url`); only its signed
-    /// callbacks mark an order paid.
-    Redirect,
-}
-
-impl PaymentProviderKind {
-    pub fn name(self) -> &'static str {
-        match self {
-            PaymentProviderKind::Simulated => "simulated",
-            PaymentProviderKind::Redirect => "redirect",
-        }
-    }
-}
-
-/// What an accepted purchase waits for in Redis before its buyer hears `ok`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Deserialize, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Durability {
-    /// Nothing more: in Redis' memory (and its AOF as its appendfsync policy says).
-    #[default]
-    None,
-    /// Fsynced to the master's AOF (`WAITAOF 1 0`): survives a SIGKILL of Redis.
-    Aof,
-    /// Received by at least one replica (`WAIT 1`): survives the master's loss and a
-    /// failover to that replica.
-    Replica,
-}
-
-impl Durability {
-    pub fn name(self) -> &'static str {
-        match self {
-            Durability::None => "none",
-            Durability::Aof => "aof",
-            Durability::Replica => "replica",
-        }
-    }
-}
-
-/// How an accepted order is written into the Redis order log. Writers read both forms;
-/// builds before this one read only `Fields`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Deserialize, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum EntryForm {
-    /// One field per value (`order_id`, `sale_id`, ...), as earlier builds wrote them.
-    #[default]
-    Fields,
-    /// One field `o`: `order_id:sale_id:user_id:quantity:price_cents:accepted_at`.
-    Packed,
-    /// One entry per script call, one field `b`: `sale_id:price_cents:accepted_at`, then
-    /// `;order_id:user_id:quantity` per order it accepted.
-    Batch,
-}
-
-impl EntryForm {
-    pub fn name(self) -> &'static str {
-        match self {
-            EntryForm::Packed => "packed",
-            EntryForm::Batch => "batch",
-            EntryForm::Fields => "fields",
-        }
-    }
-}
-
-/// The resolved configuration. Its serialized form is the start-up log's listing, so a
-/// secret field says how it is masked where it is declared.
+/// The resolved configuration: the settings declared in `settings`, each with its value,
+/// a few combined (the rates) or turned into the type their users want (durations). Its
+/// serialized form is the start-up log's listing, so a secret field says how it is masked
+/// where it is declared.
 #[derive(Debug, Clone, Serialize)]
 pub struct Config {
     pub listen: SocketAddr,
@@ -441,431 +116,20 @@ impl Config {
     pub fn phone_region(&self) -> phonenumber::country::Id {
         crate::text::phone_region(&self.phone_region).unwrap_or(phonenumber::country::Id::CN)
     }
-
-    pub fn load(args: &ConfigArgs) -> Result<Config, ConfigError> {
-        let file = match &args.config {
-            Some(path) => read_file(path)?,
-            None => ConfigArgs::default(),
-        };
-        Self::merge(args.clone(), file)
-    }
-
-    fn merge(flags: ConfigArgs, file: ConfigArgs) -> Result<Config, ConfigError> {
-        let c = layered(flags, file)?;
-        let redis_url = c.redis_url.filter(|s| !s.is_empty());
-        let embedded = redis_url.is_none();
-        let cluster = redis_url.as_deref().is_some_and(redis_url::is_cluster_url);
-        let database_url = c
-            .database_url
-            .unwrap_or_else(|| "sqlite://seckill.db".to_string());
-        let sqlite = database_url.starts_with("sqlite:");
-        // Dev mode hands out login codes: only the laptop start (no Redis, a SQLite
-        // file) has it by default. A server database means real users may be near.
-        let dev = c.dev.unwrap_or(embedded && sqlite);
-        let payment_redirect_url = c.payment_redirect_url.filter(|s| !s.is_empty());
-        let config = Config {
-            listen: c
-                .listen
-                .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8080))),
-            order_log_dir: c
-                .order_log_dir
-                .or_else(|| default_order_log_dir(&database_url)),
-            database_url,
-            redis_url,
-            redis_prefix: c.redis_prefix.unwrap_or_else(|| "seckill".to_string()),
-            redis_durability: c.redis_durability.unwrap_or(
-                // A cluster fails over by itself: only what a replica holds survives it.
-                if cluster {
-                    Durability::Replica
-                } else {
-                    Durability::None
-                },
-            ),
-            order_log_entry: c.order_log_entry.unwrap_or_default(),
-            admin_token: c.admin_token.filter(|s| !s.is_empty()),
-            token_secret: c.token_secret.filter(|s| !s.is_empty()),
-            payment_secret: c.payment_secret.filter(|s| !s.is_empty()),
-            dev,
-            // The simulated provider lets a buyer mark their own order paid: never by
-            // default outside dev mode.
-            payment_provider: c.payment_provider.or(if payment_redirect_url.is_some() {
-                Some(PaymentProviderKind::Redirect)
-            } else if dev {
-                Some(PaymentProviderKind::Simulated)
-            } else {
-                None
-            }),
-            payment_redirect_url,
-            sms_hook: c.sms_hook,
-            phone_region: c
-                .phone_region
-                .unwrap_or_else(|| "CN".to_string())
-                .to_ascii_uppercase(),
-            metrics_token: c.metrics_token.filter(|s| !s.is_empty()),
-            metrics_public: c.metrics_public.unwrap_or(false),
-            wrong_token_limit: c.wrong_token_limit.unwrap_or(5),
-            run_writer: !c.no_writer.unwrap_or(false),
-            // SQLite pays per page a commit touches, so fewer, larger commits drain the
-            // embedded log faster (1,000 -> 5,000 cut a 200,000-order backlog's drain from
-            // 4.0 to 1.2 s). SQLite pays per index page a commit touches: at a million
-            // orders, 20,000 to a commit cost 0.8x the CPU per order of 5,000 and kept the
-            // writer ahead of the gate (p99.9 14-28x the mean wait, not 66x; BENCHMARKS,
-            // session 18). A worker draining a backlog into PostgreSQL spent 7% less CPU
-            // per order (worker, Redis and PostgreSQL) at 5,000 than at 1,000, in three
-            // pairs of `scripts/writer-cost` (session 24). A batch only fills when the writer
-            // is behind; otherwise it holds what arrived since the last.
-            writer_batch: c
-                .writer_batch
-                .unwrap_or(if embedded && sqlite { 20_000 } else { 5000 }),
-            writer_concurrency: c.writer_concurrency.unwrap_or(4),
-            rate_user: RateLimit {
-                per_sec: c.rate_user_per_sec.unwrap_or(5.0),
-                burst: c.rate_user_burst.unwrap_or(10),
-            },
-            rate_address: {
-                let per_sec = c.rate_address_per_sec.unwrap_or(0.0);
-                RateLimit {
-                    per_sec,
-                    burst: c
-                        .rate_address_burst
-                        .unwrap_or((per_sec * 2.0).ceil() as u32),
-                }
-            },
-            trusted_proxies: c.trusted_proxies.unwrap_or_default(),
-            preload_ahead_secs: c.preload_ahead_secs.unwrap_or(3600),
-            writer_lag_not_ready_secs: c.writer_lag_not_ready_secs.unwrap_or(30),
-            audit_every_secs: c.audit_every_secs.unwrap_or(2),
-            db_failover_window_secs: c.db_failover_window_secs.unwrap_or(300),
-            audit_repair: c.audit_repair.unwrap_or(true),
-            token_ttl_secs: c.token_ttl_secs.unwrap_or(7 * 86400),
-            db_max_connections: c.db_max_connections.unwrap_or(16),
-            max_connections: c.max_connections.unwrap_or(10_000).max(1),
-            header_read_timeout: std::time::Duration::from_secs(
-                c.header_read_timeout_secs.unwrap_or(10),
-            ),
-            idle_timeout: std::time::Duration::from_secs(c.idle_timeout_secs.unwrap_or(60)),
-            max_connections_per_address: c.max_connections_per_address.unwrap_or(1000),
-            cors_origins: c.cors_origins.unwrap_or_default(),
-            gate: c.gate.unwrap_or(if embedded {
-                GateKind::Embedded
-            } else {
-                GateKind::Redis
-            }),
-            threads: c
-                .threads
-                .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
-            log: c.log.unwrap_or_else(|| "info".to_string()),
-        };
-        config.validate()?;
-        Ok(config)
-    }
-
-    fn validate(&self) -> Result<(), ConfigError> {
-        let db = &self.database_url;
-        if !(db.starts_with("sqlite:") || db.starts_with("postgres") || db.starts_with("mysql:")) {
-            return Err(ConfigError::Invalid {
-                name: "database_url",
-                message: format!("{} is not sqlite://, postgres:// or mysql://", mask_url(db)),
-            });
-        }
-        if !self.embedded() && db.starts_with("sqlite:") {
-            return Err(ConfigError::Invalid {
-                name: "database_url",
-                message: "a distributed deployment (--redis) needs PostgreSQL or MySQL".into(),
-            });
-        }
-        if self.embedded() && self.gate == GateKind::Embedded && self.order_log_dir.is_none() {
-            return Err(ConfigError::Invalid {
-                name: "database_url",
-                message: "an in-memory SQLite database cannot keep accepted orders across a \
-                          restart: use sqlite://FILE, or give --order-log-dir, or decide \
-                          purchases in SQL (--gate sql-conditional)"
-                    .into(),
-            });
-        }
-        if self.embedded() && !self.run_writer {
-            return Err(ConfigError::Invalid {
-                name: "no_writer",
-                message:
-                    "the embedded deployment writes orders in-process; --no-writer needs --redis"
-                        .into(),
-            });
-        }
-        match (self.gate, self.embedded()) {
-            (GateKind::Redis, true) => {
-                return Err(ConfigError::Invalid {
-                    name: "gate",
-                    message: "the redis gate needs --redis".into(),
-                })
-            }
-            (GateKind::Embedded, false) => return Err(ConfigError::Invalid {
-                name: "gate",
-                message:
-                    "the embedded gate lives in one process; it cannot be shared through --redis"
-                        .into(),
-            }),
-            _ => {}
-        }
-        for (name, rl) in [
-            ("rate_user_per_sec", self.rate_user),
-            ("rate_address_per_sec", self.rate_address),
-        ] {
-            if !(0.0..=1_000_000.0).contains(&rl.per_sec) || (rl.per_sec > 0.0 && rl.burst == 0) {
-                return Err(ConfigError::Invalid {
-                    name,
-                    message: "must be between 0 (off) and 1000000, with a burst of at least 1"
-                        .into(),
-                });
-            }
-        }
-        if self.header_read_timeout.is_zero() || self.idle_timeout.is_zero() {
-            return Err(ConfigError::Invalid {
-                name: "header_read_timeout_secs",
-                message: "header_read_timeout_secs and idle_timeout_secs must be at least 1".into(),
-            });
-        }
-        if self.max_connections_per_address == 0 {
-            return Err(ConfigError::Invalid {
-                name: "max_connections_per_address",
-                message: "must be at least 1".into(),
-            });
-        }
-        for origin in &self.cors_origins {
-            let host = origin
-                .strip_prefix("http://")
-                .or_else(|| origin.strip_prefix("https://"));
-            if host.is_none_or(|h| h.is_empty() || h.contains(['/', '*', ' '])) {
-                return Err(ConfigError::Invalid {
-                    name: "cors_origins",
-                    message: format!(
-                        "{origin:?} is not an origin such as https://shop.example (no wildcard, \
-                         no path)"
-                    ),
-                });
-            }
-        }
-        if self.writer_concurrency == 0 || self.writer_concurrency > 64 {
-            return Err(ConfigError::Invalid {
-                name: "writer_concurrency",
-                message: "must be between 1 and 64".into(),
-            });
-        }
-        if self.threads == 0 || self.threads > 1024 {
-            return Err(ConfigError::Invalid {
-                name: "threads",
-                message: "must be between 1 and 1024".into(),
-            });
-        }
-        if self.writer_batch == 0 || self.writer_batch > MAX_WRITER_BATCH {
-            return Err(ConfigError::Invalid {
-                name: "writer_batch",
-                message: format!("must be between 1 and {MAX_WRITER_BATCH}"),
-            });
-        }
-        if let Some(url) = &self.redis_url {
-            let valid = if redis_url::is_sentinel_url(url) {
-                redis_url::parse(url).map(|_| ())
-            } else if redis_url::is_cluster_url(url) {
-                redis_url::parse_cluster_url(url).map(|_| ())
-            } else {
-                redis::Client::open(url.as_str())
-                    .map(|_| ())
-                    .map_err(|e| e.to_string())
-            };
-            if let Err(message) = valid {
-                return Err(ConfigError::Invalid {
-                    name: "redis_url",
-                    message: format!(
-                        "{message} (redis://HOST:PORT/, rediss://..., \
-                         redis+sentinel://HOST:PORT[,HOST:PORT...]/MASTER_NAME or \
-                         redis+cluster://HOST:PORT[,HOST:PORT...])"
-                    ),
-                });
-            }
-        }
-        if self.redis_durability != Durability::None && self.redis_url.is_none() {
-            return Err(ConfigError::Invalid {
-                name: "redis_durability",
-                message: "applies to the Redis gate: set --redis too (without Redis, every ok \
-                          is already fsynced to the order log)"
-                    .into(),
-            });
-        }
-        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log) {
-            return Err(ConfigError::Invalid {
-                name: "log",
-                message: format!(
-                    "{:?} is not a log filter: {e} (a level such as info or debug, or \
-                     directives such as info,seckill=debug)",
-                    self.log
-                ),
-            });
-        }
-        // Seconds are turned into milliseconds and added to clocks: bounded, so that no
-        // setting can overflow that arithmetic.
-        const TEN_YEARS_SECS: u64 = 10 * 365 * 86_400;
-        for (name, secs) in [
-            ("token_ttl_secs", self.token_ttl_secs),
-            ("preload_ahead_secs", self.preload_ahead_secs),
-            ("writer_lag_not_ready_secs", self.writer_lag_not_ready_secs),
-            ("audit_every_secs", self.audit_every_secs),
-            ("db_failover_window_secs", self.db_failover_window_secs),
-            (
-                "header_read_timeout_secs",
-                self.header_read_timeout.as_secs(),
-            ),
-            ("idle_timeout_secs", self.idle_timeout.as_secs()),
-        ] {
-            if secs > TEN_YEARS_SECS {
-                return Err(ConfigError::Invalid {
-                    name,
-                    message: format!("must be at most {TEN_YEARS_SECS} (ten years)"),
-                });
-            }
-        }
-        if self.payment_provider == Some(PaymentProviderKind::Redirect) {
-            let Some(url) = &self.payment_redirect_url else {
-                return Err(ConfigError::Invalid {
-                    name: "payment_provider",
-                    message: "redirect needs --payment-redirect-url, the provider's pay page"
-                        .into(),
-                });
-            };
-            if !(url.starts_with("https://") || url.starts_with("http://")) {
-                return Err(ConfigError::Invalid {
-                    name: "payment_redirect_url",
-                    message: "must be an http:// or https:// URL".into(),
-                });
-            }
-            if self.payment_secret.is_none() {
-                return Err(ConfigError::Invalid {
-                    name: "payment_secret",
-                    message: "a real payment provider signs its callbacks with a secret you \
-                              share with it: set --payment-secret (SECKILL_PAYMENT_SECRET)"
-                        .into(),
-                });
-            }
-        }
-        if crate::text::phone_region(&self.phone_region).is_none() {
-            return Err(ConfigError::Invalid {
-                name: "phone_region",
-                message: format!(
-                    "{:?} is not a region (an ISO 3166 code such as CN, US or DE)",
-                    self.phone_region
-                ),
-            });
-        }
-        if self.redis_prefix.is_empty() || self.redis_prefix.contains(['{', '}']) {
-            return Err(ConfigError::Invalid {
-                name: "redis_prefix",
-                message: "must be non-empty and free of braces (they are Redis hash tags)".into(),
-            });
-        }
-        Ok(())
-    }
-
-    /// One line per setting, secrets masked, for the start-up log: every field of the
-    /// struct, by name, so a new setting is listed without touching this.
-    pub fn describe(&self) -> String {
-        let deployment = if self.embedded() {
-            "embedded"
-        } else {
-            "distributed"
-        };
-        let mut lines = vec![format!("{:<28} = {deployment}", "deployment")];
-        let Ok(serde_json::Value::Object(fields)) = serde_json::to_value(self) else {
-            return lines.join("\n");
-        };
-        for (name, value) in fields {
-            let shown = match (name.as_str(), value) {
-                ("order_log_dir", _) if self.gate != GateKind::Embedded => "(not used)".into(),
-                (_, serde_json::Value::Null) => "(unset)".into(),
-                (_, serde_json::Value::String(text)) => text,
-                (_, other) => other.to_string(),
-            };
-            lines.push(format!("{name:<28} = {shown}"));
-        }
-        lines.join("\n")
-    }
-}
-
-fn secret<S: serde::Serializer>(value: &Option<String>, out: S) -> Result<S::Ok, S::Error> {
-    out.serialize_str(if value.is_some() { "***" } else { "(unset)" })
-}
-
-fn masked_url<S: serde::Serializer>(url: &str, out: S) -> Result<S::Ok, S::Error> {
-    out.serialize_str(&mask_url(url))
-}
-
-fn masked_url_opt<S: serde::Serializer>(url: &Option<String>, out: S) -> Result<S::Ok, S::Error> {
-    match url {
-        Some(url) => masked_url(url, out),
-        None => out.serialize_none(),
-    }
-}
-
-fn seconds<S: serde::Serializer>(d: &std::time::Duration, out: S) -> Result<S::Ok, S::Error> {
-    out.serialize_str(&format!("{} s", d.as_secs()))
-}
-
-/// The settings given as flags or environment, over those of the file: every setting at
-/// once, by name, so that no setting is layered by hand.
-fn layered(flags: ConfigArgs, file: ConfigArgs) -> Result<ConfigArgs, ConfigError> {
-    let invalid = |e: serde_json::Error| ConfigError::Invalid {
-        name: "config",
-        message: e.to_string(),
-    };
-    let mut merged = serde_json::to_value(&file).map_err(invalid)?;
-    let flags = serde_json::to_value(&flags).map_err(invalid)?;
-    if let (Some(merged), Some(flags)) = (merged.as_object_mut(), flags.as_object()) {
-        for (name, value) in flags {
-            if !value.is_null() {
-                merged.insert(name.clone(), value.clone());
-            }
-        }
-    }
-    serde_json::from_value(merged).map_err(invalid)
-}
-
-fn read_file(path: &PathBuf) -> Result<ConfigArgs, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-        path: path.clone(),
-        source,
-    })?;
-    toml::from_str(&text).map_err(|source| ConfigError::Parse {
-        path: path.clone(),
-        source,
-    })
-}
-
-/// The embedded order log's folder: beside a SQLite file (`seckill.db` ->
-/// `seckill.db.orders`), `./seckill.orders` for a server database; none for an in-memory
-/// SQLite database.
-pub fn default_order_log_dir(database_url: &str) -> Option<PathBuf> {
-    let Some(path) = database_url
-        .strip_prefix("sqlite://")
-        .or_else(|| database_url.strip_prefix("sqlite:"))
-    else {
-        return Some(PathBuf::from("seckill.orders"));
-    };
-    let path = path.split('?').next().unwrap_or_default();
-    if path.is_empty() || path.starts_with(":memory:") {
-        return None;
-    }
-    Some(PathBuf::from(format!("{path}.orders")))
 }
 
 #[cfg(test)]
 mod tests {
+    use super::settings::Settings;
     use super::*;
 
     #[test]
     fn flags_beat_file_beat_defaults() {
-        let flags = ConfigArgs {
+        let flags = Settings {
             writer_batch: Some(7),
             ..Default::default()
         };
-        let file = ConfigArgs {
+        let file = Settings {
             writer_batch: Some(9),
             preload_ahead_secs: Some(60),
             ..Default::default()
@@ -879,41 +143,81 @@ mod tests {
 
     #[test]
     fn distributed_is_not_dev_and_needs_a_server_database() {
-        let a = ConfigArgs {
+        let a = Settings {
             redis_url: Some("redis://127.0.0.1/".into()),
             ..Default::default()
         };
-        assert!(Config::merge(a.clone(), ConfigArgs::default()).is_err());
-        let a = ConfigArgs {
+        assert!(Config::merge(a.clone(), Settings::default()).is_err());
+        let a = Settings {
             database_url: Some("postgres://u:hunter2@h/db".into()),
             ..a
         };
-        let c = Config::merge(a, ConfigArgs::default()).unwrap();
+        let c = Config::merge(a, Settings::default()).unwrap();
         assert!(!c.dev);
         assert!(!c.describe().contains("hunter2"));
     }
 
     #[test]
+    fn a_default_clap_fills_in_never_hides_the_file() {
+        use clap::{Args, FromArgMatches};
+        let cli = ConfigArgs::augment_args(clap::Command::new("seckill"))
+            .mut_args(|arg| arg.env(None::<&str>))
+            .subcommand(clap::Command::new("serve"));
+        let file = Settings {
+            listen: Some("0.0.0.0:9000".parse().unwrap()),
+            writer_batch: Some(9),
+            audit_repair: Some(true),
+            ..Default::default()
+        };
+        for argv in [
+            &[
+                "seckill",
+                "serve",
+                "--writer-batch",
+                "7",
+                "--audit-repair=false",
+            ][..],
+            &[
+                "seckill",
+                "--writer-batch",
+                "7",
+                "--audit-repair",
+                "false",
+                "serve",
+            ],
+        ] {
+            let matches = cli.clone().try_get_matches_from(argv).unwrap();
+            let flags = ConfigArgs::from_arg_matches(&matches).unwrap();
+            assert_eq!(flags.0.listen, None, "{argv:?}: a default is no flag");
+            let c = Config::merge(flags.0, file.clone()).unwrap();
+            assert_eq!(c.listen.to_string(), "0.0.0.0:9000", "{argv:?}");
+            assert_eq!(c.writer_batch, 7, "{argv:?}");
+            assert!(!c.audit_repair, "{argv:?}");
+            assert_eq!(c.redis_prefix, "seckill", "{argv:?}");
+        }
+    }
+
+    #[test]
     fn toml_file_parses_and_rejects_unknown_keys() {
-        let ok: ConfigArgs = toml::from_str("writer_batch = 5\nlisten = \"0.0.0.0:9000\"").unwrap();
+        let ok: Settings = toml::from_str("writer_batch = 5\nlisten = \"0.0.0.0:9000\"").unwrap();
         assert_eq!(ok.writer_batch, Some(5));
-        assert!(toml::from_str::<ConfigArgs>("no_such_key = 1").is_err());
+        assert!(toml::from_str::<Settings>("no_such_key = 1").is_err());
     }
 
     #[test]
     fn the_simulated_payment_provider_is_never_the_default_outside_dev_mode() {
-        let with = |a: ConfigArgs| Config::merge(a, ConfigArgs::default());
-        let pg = || ConfigArgs {
+        let with = |a: Settings| Config::merge(a, Settings::default());
+        let pg = || Settings {
             database_url: Some("postgres://u@h/db".into()),
             ..Default::default()
         };
         assert_eq!(with(pg()).unwrap().payment_provider, None);
         assert_eq!(
-            with(ConfigArgs::default()).unwrap().payment_provider,
+            with(Settings::default()).unwrap().payment_provider,
             Some(PaymentProviderKind::Simulated),
             "dev mode"
         );
-        let named = ConfigArgs {
+        let named = Settings {
             payment_provider: Some(PaymentProviderKind::Simulated),
             ..pg()
         };
@@ -922,12 +226,12 @@ mod tests {
             Some(PaymentProviderKind::Simulated)
         );
         let url = Some("https://pay.example/?ref={intent_id}".to_string());
-        let no_secret = ConfigArgs {
+        let no_secret = Settings {
             payment_redirect_url: url.clone(),
             ..pg()
         };
         assert!(with(no_secret).is_err(), "a real provider needs its secret");
-        let real = ConfigArgs {
+        let real = Settings {
             payment_redirect_url: url,
             payment_secret: Some("s".into()),
             ..pg()
@@ -936,12 +240,12 @@ mod tests {
             with(real).unwrap().payment_provider,
             Some(PaymentProviderKind::Redirect)
         );
-        let bad_region = ConfigArgs {
+        let bad_region = Settings {
             phone_region: Some("ZZ".into()),
             ..Default::default()
         };
         assert!(with(bad_region).is_err());
-        let forever = ConfigArgs {
+        let forever = Settings {
             token_ttl_secs: Some(u64::MAX),
             ..Default::default()
         };
@@ -951,11 +255,11 @@ mod tests {
     #[test]
     fn cors_origins_are_exact_origins() {
         let with = |o: &str| {
-            let a = ConfigArgs {
+            let a = Settings {
                 cors_origins: Some(vec![o.into()]),
                 ..Default::default()
             };
-            Config::merge(a, ConfigArgs::default())
+            Config::merge(a, Settings::default())
         };
         assert!(with("https://shop.example").is_ok());
         assert!(with("http://localhost:3000").is_ok());
@@ -971,11 +275,11 @@ mod tests {
 
     #[test]
     fn a_flag_set_to_false_beats_a_file_set_to_true() {
-        let flags = ConfigArgs {
+        let flags = Settings {
             audit_repair: Some(false),
             ..Default::default()
         };
-        let file = ConfigArgs {
+        let file = Settings {
             audit_repair: Some(true),
             metrics_public: Some(true),
             ..Default::default()
@@ -988,7 +292,7 @@ mod tests {
     #[test]
     fn every_secret_is_masked_and_every_setting_listed() {
         let secret = "pa55word-9f3";
-        let a = ConfigArgs {
+        let a = Settings {
             database_url: Some(format!("postgres://u:{secret}@h/db")),
             redis_url: Some(format!("redis://:{secret}@127.0.0.1/")),
             admin_token: Some(secret.into()),
@@ -998,7 +302,7 @@ mod tests {
             sms_hook: Some(format!("curl -u api:{secret} https://sms.example")),
             ..Default::default()
         };
-        let c = Config::merge(a, ConfigArgs::default()).unwrap();
+        let c = Config::merge(a, Settings::default()).unwrap();
         let listing = c.describe();
         assert!(!listing.contains(secret), "{listing}");
         for name in [
@@ -1021,22 +325,22 @@ mod tests {
 
     #[test]
     fn the_sms_hook_is_masked_in_the_start_up_log() {
-        let a = ConfigArgs {
+        let a = Settings {
             sms_hook: Some("curl -u api:s3cret https://sms.example".into()),
             ..Default::default()
         };
-        let c = Config::merge(a, ConfigArgs::default()).unwrap();
+        let c = Config::merge(a, Settings::default()).unwrap();
         assert!(!c.describe().contains("s3cret"), "{}", c.describe());
     }
 
     #[test]
     fn dev_mode_is_on_by_default_only_for_sqlite_without_redis() {
         let dev = |db: &str| {
-            let a = ConfigArgs {
+            let a = Settings {
                 database_url: Some(db.into()),
                 ..Default::default()
             };
-            Config::merge(a, ConfigArgs::default()).unwrap().dev
+            Config::merge(a, Settings::default()).unwrap().dev
         };
         assert!(dev("sqlite://x.db"));
         assert!(
@@ -1044,12 +348,12 @@ mod tests {
             "a server database may face real users"
         );
         assert!(!dev("mysql://root@h/db"));
-        let forced = ConfigArgs {
+        let forced = Settings {
             database_url: Some("postgres://u@h/db".into()),
             dev: Some(true),
             ..Default::default()
         };
-        assert!(Config::merge(forced, ConfigArgs::default()).unwrap().dev);
+        assert!(Config::merge(forced, Settings::default()).unwrap().dev);
     }
 
     #[test]
