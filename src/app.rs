@@ -443,45 +443,10 @@ pub async fn redis_manager(url: &str) -> Result<(RedisClient, RedisConn), AppErr
 }
 
 pub async fn assemble(config: Config, role: Role) -> Result<App, AppError> {
-    let connections =
-        crate::edge::connections::Connections::new(crate::edge::connections::ConnectionLimits {
-            max: config.max_connections,
-            per_address: config.max_connections_per_address,
-            exempt: config.trusted_proxies.clone(),
-            header_read_timeout: config.header_read_timeout,
-            idle_timeout: config.idle_timeout,
-        });
+    let connections = connection_limits(&config);
     let config = Arc::new(config);
-    let store = until_up("database", Some(START_STEP_LIMIT), || {
-        connect_store(&config)
-    })
-    .await?;
-    // No time limit: a migration may rewrite a large table once (SQLite's would start over
-    // at each try), and another process's migration holds this one off under its lock.
-    until_up("schema migrations", None, || migrate(&store)).await?;
-    // One line per start-up step: a process that does not come up shows where it stands.
-    tracing::info!("database ready (schema up to date)");
-    let tokens = until_up("database", Some(START_STEP_LIMIT), || {
-        token_signer(&config, &store)
-    })
-    .await?;
-    let payments = until_up("database", Some(START_STEP_LIMIT), || {
-        payment_provider(&config, &store)
-    })
-    .await?;
-    // With Sentinel, every Redis client of this process goes through its master follower.
-    let redis_url = match &config.redis_url {
-        Some(url) if crate::redis_client::sentinel::is_sentinel_url(url) => {
-            let sentinel = crate::redis_client::sentinel::parse(url).map_err(AppError::Other)?;
-            let follow = || async {
-                crate::redis_client::sentinel::follow(&sentinel, &config.redis_prefix)
-                    .await
-                    .map_err(AppError::from)
-            };
-            Some(until_up("redis sentinel", Some(START_STEP_LIMIT), follow).await?)
-        }
-        other => other.clone(),
-    };
+    let (store, tokens, payments) = open_database(&config).await?;
+    let redis_url = follow_sentinel(&config).await?;
     let parts = match &redis_url {
         None => embedded_parts(&config, &store, role).await?,
         Some(url) => {
@@ -494,6 +459,7 @@ pub async fn assemble(config: Config, role: Role) -> Result<App, AppError> {
             parts
         }
     };
+    settle_failover_window(&config, &store, parts.redis.as_ref(), role).await?;
     let Parts {
         gate,
         log,
@@ -503,26 +469,6 @@ pub async fn assemble(config: Config, role: Role) -> Result<App, AppError> {
         breaker,
         claim,
     } = parts;
-    if let Some(window) = failover_window(&config, &store, redis.as_ref(), role)? {
-        store.keep_changes_in(window, Duration::from_secs(config.db_failover_window_secs));
-        // Before anything writes: after a failover while no process ran, the window is
-        // written into the new primary first.
-        let token = format!("{:016x}", rand::random::<u64>());
-        until_up(
-            "database failover window",
-            Some(FIRST_PASS_LIMIT),
-            || async {
-                store.settle_once(&token).await.map_err(AppError::from)?;
-                match store.settled() {
-                    true => Ok(()),
-                    false => Err(AppError::Store(crate::store::StoreError::Window(
-                        "another process is writing the failover window into the database".into(),
-                    ))),
-                }
-            },
-        )
-        .await?;
-    }
     let shortcut = Arc::new(SoldOutShortcut::new(gate));
     if let (Some(url), Some(conn)) = (&redis_url, &redis) {
         tokio::spawn(follow_stock_returns(
@@ -532,51 +478,40 @@ pub async fn assemble(config: Config, role: Role) -> Result<App, AppError> {
             shortcut.clone(),
         ));
     }
-    let address_limiter = crate::edge::limits::AddressLimiter::new(
-        config.rate_address,
-        config.trusted_proxies.clone(),
-    );
-    let secret_guard = crate::edge::auth::SecretGuard::new(config.wrong_token_limit);
-    let room: Arc<dyn crate::room::Room> = match &redis {
-        Some(conn) => {
-            let room = crate::room::redis::RedisRoom::new(conn.clone(), &config.redis_prefix);
-            // A failure here costs one script load at the first call (EVALSHA falls back).
-            if let Err(e) = room.prepare().await {
-                tracing::warn!(error = %e, "the waiting room's scripts were not loaded yet");
-            }
-            Arc::new(room)
-        }
-        None => Arc::new(crate::room::memory::MemoryRoom::new()),
-    };
+    let rooms = Arc::new(crate::room::Rooms::new(
+        waiting_room(&config, redis.as_ref()).await,
+    ));
     let health = Arc::new(crate::health::Health::new(
         redis.is_some(),
         crate::clock::wall_ms(),
     ));
     let state = Arc::new(AppState {
+        address_limiter: crate::edge::limits::AddressLimiter::new(
+            config.rate_address,
+            config.trusted_proxies.clone(),
+        ),
+        secret_guard: crate::edge::auth::SecretGuard::new(config.wrong_token_limit),
         config,
         store,
         gate: shortcut.clone(),
         sold_out: shortcut,
-        address_limiter,
         captcha_limiter: crate::edge::limits::RateTable::new(
             crate::edge::antibot::CAPTCHA_RATE,
             crate::edge::antibot::CAPTCHA_LIMITER_KEYS,
         ),
         connections,
-
         breaker,
         ids,
         tokens,
         payments: payments.provider,
         simulator: payments.simulator,
-        secret_guard,
         sales: Arc::new(SaleCache::default()),
         redis,
         backlog,
         writer_stats: Arc::new(WriterStats::default()),
         metrics: Metrics::default(),
         audit: Default::default(),
-        rooms: Arc::new(crate::room::Rooms::new(room)),
+        rooms,
         health,
     });
     Ok(App {
@@ -584,6 +519,99 @@ pub async fn assemble(config: Config, role: Role) -> Result<App, AppError> {
         log,
         _claim: claim,
     })
+}
+
+/// The client connections' limits, from the settings.
+fn connection_limits(config: &Config) -> Arc<crate::edge::connections::Connections> {
+    crate::edge::connections::Connections::new(crate::edge::connections::ConnectionLimits {
+        max: config.max_connections,
+        per_address: config.max_connections_per_address,
+        exempt: config.trusted_proxies.clone(),
+        header_read_timeout: config.header_read_timeout,
+        idle_timeout: config.idle_timeout,
+    })
+}
+
+/// The database, its schema brought up to date, and what is kept in it (the token secret,
+/// the payment provider's), each step waited for while the database is not up yet.
+async fn open_database(config: &Config) -> Result<(Store, TokenSigner, Payments), AppError> {
+    let store = until_up("database", Some(START_STEP_LIMIT), || connect_store(config)).await?;
+    // No time limit: a migration may rewrite a large table once (SQLite's would start over
+    // at each try), and another process's migration holds this one off under its lock.
+    until_up("schema migrations", None, || migrate(&store)).await?;
+    // One line per start-up step: a process that does not come up shows where it stands.
+    tracing::info!("database ready (schema up to date)");
+    let tokens = until_up("database", Some(START_STEP_LIMIT), || {
+        token_signer(config, &store)
+    })
+    .await?;
+    let payments = until_up("database", Some(START_STEP_LIMIT), || {
+        payment_provider(config, &store)
+    })
+    .await?;
+    Ok((store, tokens, payments))
+}
+
+/// The Redis URL every client of this process uses: with Sentinel, the local forwarder to
+/// the master it names.
+async fn follow_sentinel(config: &Config) -> Result<Option<String>, AppError> {
+    match &config.redis_url {
+        Some(url) if crate::redis_client::sentinel::is_sentinel_url(url) => {
+            let sentinel = crate::redis_client::sentinel::parse(url).map_err(AppError::Other)?;
+            let follow = || async {
+                crate::redis_client::sentinel::follow(&sentinel, &config.redis_prefix)
+                    .await
+                    .map_err(AppError::from)
+            };
+            Ok(Some(
+                until_up("redis sentinel", Some(START_STEP_LIMIT), follow).await?,
+            ))
+        }
+        other => Ok(other.clone()),
+    }
+}
+
+/// Where changes are kept against a database failover (see [`failover_window`]), settled
+/// before anything writes: after a failover while no process ran, the window is written
+/// into the new primary first.
+async fn settle_failover_window(
+    config: &Config,
+    store: &Store,
+    redis: Option<&RedisConn>,
+    role: Role,
+) -> Result<(), AppError> {
+    let Some(window) = failover_window(config, store, redis, role)? else {
+        return Ok(());
+    };
+    store.keep_changes_in(window, Duration::from_secs(config.db_failover_window_secs));
+    let token = format!("{:016x}", rand::random::<u64>());
+    until_up(
+        "database failover window",
+        Some(FIRST_PASS_LIMIT),
+        || async {
+            store.settle_once(&token).await.map_err(AppError::from)?;
+            match store.settled() {
+                true => Ok(()),
+                false => Err(AppError::Store(crate::store::StoreError::Window(
+                    "another process is writing the failover window into the database".into(),
+                ))),
+            }
+        },
+    )
+    .await
+}
+
+/// The waiting rooms' line: in Redis when there is one, else in this process.
+async fn waiting_room(config: &Config, redis: Option<&RedisConn>) -> Arc<dyn crate::room::Room> {
+    let Some(conn) = redis else {
+        return Arc::new(crate::room::memory::MemoryRoom::new());
+    };
+    let room = crate::room::redis::RedisRoom::new(conn.clone(), &config.redis_prefix);
+    // A failure here costs one script load at the first call (EVALSHA falls back).
+    if let Err(e) = room.prepare().await {
+        tracing::warn!(error = %e, "the waiting room's scripts were not loaded yet");
+    }
+    Arc::new(room)
 }
 
 impl App {

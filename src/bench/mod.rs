@@ -388,22 +388,7 @@ async fn start_server(config: &Config, gate: GateKind) -> Result<Target, BenchEr
         .map_err(|e| setup(format!("no free port: {e}")))?
         .port();
     let admin = crate::text::hex(&rand::random::<[u8; 16]>());
-    // Its own database (dropped afterwards), beside the one bench was given: a run leaves
-    // no users, sales or orders behind.
-    let (database, scratch_database) = if config.database_url.starts_with("sqlite:") {
-        (format!("sqlite://{}/bench.db", workdir.display()), None)
-    } else {
-        let name = format!("seckill_bench_{:08x}", rand::random::<u32>());
-        let url = Store::create_database(&config.database_url, &name)
-            .await
-            .map_err(|e| {
-                setup(format!(
-                    "cannot create a scratch database beside the one given: {e}"
-                ))
-            })?;
-        (url, Some((config.database_url.clone(), name)))
-    };
-    let mut scratch_prefix = None;
+    let (database, scratch_database) = scratch_database(config, &workdir).await?;
     let mut env = vec![
         ("SECKILL_DATABASE_URL".to_string(), database),
         (
@@ -427,24 +412,76 @@ async fn start_server(config: &Config, gate: GateKind) -> Result<Target, BenchEr
         ),
     ];
     env.extend(server_settings(config));
-    if gate == GateKind::Redis {
-        env.push((
+    let scratch_prefix = match gate {
+        GateKind::Redis => Some(redis_settings(config, &mut env)?),
+        _ => None,
+    };
+    let child = spawn_server(&workdir, &env)?;
+    let target = Target {
+        addr: SocketAddr::from(([127, 0, 0, 1], port)),
+        admin,
+        child: Some(child),
+        env,
+        workdir: Some(workdir),
+        scratch_database,
+        scratch_prefix,
+    };
+    until_ready(target).await
+}
+
+/// The database the server bench starts runs on: a file in its folder for SQLite, else a
+/// database of its own beside the one bench was given (dropped afterwards: a run leaves no
+/// users, sales or orders behind), with what to drop.
+async fn scratch_database(
+    config: &Config,
+    workdir: &std::path::Path,
+) -> Result<(String, Option<(String, String)>), BenchError> {
+    if config.database_url.starts_with("sqlite:") {
+        return Ok((format!("sqlite://{}/bench.db", workdir.display()), None));
+    }
+    let name = format!("seckill_bench_{:08x}", rand::random::<u32>());
+    let url = Store::create_database(&config.database_url, &name)
+        .await
+        .map_err(|e| {
+            setup(format!(
+                "cannot create a scratch database beside the one given: {e}"
+            ))
+        })?;
+    Ok((url, Some((config.database_url.clone(), name))))
+}
+
+/// The Redis gate's settings for the server, under a key prefix of its own; the (URL,
+/// prefix) whose keys are removed afterwards.
+fn redis_settings(
+    config: &Config,
+    env: &mut Vec<(String, String)>,
+) -> Result<(String, String), BenchError> {
+    let redis = config
+        .redis_url
+        .clone()
+        .ok_or_else(|| setup("the redis gate needs --redis"))?;
+    let prefix = format!("seckill-bench-{:08x}", rand::random::<u32>());
+    env.extend([
+        (
             "SECKILL_REDIS_DURABILITY".to_string(),
             config.redis_durability.name().to_string(),
-        ));
-        env.push((
+        ),
+        (
             "SECKILL_ORDER_LOG_ENTRY".to_string(),
             config.order_log_entry.name().to_string(),
-        ));
-        let redis = config
-            .redis_url
-            .clone()
-            .ok_or_else(|| setup("the redis gate needs --redis"))?;
-        let prefix = format!("seckill-bench-{:08x}", rand::random::<u32>());
-        env.push(("SECKILL_REDIS_URL".to_string(), redis.clone()));
-        env.push(("SECKILL_REDIS_PREFIX".to_string(), prefix.clone()));
-        scratch_prefix = Some((redis, prefix));
-    }
+        ),
+        ("SECKILL_REDIS_URL".to_string(), redis.clone()),
+        ("SECKILL_REDIS_PREFIX".to_string(), prefix.clone()),
+    ]);
+    Ok((redis, prefix))
+}
+
+/// `seckill serve` of this binary with exactly `env` of bench's settings, its log in the
+/// bench's folder.
+fn spawn_server(
+    workdir: &std::path::Path,
+    env: &[(String, String)],
+) -> Result<std::process::Child, BenchError> {
     let exe = std::env::current_exe()
         .map_err(|e| setup(format!("cannot find the seckill binary: {e}")))?;
     let log =
@@ -463,18 +500,13 @@ async fn start_server(config: &Config, gate: GateKind) -> Result<Target, BenchEr
         cmd.env_remove(key);
     }
     cmd.envs(env.iter().map(|(k, v)| (k, v)));
-    let child = cmd
-        .spawn()
-        .map_err(|e| setup(format!("cannot start the server: {e}")))?;
-    let mut target = Target {
-        addr: SocketAddr::from(([127, 0, 0, 1], port)),
-        admin,
-        child: Some(child),
-        env,
-        workdir: Some(workdir),
-        scratch_database,
-        scratch_prefix,
-    };
+    cmd.spawn()
+        .map_err(|e| setup(format!("cannot start the server: {e}")))
+}
+
+/// Waits up to 30 s until the server answers `/readyz` 200; cleans up when it exits or
+/// does not.
+async fn until_ready(mut target: Target) -> Result<Target, BenchError> {
     for _ in 0..300 {
         if let Ok(mut c) = Connection::open(target.addr).await {
             if let Ok((200, _)) = c.send(Method::GET, "/readyz", None, Bytes::new()).await {
@@ -728,116 +760,30 @@ async fn storm_once(target: &Target, args: &BenchArgs, gate: &str) -> Result<Rep
         eprintln!("preparing {} buyers ...", args.buyers);
     }
     let tokens = Arc::new(buyer_tokens(target, args).await?);
-
-    // A sale that opens shortly: the preloader has it in the gate before the first buyer
-    // (and, with a room, after every buyer joined it: a few thousand joins a second).
-    let joining_ms = if args.waiting_room.is_some() {
-        args.buyers as i64 / 2
-    } else {
-        0
-    };
-    let opens_at = crate::clock::wall_ms() + 2000 + joining_ms;
-    let sale = admin_call(
-        target,
-        Method::POST,
-        "/api/admin/sales",
-        serde_json::json!({
-            "title": "seckill bench",
-            "price_cents": 100,
-            "stock": args.stock,
-            "per_user_limit": args.per_user_limit,
-            "begins_at": rfc3339(opens_at),
-            "ends_at": rfc3339(opens_at + 3_600_000),
-            "anti_bot": if args.anti_bot { "token" } else { "off" },
-            "waiting_room": args.waiting_room.map(|n| serde_json::json!({"admit_per_sec": n})),
-        })
-        .as_object()
-        .map(|o| {
-            // No room: the field is left out (null is refused).
-            let kept = o.iter().filter(|(_, v)| !v.is_null());
-            serde_json::Value::Object(kept.map(|(k, v)| (k.clone(), v.clone())).collect())
-        })
-        .unwrap_or_default(),
-    )
-    .await?;
-    let sale_id = sale["id"]
-        .as_str()
-        .ok_or_else(|| setup("no sale id"))?
-        .to_string();
-    admin_call(
-        target,
-        Method::POST,
-        &format!("/api/admin/sales/{sale_id}/approve"),
-        serde_json::Value::Null,
-    )
-    .await?;
-
+    let (sale_id, opens_at) = open_bench_sale(target, args).await?;
     let (passes, room_figures) = match args.waiting_room {
         Some(rate) => {
-            if !quiet {
-                eprintln!("{} buyers join the waiting room ...", args.buyers);
-            }
-            let joined =
-                room::join_all(target.addr, &sale_id, tokens.clone(), args.connections).await;
-            let wait = (opens_at - crate::clock::wall_ms()).max(0) as u64;
-            tokio::time::sleep(Duration::from_millis(wait)).await;
-            if !quiet {
-                eprintln!("the sale opened: following the tickets ...");
-            }
-            let give_up = Duration::from_secs(args.buyers as u64 / rate.max(1) as u64 + 60);
-            let (passes, figures) = room::follow(
-                target.addr,
+            let (passes, figures) = through_the_room(
+                target,
+                args,
                 &sale_id,
                 tokens.clone(),
-                &joined,
+                opens_at,
                 rate,
-                args.connections,
-                give_up,
+                quiet,
             )
             .await;
-            let passes: Vec<String> = passes.into_iter().map(Option::unwrap_or_default).collect();
             (Some(Arc::new(passes)), Some(figures))
         }
         None => (None, None),
     };
-
-    // Every buyer once; a share of them twice, shuffled through the storm.
-    let repeats = (args.buyers as f64 * args.repeat).round() as usize;
-    let mut requests: Vec<usize> = (0..args.buyers).chain(0..repeats).collect();
-    requests.shuffle(&mut rand::rng());
-    let mut per_buyer: HashMap<usize, i64> = HashMap::new();
-    for b in &requests {
-        *per_buyer.entry(*b).or_default() += 1;
-    }
-    let possible: i64 = per_buyer
-        .values()
-        .map(|n| (*n).min(args.per_user_limit))
-        .sum();
-    let expected_orders = possible.min(args.stock);
-
+    let (requests, expected_orders) = requests_of(args);
     let wait = (opens_at + 50 - crate::clock::wall_ms()).max(0) as u64;
     tokio::time::sleep(Duration::from_millis(wait)).await;
 
     let model = model_of(args);
     let progress = Arc::new(AtomicUsize::new(0));
-    let total = requests.len();
-    let ticker = (!quiet).then(|| {
-        let progress = progress.clone();
-        tokio::spawn(async move {
-            let started = Instant::now();
-            loop {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                let done = progress.load(Ordering::Relaxed);
-                let filled = done * 30 / total.max(1);
-                let rate = done as f64 / started.elapsed().as_secs_f64().max(0.001);
-                eprint!(
-                    "\r[{}{}] {done}/{total} requests, {rate:.0} req/s   ",
-                    "#".repeat(filled),
-                    " ".repeat(30 - filled)
-                );
-            }
-        })
-    });
+    let ticker = (!quiet).then(|| progress_bar(progress.clone(), requests.len()));
     let shot = storm::Shot::Purchase {
         sale: Arc::from(sale_id.as_str()),
         tokens: tokens.clone(),
@@ -849,49 +795,7 @@ async fn storm_once(target: &Target, args: &BenchArgs, gate: &str) -> Result<Rep
         t.abort();
         eprintln!();
     }
-
-    // Wait for the order log to drain, then ask the database.
-    let ok_ids: Vec<&String> = observed.ok_orders.iter().map(|(_, id)| id).collect();
-    let drain_started = Instant::now();
-    // Poll the cheap counts until SQL holds every ok and the log is empty, then read the
-    // full audit once (it lists every order id).
-    let stats_path = format!("/api/admin/sales/{sale_id}/stats");
-    loop {
-        let stats = admin_call(target, Method::GET, &stats_path, serde_json::Value::Null).await?;
-        let written = stats["orders_written"].as_u64().unwrap_or(0) as usize;
-        let backlog = stats["log_backlog"].as_i64().unwrap_or(0);
-        if (written >= ok_ids.len() && backlog == 0)
-            || drain_started.elapsed() > Duration::from_secs(args.drain_timeout_secs)
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let drain_seconds = drain_started.elapsed().as_secs_f64();
-    let audit_path = format!("/api/admin/sales/{sale_id}/audit");
-    let audit: Audit = serde_json::from_value(
-        admin_call(target, Method::GET, &audit_path, serde_json::Value::Null).await?,
-    )
-    .map_err(|e| setup(format!("audit: {e}")))?;
-    let in_sql = all_order_ids(target, &sale_id).await?;
-    let found = ok_ids
-        .iter()
-        .filter(|id| in_sql.contains(id.as_str()))
-        .count();
-    let checks = report::Checks {
-        orders: audit.live_orders,
-        expected_orders,
-        max_units_per_buyer: audit.max_units_per_buyer,
-        per_user_limit: args.per_user_limit,
-        ok_answers: ok_ids.len(),
-        ok_orders_in_sql: found,
-        oversold: audit.oversold,
-        drain_seconds,
-        passed: audit.live_units == expected_orders
-            && audit.max_units_per_buyer <= args.per_user_limit
-            && found == ok_ids.len()
-            && audit.oversold == 0,
-    };
+    let checks = drain_and_check(target, args, &sale_id, &observed, expected_orders).await?;
     let h = &observed.latency;
     let ms = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
     Ok(Report {
@@ -918,6 +822,165 @@ async fn storm_once(target: &Target, args: &BenchArgs, gate: &str) -> Result<Rep
         errors: observed.errors,
         checks,
         room: room_figures,
+    })
+}
+
+/// A sale that opens shortly, created and approved: the preloader has it in the gate before
+/// the first buyer (and, with a room, after every buyer joined it: a few thousand joins a
+/// second). Its id and when it opens (Unix ms).
+async fn open_bench_sale(target: &Target, args: &BenchArgs) -> Result<(String, i64), BenchError> {
+    let joining_ms = if args.waiting_room.is_some() {
+        args.buyers as i64 / 2
+    } else {
+        0
+    };
+    let opens_at = crate::clock::wall_ms() + 2000 + joining_ms;
+    let mut fields = serde_json::json!({
+        "title": "seckill bench",
+        "price_cents": 100,
+        "stock": args.stock,
+        "per_user_limit": args.per_user_limit,
+        "begins_at": rfc3339(opens_at),
+        "ends_at": rfc3339(opens_at + 3_600_000),
+        "anti_bot": if args.anti_bot { "token" } else { "off" },
+    });
+    // No room: the field is left out (null is refused).
+    if let Some(n) = args.waiting_room {
+        fields["waiting_room"] = serde_json::json!({"admit_per_sec": n});
+    }
+    let sale = admin_call(target, Method::POST, "/api/admin/sales", fields).await?;
+    let sale_id = sale["id"]
+        .as_str()
+        .ok_or_else(|| setup("no sale id"))?
+        .to_string();
+    admin_call(
+        target,
+        Method::POST,
+        &format!("/api/admin/sales/{sale_id}/approve"),
+        serde_json::Value::Null,
+    )
+    .await?;
+    Ok((sale_id, opens_at))
+}
+
+/// Every buyer joins the sale's waiting room before it opens; the tickets are followed until
+/// each is let through. The passes, in the buyers' order (empty for a buyer never let
+/// through), and the room's figures.
+async fn through_the_room(
+    target: &Target,
+    args: &BenchArgs,
+    sale_id: &str,
+    tokens: Arc<Vec<String>>,
+    opens_at: i64,
+    rate: i64,
+    quiet: bool,
+) -> (Vec<String>, room::RoomFigures) {
+    if !quiet {
+        eprintln!("{} buyers join the waiting room ...", args.buyers);
+    }
+    let joined = room::join_all(target.addr, sale_id, tokens.clone(), args.connections).await;
+    let wait = (opens_at - crate::clock::wall_ms()).max(0) as u64;
+    tokio::time::sleep(Duration::from_millis(wait)).await;
+    if !quiet {
+        eprintln!("the sale opened: following the tickets ...");
+    }
+    let give_up = Duration::from_secs(args.buyers as u64 / rate.max(1) as u64 + 60);
+    let (passes, figures) = room::follow(
+        target.addr,
+        sale_id,
+        tokens,
+        &joined,
+        rate,
+        args.connections,
+        give_up,
+    )
+    .await;
+    let passes = passes.into_iter().map(Option::unwrap_or_default).collect();
+    (passes, figures)
+}
+
+/// The storm's requests, by buyer: every buyer once and a share of them twice, shuffled;
+/// and the orders the database must end with.
+fn requests_of(args: &BenchArgs) -> (Vec<usize>, i64) {
+    let repeats = (args.buyers as f64 * args.repeat).round() as usize;
+    let mut requests: Vec<usize> = (0..args.buyers).chain(0..repeats).collect();
+    requests.shuffle(&mut rand::rng());
+    let mut per_buyer: HashMap<usize, i64> = HashMap::new();
+    for b in &requests {
+        *per_buyer.entry(*b).or_default() += 1;
+    }
+    let possible: i64 = per_buyer
+        .values()
+        .map(|n| (*n).min(args.per_user_limit))
+        .sum();
+    (requests, possible.min(args.stock))
+}
+
+/// A progress bar on the terminal, redrawn every 200 ms until aborted.
+fn progress_bar(progress: Arc<AtomicUsize>, total: usize) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let started = Instant::now();
+        loop {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let done = progress.load(Ordering::Relaxed);
+            let filled = done * 30 / total.max(1);
+            let rate = done as f64 / started.elapsed().as_secs_f64().max(0.001);
+            eprint!(
+                "\r[{}{}] {done}/{total} requests, {rate:.0} req/s   ",
+                "#".repeat(filled),
+                " ".repeat(30 - filled)
+            );
+        }
+    })
+}
+
+/// Waits for the order log to drain (the cheap counts polled until SQL holds every `ok` and
+/// the log is empty), then reads the full audit once and checks the database.
+async fn drain_and_check(
+    target: &Target,
+    args: &BenchArgs,
+    sale_id: &str,
+    observed: &storm::Observed,
+    expected_orders: i64,
+) -> Result<report::Checks, BenchError> {
+    let ok_ids: Vec<&String> = observed.ok_orders.iter().map(|(_, id)| id).collect();
+    let drain_started = Instant::now();
+    let stats_path = format!("/api/admin/sales/{sale_id}/stats");
+    loop {
+        let stats = admin_call(target, Method::GET, &stats_path, serde_json::Value::Null).await?;
+        let written = stats["orders_written"].as_u64().unwrap_or(0) as usize;
+        let backlog = stats["log_backlog"].as_i64().unwrap_or(0);
+        if (written >= ok_ids.len() && backlog == 0)
+            || drain_started.elapsed() > Duration::from_secs(args.drain_timeout_secs)
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let drain_seconds = drain_started.elapsed().as_secs_f64();
+    let audit_path = format!("/api/admin/sales/{sale_id}/audit");
+    let audit: Audit = serde_json::from_value(
+        admin_call(target, Method::GET, &audit_path, serde_json::Value::Null).await?,
+    )
+    .map_err(|e| setup(format!("audit: {e}")))?;
+    let in_sql = all_order_ids(target, sale_id).await?;
+    let found = ok_ids
+        .iter()
+        .filter(|id| in_sql.contains(id.as_str()))
+        .count();
+    Ok(report::Checks {
+        orders: audit.live_orders,
+        expected_orders,
+        max_units_per_buyer: audit.max_units_per_buyer,
+        per_user_limit: args.per_user_limit,
+        ok_answers: ok_ids.len(),
+        ok_orders_in_sql: found,
+        oversold: audit.oversold,
+        drain_seconds,
+        passed: audit.live_units == expected_orders
+            && audit.max_units_per_buyer <= args.per_user_limit
+            && found == ok_ids.len()
+            && audit.oversold == 0,
     })
 }
 
