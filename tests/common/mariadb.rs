@@ -5,7 +5,7 @@
 //! The shared server on 3306 is never touched.
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,19 +23,17 @@ pub struct MariaDbServer {
 impl MariaDbServer {
     async fn start(server_id: u32, dir: PathBuf) -> MariaDbServer {
         std::fs::create_dir_all(&dir).unwrap();
-        let installed = Command::new("mariadb-install-db")
-            .arg("--no-defaults")
-            .arg(format!("--datadir={}", dir.join("data").display()))
-            .args([
-                "--user=root",
-                "--auth-root-authentication-method=normal",
-                "--skip-test-db",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .expect("mariadb-install-db (Debian's mariadb-server)");
-        assert!(installed.success(), "mariadb-install-db failed");
+        super::run_to_success(
+            Command::new("mariadb-install-db")
+                .arg("--no-defaults")
+                .arg(format!("--datadir={}", dir.join("data").display()))
+                .args([
+                    "--user=root",
+                    "--auth-root-authentication-method=normal",
+                    "--skip-test-db",
+                ]),
+            "mariadb-install-db (Debian's mariadb-server)",
+        );
         let mut server = MariaDbServer {
             port: super::free_port(),
             server_id,
@@ -48,7 +46,8 @@ impl MariaDbServer {
 
     async fn start_again(&mut self) {
         let log = std::fs::File::create(self.dir.join("server.log")).unwrap();
-        let child = Command::new("/usr/sbin/mariadbd")
+        let mut command = Command::new("/usr/sbin/mariadbd");
+        command
             .arg("--no-defaults")
             .arg(format!("--datadir={}", self.dir.join("data").display()))
             .arg(format!(
@@ -66,12 +65,12 @@ impl MariaDbServer {
                 "--innodb-flush-log-at-trx-commit=1",
                 "--sync-binlog=1",
                 "--max-connections=500",
-            ])
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("mariadbd (Debian's mariadb-server)");
-        self.child = Some(child);
+            ]);
+        self.child = Some(super::spawn_logged(
+            &mut command,
+            log,
+            "mariadbd (Debian's mariadb-server)",
+        ));
         let url = self.url("mysql");
         super::eventually(30, "the private MariaDB answers", || {
             let url = url.clone();

@@ -28,6 +28,34 @@ pub fn mysql_admin_url() -> String {
         .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
 }
 
+/// A test's setting from the environment (`SECKILL_TEST_*` and the like), parsed, else
+/// `default`: how many runs, a seed to replay.
+pub fn setting<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Runs a program the test needs to completion, and fails the test unless it succeeded.
+pub fn run_to_success(command: &mut Command, what: &str) {
+    let done = command
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert!(done.success(), "{what} failed");
+}
+
+/// Starts a server the test needs, its output in `log`.
+pub fn spawn_logged(command: &mut Command, log: std::fs::File, what: &str) -> Child {
+    command
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap_or_else(|e| panic!("{what}: {e}"))
+}
+
 pub fn redis_url() -> String {
     std::env::var("SECKILL_TEST_REDIS").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into())
 }

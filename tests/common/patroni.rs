@@ -10,7 +10,7 @@
 //! takes about 10 s, not the 30 s of the defaults.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -132,14 +132,11 @@ impl Node {
 
     fn spawn(&mut self, dir: &Path) {
         let log = log_file(dir, &self.name);
-        let child = as_postgres(
-            Command::new("patroni")
-                .arg(&self.config)
-                .stdout(log.try_clone().unwrap())
-                .stderr(log),
-        )
-        .spawn()
-        .expect("patroni (Debian's patroni package; scripts/test installs it)");
+        let child = super::spawn_logged(
+            as_postgres(Command::new("patroni").arg(&self.config)),
+            log,
+            "patroni (Debian's patroni package; scripts/test installs it)",
+        );
         self.patroni = Some(child);
     }
 
@@ -426,20 +423,18 @@ impl PatroniCluster {
     /// once the candidate caught up (nothing is lost; the old leader becomes a replica).
     /// Returns when the candidate takes writes through HAProxy.
     pub async fn switchover(&self, leader: usize, candidate: usize) -> Instant {
-        let done = as_postgres(
-            Command::new("patronictl")
-                .arg("-c")
-                .arg(&self.nodes[leader].config)
-                .args(["switchover", "--force", "--leader"])
-                .arg(&self.nodes[leader].name)
-                .arg("--candidate")
-                .arg(&self.nodes[candidate].name)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null()),
-        )
-        .status()
-        .expect("patronictl");
-        assert!(done.success(), "patronictl switchover failed");
+        super::run_to_success(
+            as_postgres(
+                Command::new("patronictl")
+                    .arg("-c")
+                    .arg(&self.nodes[leader].config)
+                    .args(["switchover", "--force", "--leader"])
+                    .arg(&self.nodes[leader].name)
+                    .arg("--candidate")
+                    .arg(&self.nodes[candidate].name),
+            ),
+            "patronictl switchover",
+        );
         let (new_leader, at) = self.wait_new_leader(leader).await;
         assert_eq!(new_leader, candidate, "the candidate leads");
         at

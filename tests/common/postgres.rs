@@ -20,15 +20,14 @@ impl PrivatePostgres {
         let dir = std::env::temp_dir().join(super::unique("pg"));
         std::fs::create_dir_all(&dir).unwrap();
         give_to_postgres(&dir);
-        let initdb = as_postgres(
-            Command::new(bin_dir().join("initdb"))
-                .args(["-A", "trust", "-U", "postgres", "-D"])
-                .arg(dir.join("data"))
-                .stdout(std::process::Stdio::null()),
-        )
-        .status()
-        .expect("initdb (Debian's postgresql package)");
-        assert!(initdb.success(), "initdb failed");
+        super::run_to_success(
+            as_postgres(
+                Command::new(bin_dir().join("initdb"))
+                    .args(["-A", "trust", "-U", "postgres", "-D"])
+                    .arg(dir.join("data")),
+            ),
+            "initdb (Debian's postgresql package)",
+        );
         let mut pg = PrivatePostgres {
             port: super::free_port(),
             dir,
@@ -65,23 +64,18 @@ impl PrivatePostgres {
     /// Starts it again on its port and folder, and waits until it answers.
     pub async fn start_again(&mut self) {
         let log = std::fs::File::create(self.dir.join("server.log")).unwrap();
-        let server = as_postgres(
-            Command::new(bin_dir().join("postgres"))
-                .arg("-D")
-                .arg(self.dir.join("data"))
-                .args([
-                    "-p",
-                    &self.port.to_string(),
-                    "-c",
-                    "listen_addresses=127.0.0.1",
-                ])
-                .arg("-k")
-                .arg(&self.dir)
-                .stdout(log.try_clone().unwrap())
-                .stderr(log),
-        )
-        .spawn()
-        .expect("postgres (Debian's postgresql package)");
+        let server = super::spawn_logged(
+            as_postgres(
+                Command::new(bin_dir().join("postgres"))
+                    .arg("-D")
+                    .arg(self.dir.join("data"))
+                    .args(["-p", &self.port.to_string()])
+                    .args(["-c", "listen_addresses=127.0.0.1", "-k"])
+                    .arg(&self.dir),
+            ),
+            log,
+            "postgres (Debian's postgresql package)",
+        );
         self.server = Some(server);
         let url = self.url("postgres");
         super::eventually(30, "the private PostgreSQL answers", || {

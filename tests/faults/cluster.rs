@@ -296,10 +296,7 @@ async fn a_master_killed_mid_storm_loses_no_acknowledged_order() {
 /// How many runs `a_master_failover_during_a_rebuild_never_wedges_an_instance` makes, one
 /// after another (`SECKILL_TEST_CLUSTER_FAILOVER_RUNS`; 20 for the long check).
 fn cluster_failover_runs() -> usize {
-    std::env::var("SECKILL_TEST_CLUSTER_FAILOVER_RUNS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1)
+    common::setting("SECKILL_TEST_CLUSTER_FAILOVER_RUNS", 1)
 }
 
 /// One instance (its writer inside) on `replica` durability, on a cluster of 3 masters:

@@ -39,18 +39,12 @@ use seckill::store::Store;
 const PAYMENT_SECRET: &str = "test-payment-secret";
 
 fn runs() -> usize {
-    std::env::var("SECKILL_TEST_DB_FAILOVER_RUNS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1)
+    common::setting("SECKILL_TEST_DB_FAILOVER_RUNS", 1)
 }
 
 /// The seed of a run: `SECKILL_TEST_DB_FAILOVER_SEED` when given, else a fresh one.
 fn seed() -> u64 {
-    std::env::var("SECKILL_TEST_DB_FAILOVER_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(rand::random)
+    common::setting("SECKILL_TEST_DB_FAILOVER_SEED", rand::random())
 }
 
 /// The database a deployment fails over.
@@ -223,6 +217,23 @@ impl Deployment {
         }
     }
 
+    /// Buyers 1..=`buyers` of the deployment storm `sale`, one arriving every `every`, each
+    /// until a final answer; what each was told.
+    fn storm(
+        &self,
+        sale: i64,
+        buyers: i64,
+        every: Duration,
+    ) -> tokio::task::JoinHandle<HashMap<i64, Told>> {
+        tokio::spawn(storm_on(
+            self.bases(),
+            sale.to_string(),
+            self.tokens(1..=buyers),
+            Arrival::Every(every),
+            Arc::default(),
+        ))
+    }
+
     fn bases(&self) -> Vec<String> {
         self.instances.iter().map(|s| s.base.clone()).collect()
     }
@@ -341,13 +352,7 @@ async fn failover_mid_storm_as(kind: Kind, layout: Layout, run: usize) {
     let sale: i64 = d.api(0).open_sale(STOCK, 1).await.parse().unwrap();
 
     // Buyers keep arriving for 8 s; the purchases are decided by the gate throughout.
-    let storm = tokio::spawn(storm_on(
-        d.bases(),
-        sale.to_string(),
-        d.tokens(1..=BUYERS),
-        Arrival::Every(Duration::from_millis(2)),
-        Arc::default(),
-    ));
+    let storm = d.storm(sale, BUYERS, Duration::from_millis(2));
     let began = Instant::now();
     tokio::time::sleep(kill_after.saturating_sub(stall)).await;
     let stalled = began.elapsed();
@@ -434,13 +439,7 @@ async fn switchovers_and_a_failover_in_a_row_lose_no_acknowledged_order() {
     let mut d = Deployment::start(Kind::Postgres(Replication::Asynchronous), &[]).await;
     let sale: i64 = d.api(0).open_sale(STOCK, 1).await.parse().unwrap();
     // Buyers keep arriving for about 30 s.
-    let storm = tokio::spawn(storm_on(
-        d.bases(),
-        sale.to_string(),
-        d.tokens(1..=BUYERS),
-        Arrival::Every(Duration::from_millis(5)),
-        Arc::default(),
-    ));
+    let storm = d.storm(sale, BUYERS, Duration::from_millis(5));
     let Database::Patroni(cluster) = &mut d.database else {
         unreachable!("a Patroni cluster")
     };

@@ -25,12 +25,7 @@ use crate::common::{Api, PrivateRedis, Server};
 use seckill::store::Store;
 
 fn outage() -> Duration {
-    Duration::from_secs(
-        std::env::var("SECKILL_TEST_DB_OUTAGE_SECS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(20),
-    )
+    Duration::from_secs(common::setting("SECKILL_TEST_DB_OUTAGE_SECS", 20))
 }
 
 /// Asks `path` and times the answer.

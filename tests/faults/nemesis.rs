@@ -25,19 +25,13 @@ use crate::common::{PrivateRedis, Sql};
 use seckill::store::Store;
 
 fn runs() -> u64 {
-    std::env::var("SECKILL_TEST_NEMESIS_RUNS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(1)
+    common::setting("SECKILL_TEST_NEMESIS_RUNS", 1)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_seeded_nemesis_between_the_processes_and_their_servers_breaks_no_invariant() {
     let _turn = common::one_at_a_time().await;
-    let first: u64 = std::env::var("SECKILL_TEST_NEMESIS_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(rand::random);
+    let first: u64 = common::setting("SECKILL_TEST_NEMESIS_SEED", rand::random());
     for run in 0..runs() {
         let seed = first.wrapping_add(run);
         println!("SECKILL_TEST_NEMESIS_SEED={seed}");

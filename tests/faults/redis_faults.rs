@@ -125,10 +125,7 @@ async fn redis_losing_its_data_mid_sale_sells_nobody_twice() {
     const STOCK: i64 = 4000;
     let sale = d.instances[0].api().open_sale(STOCK, 1).await;
     let sale_id: i64 = sale.parse().unwrap();
-    let rounds: i64 = std::env::var("SECKILL_TEST_WIPE_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2);
+    let rounds: i64 = common::setting("SECKILL_TEST_WIPE_ROUNDS", 2);
 
     // 1,800 buyers hold orders, written to SQL.
     let holders = d.tokens(1..1801);
@@ -610,10 +607,7 @@ async fn a_sentinel_failover_to_a_lagging_replica_loses_no_ok() {
 /// How many failovers `sentinel_failovers_never_wedge_an_instance` drives, one after
 /// another (`SECKILL_TEST_FAILOVER_RUNS`; 20 for the long check).
 fn failover_runs() -> usize {
-    std::env::var("SECKILL_TEST_FAILOVER_RUNS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1)
+    common::setting("SECKILL_TEST_FAILOVER_RUNS", 1)
 }
 
 /// The master Sentinel names now, if it answers.

@@ -36,10 +36,7 @@ const CANCEL_CROWD: usize = 96;
 const PREFIX: &str = "seckill";
 
 fn runs() -> usize {
-    std::env::var("SECKILL_TEST_RETURN_RUNS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2)
+    common::setting("SECKILL_TEST_RETURN_RUNS", 2)
 }
 
 /// Where the flushes go: the Redis (or cluster node) that holds a sale.

@@ -5,6 +5,8 @@
 //! may fall. tesseract is installed from Debian's packages when missing; the test skips,
 //! saying why, only if that is impossible here.
 
+use crate::common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -13,10 +15,7 @@ use seckill::edge::antibot::captcha;
 /// 100 pictures, at most 2 read. `SECKILL_OCR_PICTURES` and `SECKILL_OCR_SEED` measure on
 /// more or other pictures (the limit scales: 2 in 100).
 fn pictures() -> u64 {
-    std::env::var("SECKILL_OCR_PICTURES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(100)
+    common::setting("SECKILL_OCR_PICTURES", 100)
 }
 
 fn have_tesseract() -> bool {
@@ -174,10 +173,7 @@ fn off_the_shelf_ocr_reads_at_most_two_captchas_in_a_hundred() {
     let dir: PathBuf = std::env::temp_dir().join(format!("seckill-ocr-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let count = pictures();
-    let base: u64 = std::env::var("SECKILL_OCR_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0x5eed_0000);
+    let base: u64 = common::setting("SECKILL_OCR_SEED", 0x5eed_0000);
     let pictures: Vec<(u64, String, Vec<u8>)> = (0..count)
         .map(|n| {
             let seed = base + n;
