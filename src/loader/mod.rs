@@ -146,9 +146,7 @@ pub async fn load_sale(
     cache: &SaleCache,
     sale: &Sale,
 ) -> Result<bool, LoadError> {
-    let lock = cache.load_lock(sale.id);
-    let _one_at_a_time = lock.lock().await;
-    load_under_lock(store, gate, sale, Elsewhere::LeaveIt).await
+    load_in_turn(store, gate, cache, sale, Elsewhere::LeaveIt).await
 }
 
 /// Like [`load_sale`], but when another process holds a segment's load lock, waits until
@@ -160,9 +158,20 @@ pub async fn load_sale_and_wait(
     cache: &SaleCache,
     sale: &Sale,
 ) -> Result<bool, LoadError> {
+    load_in_turn(store, gate, cache, sale, Elsewhere::WaitForIt).await
+}
+
+/// The load, after this process's other loads of the sale.
+async fn load_in_turn(
+    store: &Store,
+    gate: &dyn Gate,
+    cache: &SaleCache,
+    sale: &Sale,
+    elsewhere: Elsewhere,
+) -> Result<bool, LoadError> {
     let lock = cache.load_lock(sale.id);
     let _one_at_a_time = lock.lock().await;
-    load_under_lock(store, gate, sale, Elsewhere::WaitForIt).await
+    load_under_lock(store, gate, sale, elsewhere).await
 }
 
 /// Like [`load_sale`], but returns at once if another task is loading the sale: for the
