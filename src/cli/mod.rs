@@ -157,12 +157,16 @@ async fn run(command: Command, config: Config) -> ExitCode {
 
 fn init_tracing(filter: &str) {
     // PostgreSQL's notices ("relation ... already exists, skipping" on every start) are
-    // not news; a filter that names sqlx itself decides for itself.
-    let filter = if filter.contains("sqlx") {
-        filter.to_string()
-    } else {
-        format!("{filter},sqlx::postgres::notice=warn")
-    };
+    // not news; a filter that names sqlx (or redis, below) decides for itself.
+    let mut filter = filter.to_string();
+    if !filter.contains("sqlx") {
+        filter.push_str(",sqlx::postgres::notice=warn");
+    }
+    // The Redis client's own log (through the `log` crate) tells how its cluster connection
+    // recovers from a failover: its warnings always, its steps on request (`redis=debug`).
+    if !filter.contains("redis") {
+        filter.push_str(",redis=warn");
+    }
     // Config::validate has refused a filter that does not parse.
     let filter = tracing_subscriber::EnvFilter::try_new(filter)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
