@@ -193,6 +193,14 @@ pub async fn metrics(_: MetricsReader, State(st): State<Arc<AppState>>) -> Respo
     crate::gate::batch::render_metrics(&mut out);
     crate::orderlog::local::render_metrics(&mut out);
     crate::store::render_metrics(&mut out);
+    if st
+        .config
+        .redis_url
+        .as_deref()
+        .is_some_and(crate::redis_client::is_cluster_url)
+    {
+        crate::redis_client::cluster::render_metrics(&mut out);
+    }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
 }
 

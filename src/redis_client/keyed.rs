@@ -9,18 +9,13 @@
 //! answered twice, and its first entries wait, pending, for the writers' reclaim.)
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
 
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{Cmd, RedisError, RedisResult, Value};
 
-/// Slots of a Redis Cluster.
-const SLOTS: usize = 16384;
-/// How long a read of which master serves which slot is used before it is read again;
-/// a redirect or a failed pipeline makes it read again at once.
-const OWNERS_MAX_AGE: Duration = Duration::from_secs(10);
+use super::cluster::{Cluster, SlotOwners, NO_MASTER};
 
 /// Commands, each with the slot of the key it works on, answered in the order added.
 #[derive(Default)]
@@ -100,110 +95,150 @@ impl KeyedPipe {
 
     /// Runs every command on the master serving its slot, one pipeline per master, all at
     /// once. A master that cannot be reached fails its own commands only.
-    pub(super) async fn query_cluster(
-        self,
-        conn: &ClusterConnection,
-        owners: &SlotOwners,
-    ) -> KeyedAnswers {
-        let masters = owners.current(conn).await;
+    pub(super) async fn query_cluster(self, cluster: &Arc<Cluster>) -> KeyedAnswers {
+        let masters = cluster.owners().current(cluster).await;
+        let conn = cluster.conn();
+        let calls = self
+            .by_master(masters.as_ref().map(|m| m.as_slice()))
+            .into_values()
+            .map(|indices| self.send_to_master(&conn, indices));
+        let mut collected = Collected::new(self.cmds.len());
+        for (indices, reply) in futures_util::future::join_all(calls).await {
+            cluster.observe(&reply);
+            collected.take(indices, reply, self.first.is_some(), cluster.owners());
+        }
+        collected.retry_moved(&self.cmds, cluster).await;
+        collected.finish()
+    }
+
+    /// The commands' indices grouped by the master that serves their slots; slots of no
+    /// known master each in a group of their own slot.
+    fn by_master(&self, masters: Option<&[u16]>) -> HashMap<u32, Vec<usize>> {
         let mut groups: HashMap<u32, Vec<usize>> = HashMap::new();
         for (i, (slot, _)) in self.cmds.iter().enumerate() {
-            // Slots of no known master go in a pipeline of their own slot.
             let group = masters
-                .as_ref()
                 .and_then(|m| m.get(*slot as usize).copied())
                 .filter(|m| *m != NO_MASTER)
                 .map(u32::from)
                 .unwrap_or(u32::from(NO_MASTER) + 1 + u32::from(*slot));
             groups.entry(group).or_default().push(i);
         }
-        let cmds = &self.cmds;
-        let first = self.first.as_ref();
-        let calls = groups.into_values().map(|indices| {
-            let mut pipe = redis::pipe();
-            // Each error in its own answer: a MOVED, or a key of another type, fails its
-            // own command, not the master's whole pipeline.
-            pipe.ignore_errors();
-            if let Some(cmd) = first {
-                pipe.add_command(cmd.clone());
-            }
-            for &i in &indices {
-                pipe.add_command(cmds[i].1.clone());
-            }
-            let route = master_of(cmds[indices[0]].0);
-            let mut conn = conn.clone();
-            async move {
-                let count = pipe.len();
-                let reply = conn
-                    .route_pipeline(pipe, 0, count, SingleNodeRoutingInfo::SpecificNode(route))
-                    .await;
-                (indices, reply)
-            }
-        });
-        let mut answers: Vec<Option<(Option<usize>, RedisResult<Value>)>> = vec![None; cmds.len()];
-        let mut firsts = Vec::new();
-        let mut moved = Vec::new();
-        for (indices, reply) in futures_util::future::join_all(calls).await {
-            match reply {
-                Ok(values) => {
-                    let mut values = values.into_iter();
-                    let server = match first {
-                        Some(_) => {
-                            firsts.push(values.next().map(answer).unwrap_or_else(|| Err(short())));
-                            Some(firsts.len() - 1)
-                        }
-                        None => None,
-                    };
-                    for (i, value) in indices.into_iter().zip(values) {
-                        match value {
-                            Value::ServerError(e) => {
-                                let e = RedisError::from(e);
-                                if e.redirect_node().is_some() {
-                                    moved.push(i);
-                                } else {
-                                    answers[i] = Some((server, Err(e)));
-                                }
-                            }
-                            value => answers[i] = Some((server, Ok(value))),
-                        }
+        groups
+    }
+
+    /// One pipeline of the commands at `indices` (after the first command, if any) to the
+    /// master of the first one's slot.
+    fn send_to_master(
+        &self,
+        conn: &ClusterConnection,
+        indices: Vec<usize>,
+    ) -> impl std::future::Future<Output = (Vec<usize>, RedisResult<Vec<Value>>)> {
+        let mut pipe = redis::pipe();
+        // Each error in its own answer: a MOVED, or a key of another type, fails its own
+        // command, not the master's whole pipeline.
+        pipe.ignore_errors();
+        if let Some(cmd) = &self.first {
+            pipe.add_command(cmd.clone());
+        }
+        for &i in &indices {
+            pipe.add_command(self.cmds[i].1.clone());
+        }
+        let route = master_of(self.cmds[indices[0]].0);
+        let mut conn = conn.clone();
+        async move {
+            let count = pipe.len();
+            let reply = conn
+                .route_pipeline(pipe, 0, count, SingleNodeRoutingInfo::SpecificNode(route))
+                .await;
+            (indices, reply)
+        }
+    }
+}
+
+/// The answers of a cluster's pipelines as they come back, and the commands to send again
+/// on their own because their master no longer served their slot.
+struct Collected {
+    answers: Vec<Option<(Option<usize>, RedisResult<Value>)>>,
+    firsts: Vec<RedisResult<Value>>,
+    moved: Vec<usize>,
+}
+
+impl Collected {
+    fn new(commands: usize) -> Self {
+        Collected {
+            answers: vec![None; commands],
+            firsts: Vec::new(),
+            moved: Vec::new(),
+        }
+    }
+
+    /// One master's reply to the commands at `indices`.
+    fn take(
+        &mut self,
+        indices: Vec<usize>,
+        reply: RedisResult<Vec<Value>>,
+        with_first: bool,
+        owners: &SlotOwners,
+    ) {
+        match reply {
+            Ok(values) => {
+                let mut values = values.into_iter();
+                let server = with_first.then(|| {
+                    let first = values.next().map(answer).unwrap_or_else(|| Err(short()));
+                    self.firsts.push(first);
+                    self.firsts.len() - 1
+                });
+                for (i, value) in indices.into_iter().zip(values) {
+                    match answer(value) {
+                        Err(e) if e.redirect_node().is_some() => self.moved.push(i),
+                        answer => self.answers[i] = Some((server, answer)),
                     }
                 }
-                // The cluster client follows a redirect of any command by sending the whole
-                // pipeline where that one command went; the others then fail there. Each
-                // goes on its own instead.
-                Err(e) if e.redirect_node().is_some() => {
-                    owners.mark_stale();
-                    moved.extend(indices);
-                }
-                Err(e) => {
-                    owners.mark_stale();
-                    for i in indices {
-                        answers[i] = Some((None, Err(e.clone())));
-                    }
+            }
+            // The cluster client follows a redirect of any command by sending the whole
+            // pipeline where that one command went; the others then fail there. Each goes
+            // on its own instead.
+            Err(e) if e.redirect_node().is_some() => {
+                owners.mark_stale();
+                self.moved.extend(indices);
+            }
+            Err(e) => {
+                owners.mark_stale();
+                for i in indices {
+                    self.answers[i] = Some((None, Err(e.clone())));
                 }
             }
         }
-        if !moved.is_empty() {
-            owners.mark_stale();
+    }
+
+    /// Sends each command that met a master no longer serving its slot again on its own,
+    /// through the cluster client, which follows the redirect.
+    async fn retry_moved(&mut self, cmds: &[(u16, Cmd)], cluster: &Arc<Cluster>) {
+        if self.moved.is_empty() {
+            return;
         }
-        // Sent to a master that no longer serves the slot: on its own, through the cluster
-        // client, which follows the redirect.
-        let retries = moved.into_iter().map(|i| {
-            let mut conn = conn.clone();
+        cluster.owners().mark_stale();
+        let retries = std::mem::take(&mut self.moved).into_iter().map(|i| {
+            let mut conn = cluster.conn();
             let (slot, cmd) = (cmds[i].0, cmds[i].1.clone());
             async move {
                 let routing =
                     RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(master_of(slot)));
                 // A server's error comes back as a value here: an error, as in a pipeline.
-                (i, conn.route_command(cmd, routing).await.and_then(answer))
+                (i, conn.route_command(cmd, routing).await)
             }
         });
-        for (i, answer) in futures_util::future::join_all(retries).await {
-            answers[i] = Some((None, answer));
+        for (i, reply) in futures_util::future::join_all(retries).await {
+            cluster.observe(&reply);
+            self.answers[i] = Some((None, reply.and_then(answer)));
         }
+    }
+
+    fn finish(self) -> KeyedAnswers {
         KeyedAnswers {
-            firsts,
-            answers: answers
+            firsts: self.firsts,
+            answers: self
+                .answers
                 .into_iter()
                 .map(|a| a.unwrap_or_else(|| (None, Err(short()))))
                 .collect(),
@@ -228,84 +263,6 @@ fn short() -> RedisError {
 
 fn master_of(slot: u16) -> Route {
     Route::new(slot, SlotAddr::Master)
-}
-
-/// A slot no master was seen serving.
-const NO_MASTER: u16 = u16::MAX;
-
-/// Which master serves each slot, as `CLUSTER SLOTS` last said: an index per master,
-/// shared by every clone of a connection.
-#[derive(Default)]
-pub struct SlotOwners {
-    read: Mutex<Option<(Instant, Arc<Vec<u16>>)>>,
-}
-
-impl SlotOwners {
-    pub fn new() -> Arc<Self> {
-        Arc::new(Self::default())
-    }
-
-    fn mark_stale(&self) {
-        *self.read.lock().unwrap_or_else(|p| p.into_inner()) = None;
-    }
-
-    /// The masters of all slots, read again when older than `OWNERS_MAX_AGE` or stale;
-    /// `None` when the cluster could not be asked.
-    async fn current(&self, conn: &ClusterConnection) -> Option<Arc<Vec<u16>>> {
-        if let Some((at, masters)) = &*self.read.lock().unwrap_or_else(|p| p.into_inner()) {
-            if at.elapsed() < OWNERS_MAX_AGE {
-                return Some(masters.clone());
-            }
-        }
-        let reply: Value = redis::cmd("CLUSTER")
-            .arg("SLOTS")
-            .query_async(&mut conn.clone())
-            .await
-            .ok()?;
-        let masters = Arc::new(masters_of_slots(&reply));
-        *self.read.lock().unwrap_or_else(|p| p.into_inner()) =
-            Some((Instant::now(), masters.clone()));
-        Some(masters)
-    }
-}
-
-/// Each slot's master, as an index into the masters named by a `CLUSTER SLOTS` reply
-/// (`[start, end, [host, port, ...], replicas...]` per range).
-fn masters_of_slots(reply: &Value) -> Vec<u16> {
-    let mut by_slot = vec![NO_MASTER; SLOTS];
-    let mut masters: Vec<(Vec<u8>, i64)> = Vec::new();
-    let Value::Array(ranges) = reply else {
-        return by_slot;
-    };
-    for range in ranges {
-        let Value::Array(parts) = range else { continue };
-        let (Some(Value::Int(start)), Some(Value::Int(end)), Some(Value::Array(node))) =
-            (parts.first(), parts.get(1), parts.get(2))
-        else {
-            continue;
-        };
-        let host = match node.first() {
-            Some(Value::BulkString(h)) => h.clone(),
-            Some(Value::SimpleString(h)) => h.clone().into_bytes(),
-            _ => continue,
-        };
-        let Some(Value::Int(port)) = node.get(1) else {
-            continue;
-        };
-        let master = (host, *port);
-        let index = match masters.iter().position(|m| *m == master) {
-            Some(i) => i,
-            None => {
-                masters.push(master);
-                masters.len() - 1
-            }
-        };
-        let (start, end) = ((*start).max(0) as usize, (*end).max(0) as usize);
-        for slot in by_slot.iter_mut().take(end + 1).skip(start) {
-            *slot = index as u16;
-        }
-    }
-    by_slot
 }
 
 /// The cluster slot of `key`: that of its hash tag, or of the whole key, as Redis computes
@@ -344,36 +301,5 @@ mod tests {
                 "{key}"
             );
         }
-    }
-
-    #[test]
-    fn each_slot_gets_the_master_of_its_range() {
-        let node = |port| {
-            Value::Array(vec![
-                Value::BulkString(b"127.0.0.1".to_vec()),
-                Value::Int(port),
-                Value::BulkString(b"id".to_vec()),
-            ])
-        };
-        let range = |start, end, port| {
-            Value::Array(vec![
-                Value::Int(start),
-                Value::Int(end),
-                node(port),
-                node(port + 100),
-            ])
-        };
-        let reply = Value::Array(vec![
-            range(0, 5460, 7001),
-            range(5461, 10922, 7002),
-            range(10923, 16383, 7001),
-        ]);
-        let masters = masters_of_slots(&reply);
-        assert_eq!(masters.len(), SLOTS);
-        assert_eq!((masters[0], masters[5460]), (0, 0));
-        assert_eq!((masters[5461], masters[10922]), (1, 1));
-        assert_eq!((masters[10923], masters[16383]), (0, 0));
-        let unknown = masters_of_slots(&Value::Array(vec![range(0, 10, 7001)]));
-        assert_eq!((unknown[10], unknown[11]), (0, NO_MASTER));
     }
 }

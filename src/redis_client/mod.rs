@@ -1,7 +1,8 @@
 //! How this process reaches Redis: one standalone server (directly, or through the
 //! Sentinel follower's local forwarder) or a Redis Cluster (`redis+cluster://` seed nodes).
 //! Owns the connection settings, the key layout (`keys`), many keys' commands in one round
-//! trip per server (`keyed`), leases (`lease`), the Sentinel follower (`sentinel`) and the
+//! trip per server (`keyed`), a cluster connection that recovers from a wedge (`cluster`),
+//! leases (`lease`), the Sentinel follower (`sentinel`) and the
 //! one connection type every other module uses, so that the gate, order log, ids and
 //! scheduler are the same code for both.
 //! It never decides anything and never retries a command of its own accord: in a cluster,
@@ -13,12 +14,12 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
 use redis::cluster::ClusterClient;
-use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr};
 use redis::{Cmd, FromRedisValue, Pipeline, RedisError, RedisFuture, RedisResult, Value};
 
 pub use crate::config::redis_url::{is_cluster_url, parse_cluster_url};
 
+pub mod cluster;
 pub mod keyed;
 pub mod keys;
 pub mod lease;
@@ -84,10 +85,9 @@ impl RedisClient {
                     client.get_connection_manager_with_config(config).await?,
                 ))
             }
-            RedisClient::Cluster { client, .. } => Ok(RedisConn::Cluster(
-                client.get_async_connection().await?,
-                keyed::SlotOwners::new(),
-            )),
+            RedisClient::Cluster { client, .. } => {
+                Ok(RedisConn::Cluster(cluster::Cluster::open(client).await?))
+            }
         }
     }
 
@@ -194,7 +194,7 @@ fn live_nodes(nodes: &str, like: Option<&str>) -> Vec<String> {
 #[derive(Clone)]
 pub enum RedisConn {
     Single(ConnectionManager),
-    Cluster(ClusterConnection, std::sync::Arc<keyed::SlotOwners>),
+    Cluster(std::sync::Arc<cluster::Cluster>),
 }
 
 impl RedisConn {
@@ -212,15 +212,17 @@ impl RedisConn {
     ) -> RedisResult<T> {
         match self {
             RedisConn::Single(conn) => cmd.query_async(conn).await,
-            RedisConn::Cluster(conn, _) => {
+            RedisConn::Cluster(cluster) => {
                 let route = Route::with_slot(Slot::for_key(key), SlotAddr::Master);
-                let reply = conn
+                let reply = cluster
+                    .conn()
                     .route_command(
                         cmd,
                         RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
                     )
-                    .await?;
-                redis::from_redis_value(reply).map_err(RedisError::from)
+                    .await;
+                cluster.observe(&reply);
+                redis::from_redis_value(reply?).map_err(RedisError::from)
             }
         }
     }
@@ -231,14 +233,16 @@ impl RedisConn {
     pub async fn on_every_master(&mut self, cmd: Cmd) -> RedisResult<Vec<Value>> {
         match self {
             RedisConn::Single(conn) => Ok(vec![cmd.query_async(conn).await?]),
-            RedisConn::Cluster(conn, _) => {
+            RedisConn::Cluster(cluster) => {
                 let everywhere = RoutingInfo::MultiNode((
                     redis::cluster_routing::MultipleNodeRoutingInfo::AllMasters,
                     None,
                 ));
                 // Without a way to combine them, the client answers each master's answer
                 // by its address.
-                let mut answers = match conn.route_command(cmd, everywhere).await? {
+                let reply = cluster.conn().route_command(cmd, everywhere).await;
+                cluster.observe(&reply);
+                let mut answers = match reply? {
                     Value::Map(by_address) => by_address,
                     other => vec![(Value::Nil, other)],
                 };
@@ -282,7 +286,7 @@ impl RedisConn {
         }
         match self {
             RedisConn::Single(conn) => pipe.query_single(conn).await,
-            RedisConn::Cluster(conn, owners) => Ok(pipe.query_cluster(conn, owners).await),
+            RedisConn::Cluster(cluster) => Ok(pipe.query_cluster(cluster).await),
         }
     }
 
@@ -295,10 +299,10 @@ impl RedisConn {
                 .await
                 .map(|_| ())
                 .map_err(|e| e.to_string()),
-            RedisConn::Cluster(conn, _) => {
+            RedisConn::Cluster(_) => {
                 let info: String = redis::cmd("CLUSTER")
                     .arg("INFO")
-                    .query_async(conn)
+                    .query_async(self)
                     .await
                     .map_err(|e| e.to_string())?;
                 match cluster_state(&info) {
@@ -320,7 +324,14 @@ impl ConnectionLike for RedisConn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             RedisConn::Single(c) => c.req_packed_command(cmd),
-            RedisConn::Cluster(c, _) => c.req_packed_command(cmd),
+            RedisConn::Cluster(cluster) => {
+                let cluster = cluster.clone();
+                Box::pin(async move {
+                    let reply = cluster.conn().req_packed_command(cmd).await;
+                    cluster.observe(&reply);
+                    reply
+                })
+            }
         }
     }
 
@@ -332,14 +343,21 @@ impl ConnectionLike for RedisConn {
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
             RedisConn::Single(c) => c.req_packed_commands(cmd, offset, count),
-            RedisConn::Cluster(c, _) => c.req_packed_commands(cmd, offset, count),
+            RedisConn::Cluster(cluster) => {
+                let cluster = cluster.clone();
+                Box::pin(async move {
+                    let reply = cluster.conn().req_packed_commands(cmd, offset, count).await;
+                    cluster.observe(&reply);
+                    reply
+                })
+            }
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
             RedisConn::Single(c) => c.get_db(),
-            RedisConn::Cluster(c, _) => c.get_db(),
+            RedisConn::Cluster(cluster) => cluster.conn().get_db(),
         }
     }
 }
