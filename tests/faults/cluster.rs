@@ -724,3 +724,80 @@ async fn a_keyed_pipeline_answers_every_key_through_a_moved_slot_and_a_dead_mast
     )
     .await;
 }
+
+/// How many runs `a_crowd_of_calls_through_a_master_failover_never_wedges_the_connection`
+/// makes (`SECKILL_TEST_CLUSTER_CROWD_RUNS`; 20 for the long check).
+fn cluster_crowd_runs() -> usize {
+    common::setting("SECKILL_TEST_CLUSTER_CROWD_RUNS", 1)
+}
+
+/// The cluster client runs every call of a connection in one task, and every clone of an
+/// instance's connection shares it. 256 callers keep calls in flight on keys of every
+/// master while one master is SIGKILLed; its replica takes over and it comes back as a
+/// replica. Once the cluster is ok again, the connection must answer every key within 10 s
+/// (a wedged task answers only timeouts, forever: an instance that sells nothing until it
+/// is restarted). Repeated `SECKILL_TEST_CLUSTER_CROWD_RUNS` times, each on a new cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crowd_of_calls_through_a_master_failover_never_wedges_the_connection() {
+    let _turn = common::one_at_a_time().await;
+    for run in 0..cluster_crowd_runs() {
+        eprintln!("cluster crowd run {run}");
+        one_crowd_run(run).await;
+    }
+}
+
+async fn one_crowd_run(run: usize) {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let mut cluster = PrivateCluster::start(3).await;
+    let client = seckill::redis_client::RedisClient::open(&cluster.url()).unwrap();
+    let mut conn = client.connect().await.unwrap();
+    let prefix = common::unique("crowd");
+    let keys: Arc<Vec<String>> = Arc::new((0..300).map(|i| format!("{prefix}:{{{i}}}")).collect());
+    let stop = Arc::new(AtomicBool::new(false));
+    let answered = Arc::new(AtomicU64::new(0));
+    let crowd: Vec<_> = (0..256)
+        .map(|caller| {
+            let (mut conn, keys, stop, answered) =
+                (conn.clone(), keys.clone(), stop.clone(), answered.clone());
+            tokio::spawn(async move {
+                let mut i = caller;
+                while !stop.load(Ordering::Relaxed) {
+                    i = (i + 7) % keys.len();
+                    let reply: redis::RedisResult<i64> = redis::cmd("INCR")
+                        .arg(&keys[i])
+                        .query_async(&mut conn)
+                        .await;
+                    if reply.is_ok() {
+                        answered.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    common::eventually(10, "the crowd's calls are answered", || async {
+        answered.load(Ordering::Relaxed) > 1000
+    })
+    .await;
+    let victim = cluster.master_of(&keys[run % keys.len()]).await;
+    cluster.kill(victim);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    cluster.restart(victim);
+    cluster.wait_healthy().await;
+    let healthy_at = std::time::Instant::now();
+    while !get_all(&mut conn, &keys).await.iter().all(|a| a.is_ok()) {
+        assert!(
+            healthy_at.elapsed() < Duration::from_secs(10),
+            "the connection answers every key within 10 s of the cluster being ok again"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!(
+        "answered again {:?} after the cluster was ok; connections opened again so far: {}",
+        healthy_at.elapsed(),
+        seckill::redis_client::cluster::reopened()
+    );
+    stop.store(true, Ordering::Relaxed);
+    for caller in crowd {
+        caller.await.unwrap();
+    }
+}
