@@ -353,8 +353,8 @@ impl Store {
     /// the orders read `LIVE_CHUNK` at a time by id, each chunk as one row of two strings,
     /// the buyers of one unit ("7,9,12": nearly every order of a flash sale) and the
     /// others ("5 2,8 3"). A row per order costs the driver microseconds; a million buyers
-    /// are read in fifty rows, in proportion to their bytes (issue 27: a restart with a
-    /// 1M-buyer sale serves again within 2 s).
+    /// are read in fifty rows, in proportion to their bytes (`scripts/rebuild-time`: a
+    /// restart with a 1M-buyer sale serves again within seconds).
     async fn live_holdings(
         &self,
         conn: &mut sqlx::AnyConnection,
@@ -393,7 +393,8 @@ impl Store {
     /// buyer holds in live orders, every order's id, and the cancelled or expired ones.
     /// Read packed like [`Store::live_holdings`] ("id user" per live order of one unit,
     /// "id user units" per other live order, "id user" per order gone), never a row per
-    /// order (issue 27: a distributed gate rebuilt from a 1M-order sale within 3 s).
+    /// order (`scripts/rebuild-time`: a distributed gate rebuilt from a 1M-order sale within
+    /// seconds).
     async fn every_order(
         &self,
         conn: &mut sqlx::AnyConnection,
