@@ -149,10 +149,7 @@ impl Store {
         .bind(sale_id)
         .fetch_optional(&mut *conn)
         .await?;
-        Ok(match row {
-            Some(row) => Some(account_from_row(&row)?),
-            None => None,
-        })
+        Ok(row.map(|row| account_from_row(&row)).transpose()?)
     }
 
     /// Replaces the sale's tallies with their count from its rows, in the caller's

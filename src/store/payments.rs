@@ -121,10 +121,7 @@ impl Store {
             .bind(intent_id)
             .fetch_optional(&mut *conn)
             .await?;
-        Ok(match row {
-            Some(r) => Some(Self::payment_from_row(&r)?),
-            None => None,
-        })
+        Ok(row.map(|r| Self::payment_from_row(&r)).transpose()?)
     }
 
     const PAYMENT_COLS: &'static str =

@@ -163,10 +163,7 @@ impl Store {
         .bind(id)
         .fetch_optional(&mut *conn)
         .await?;
-        Ok(match row {
-            Some(r) => Some(r.try_get(0)?),
-            None => None,
-        })
+        Ok(row.map(|r| r.try_get(0)).transpose()?)
     }
 
     async fn update_draft_in_tx(

@@ -173,10 +173,7 @@ impl Store {
             .bind(key)
             .fetch_optional(&self.pool)
             .await?;
-        Ok(match row {
-            Some(r) => Some(map(&r)?),
-            None => None,
-        })
+        Ok(row.map(|r| map(&r)).transpose()?)
     }
 }
 

@@ -254,10 +254,7 @@ impl Store {
             .bind(id)
             .fetch_optional(&mut *conn)
             .await?;
-        Ok(match row {
-            Some(r) => Some(Self::order_from_row(&r)?),
-            None => None,
-        })
+        Ok(row.map(|r| Self::order_from_row(&r)).transpose()?)
     }
 
     /// The recorded transitions of an order after it was written: (status, at), in order.

@@ -104,10 +104,7 @@ impl Store {
         .bind(now)
         .fetch_optional(&self.pool)
         .await?;
-        Ok(match row {
-            Some(r) => Some(r.try_get::<i64, _>(0)?),
-            None => None,
-        })
+        Ok(row.map(|r| r.try_get::<i64, _>(0)).transpose()?)
     }
 
     pub async fn put_login_code(
@@ -158,10 +155,7 @@ impl Store {
             .bind(phone)
             .fetch_optional(&self.pool)
             .await?;
-        Ok(match row {
-            Some(r) => Some(r.try_get::<String, _>(0)?),
-            None => None,
-        })
+        Ok(row.map(|r| r.try_get::<String, _>(0)).transpose()?)
     }
 
     /// Takes one of `phone`'s guesses at a login code for the current window (`window_ms`
