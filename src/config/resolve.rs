@@ -174,7 +174,7 @@ fn default_payment_provider(redirect_url: bool, dev: bool) -> Option<PaymentProv
 /// faster (1,000 -> 5,000 cut a 200,000-order backlog's drain from 4.0 to 1.2 s), and per
 /// index page: at a million orders, 20,000 to a commit cost 0.8x the CPU per order of 5,000
 /// and kept the writer ahead of the gate (p99.9 14-28x the mean wait, not 66x;
-/// BENCHMARKS.md). A worker draining a backlog into PostgreSQL spent 7% less CPU per order
+/// `scripts/scale-curve`). A worker draining a backlog into PostgreSQL spent 7% less CPU per order
 /// (worker, Redis and PostgreSQL) at 5,000 than at 1,000, in three pairs of
 /// `scripts/writer-cost`. A batch only fills when the writer is behind; otherwise it holds
 /// what arrived since the last.

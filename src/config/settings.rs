@@ -88,8 +88,8 @@ pub struct Settings {
     /// cluster, else `none`].
     ///
     /// When the wait fails the buyer is answered 202 `pending`, never `ok`. Only with
-    /// --redis: without Redis every `ok` is already fsynced to the order log (see "When
-    /// Redis fails" in the README).
+    /// --redis: without Redis every `ok` is already fsynced to the order log (see
+    /// docs/operating/redis-failover.md).
     #[arg(long, env = "SECKILL_REDIS_DURABILITY", global = true)]
     pub redis_durability: Option<Durability>,
 
@@ -102,8 +102,7 @@ pub struct Settings {
     /// delete).
     ///
     /// `packed` or `batch` only for a new deployment, or once no process of a build that
-    /// cannot read the form uses the same Redis (see "Upgrading a running fleet" in the
-    /// README): such a build would dead-letter those entries and leave them out of a gate
+    /// cannot read the form uses the same Redis (see docs/operating/upgrading.md): such a build would dead-letter those entries and leave them out of a gate
     /// rebuild.
     #[arg(
         long,
@@ -321,7 +320,7 @@ pub struct Settings {
     /// Compare each live sale's gate with SQL this often, in seconds (one instance at a
     /// time); `0` turns the continuous audit off.
     ///
-    /// See "Reconciliation: the stock journal, the audit and repair" in the README.
+    /// See docs/operating/reconciliation.md.
     #[arg(
         long,
         env = "SECKILL_AUDIT_EVERY_SECS",
@@ -451,7 +450,7 @@ pub struct Settings {
     /// busy processes (a load generator, the database), fewer threads than cores spend less
     /// time being switched out: on the 2-core test box, shared with the load generator,
     /// Redis and PostgreSQL, one thread spent 6-20% less CPU per accepted order than two for
-    /// the same rate (BENCHMARKS.md).
+    /// the same rate (`scripts/cpu-per-order`, with and without `INSTANCE_THREADS=2`).
     #[arg(long, env = "SECKILL_THREADS", global = true)]
     pub threads: Option<usize>,
 
