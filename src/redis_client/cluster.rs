@@ -6,7 +6,8 @@
 //! lock one of its own requests holds), every command of every clone times out until the
 //! process restarts: the gate, the loads, the worker-id lease, the scheduler. No single
 //! master being away looks like that, since the others keep answering; so a connection
-//! whose every answer has been a timeout for `WEDGED_AFTER` is replaced by a new one.
+//! that has given nothing but timeouts (or dropped connections: its task gone) for
+//! `WEDGED_AFTER` is replaced by a new one.
 //! It never retries a command: the caller's own timeout and retry policy stand.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -20,7 +21,7 @@ use redis::{RedisError, RedisResult, Value};
 
 use super::COMMAND_TIMEOUT;
 
-/// How long a connection may answer only timeouts before it is opened again: longer than
+/// How long a connection may give only timeouts before it is opened again: longer than
 /// one command's timeout and its client's retries, so a slow answer or a single master
 /// being promoted (the others answering meanwhile) never replaces it.
 const WEDGED_AFTER: Duration = Duration::from_secs(6);
@@ -40,9 +41,7 @@ pub struct Cluster {
     current: ArcSwap<ClusterConnection>,
     owners: SlotOwners,
     born: Instant,
-    /// Milliseconds after `born` of the last answer that was not a timeout.
-    last_answer_ms: AtomicU64,
-    reopening: AtomicBool,
+    watch: Watch,
 }
 
 impl Cluster {
@@ -53,8 +52,7 @@ impl Cluster {
             current: ArcSwap::from_pointee(conn),
             owners: SlotOwners::default(),
             born: Instant::now(),
-            last_answer_ms: AtomicU64::new(0),
-            reopening: AtomicBool::new(false),
+            watch: Watch::default(),
         }))
     }
 
@@ -67,30 +65,29 @@ impl Cluster {
         &self.owners
     }
 
-    /// Notes what a call on [`Cluster::conn`] came back with; a timeout after
-    /// `WEDGED_AFTER` of nothing else opens the connection again, in the background.
+    fn now_ms(&self) -> u64 {
+        self.born.elapsed().as_millis() as u64
+    }
+
+    /// Notes what a call on [`Cluster::conn`] came back with (calls that their caller's
+    /// own deadline cancels first are not seen; the background duties' calls, the lease's
+    /// every second, are). A connection that has given nothing but timeouts and dropped
+    /// connections for `WEDGED_AFTER` is opened again, in the background.
     pub fn observe<T>(self: &Arc<Self>, result: &RedisResult<T>) {
-        let now = self.born.elapsed().as_millis() as u64;
+        let now = self.now_ms();
         match result {
-            Err(e) if e.is_timeout() => {
-                let quiet = now.saturating_sub(self.last_answer_ms.load(Ordering::Relaxed));
-                if quiet >= WEDGED_AFTER.as_millis() as u64
-                    && !self.reopening.swap(true, Ordering::AcqRel)
-                {
-                    tokio::spawn(self.clone().reopen(quiet));
+            Err(e) if e.is_timeout() || e.is_connection_dropped() => {
+                if self.watch.no_answer(now) {
+                    tokio::spawn(self.clone().reopen());
                 }
             }
             // Any other answer, an error reply included, came from a task that works.
-            _ => {
-                // Written only when it moves: every command of the process passes here.
-                if self.last_answer_ms.load(Ordering::Relaxed) + 100 <= now {
-                    self.last_answer_ms.store(now, Ordering::Relaxed);
-                }
-            }
+            _ => self.watch.answered(now),
         }
     }
 
-    async fn reopen(self: Arc<Self>, quiet_ms: u64) {
+    async fn reopen(self: Arc<Self>) {
+        let quiet_secs = self.now_ms().saturating_sub(self.watch.last_answer()) / 1000;
         let opened =
             tokio::time::timeout(2 * COMMAND_TIMEOUT, self.client.get_async_connection()).await;
         match opened {
@@ -99,11 +96,9 @@ impl Cluster {
                 // waiting for their timeouts, is dropped.
                 self.current.store(Arc::new(conn));
                 self.owners.mark_stale();
-                let now = self.born.elapsed().as_millis() as u64;
-                self.last_answer_ms.store(now, Ordering::Relaxed);
                 REOPENED.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(
-                    quiet_secs = quiet_ms / 1000,
+                    quiet_secs,
                     "the Redis Cluster connection answered only timeouts; opened it again"
                 );
             }
@@ -115,7 +110,62 @@ impl Cluster {
                 "the Redis Cluster connection answers only timeouts and opening it again timed out"
             ),
         }
+        // Opened or not, the next try waits for another `WEDGED_AFTER` of silence: a
+        // cluster that is down altogether is not asked to connect on every timeout.
+        self.watch.reopen_done(self.now_ms());
+    }
+}
+
+/// When a connection last answered, and whether it has been silent long enough to be
+/// opened again: milliseconds since the connection was opened, shared without a lock
+/// because every command of the connection passes here.
+#[derive(Default)]
+struct Watch {
+    last_answer_ms: AtomicU64,
+    /// When the first timeout after the last answer came back, plus one (0: none since).
+    first_silence_ms: AtomicU64,
+    reopening: AtomicBool,
+}
+
+impl Watch {
+    fn answered(&self, now: u64) {
+        // Written only when it moves: most answers leave both as they are.
+        if self.last_answer_ms.load(Ordering::Relaxed) + 100 <= now {
+            self.last_answer_ms.store(now, Ordering::Relaxed);
+        }
+        if self.first_silence_ms.load(Ordering::Relaxed) != 0 {
+            self.first_silence_ms.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// A call came back without an answer; true when this caller is to open the
+    /// connection again. Silent means both: no answer for `WEDGED_AFTER`, and calls
+    /// failing for longer than one command's timeout (an idle process's first timeout
+    /// is not yet a wedge).
+    fn no_answer(&self, now: u64) -> bool {
+        let first = match self.first_silence_ms.load(Ordering::Relaxed) {
+            0 => {
+                self.first_silence_ms.store(now + 1, Ordering::Relaxed);
+                now
+            }
+            plus_one => plus_one - 1,
+        };
+        let quiet = now.saturating_sub(self.last_answer_ms.load(Ordering::Relaxed));
+        let failing = now.saturating_sub(first);
+        quiet >= WEDGED_AFTER.as_millis() as u64
+            && failing >= (WEDGED_AFTER - COMMAND_TIMEOUT).as_millis() as u64
+            && !self.reopening.swap(true, Ordering::AcqRel)
+    }
+
+    /// A new connection is in place, or could not be opened: silence counts from now.
+    fn reopen_done(&self, now: u64) {
+        self.last_answer_ms.store(now, Ordering::Relaxed);
+        self.first_silence_ms.store(0, Ordering::Relaxed);
         self.reopening.store(false, Ordering::Release);
+    }
+
+    fn last_answer(&self) -> u64 {
+        self.last_answer_ms.load(Ordering::Relaxed)
     }
 }
 
@@ -211,6 +261,49 @@ fn masters_of_slots(reply: &Value) -> Vec<u16> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const WEDGED: u64 = WEDGED_AFTER.as_millis() as u64;
+    const TIMEOUT: u64 = COMMAND_TIMEOUT.as_millis() as u64;
+
+    #[test]
+    fn only_silence_longer_than_wedged_after_opens_the_connection_again() {
+        let watch = Watch::default();
+        watch.answered(1_000);
+        // Timeouts while the connection answered recently, or only just began failing.
+        assert!(!watch.no_answer(1_000 + TIMEOUT));
+        assert!(!watch.no_answer(1_000 + WEDGED - 1));
+        // An answer in between (another master still answers) starts the count again.
+        watch.answered(1_000 + WEDGED);
+        assert!(!watch.no_answer(1_000 + WEDGED + TIMEOUT));
+        assert!(!watch.no_answer(1_000 + 2 * WEDGED - 1));
+        // Nothing but timeouts for WEDGED_AFTER: one caller, and only one, reopens.
+        assert!(watch.no_answer(1_000 + 2 * WEDGED));
+        assert!(!watch.no_answer(1_000 + 2 * WEDGED + 1));
+        assert!(!watch.no_answer(1_000 + 3 * WEDGED));
+    }
+
+    #[test]
+    fn an_idle_connections_first_timeout_is_not_a_wedge() {
+        let watch = Watch::default();
+        watch.answered(1_000);
+        // Minutes without a call, then one timeout: failing for no time yet.
+        let later = 1_000 + 60 * WEDGED;
+        assert!(!watch.no_answer(later));
+        assert!(!watch.no_answer(later + WEDGED - TIMEOUT - 1));
+        assert!(watch.no_answer(later + WEDGED - TIMEOUT));
+    }
+
+    #[test]
+    fn after_a_reopen_or_a_failed_one_silence_counts_from_then() {
+        let watch = Watch::default();
+        assert!(!watch.no_answer(0));
+        assert!(watch.no_answer(WEDGED));
+        // The reopen failed (the whole cluster is down): no new try on the next timeout.
+        watch.reopen_done(WEDGED + 10);
+        assert!(!watch.no_answer(WEDGED + 20));
+        assert!(!watch.no_answer(2 * WEDGED));
+        assert!(watch.no_answer(2 * WEDGED + 10));
+    }
 
     #[test]
     fn each_slot_gets_the_master_of_its_range() {
