@@ -155,6 +155,16 @@ async fn run(command: Command, config: Config) -> ExitCode {
     }
 }
 
+/// Whether a filter has a directive for `target` or a module of it (`redis=debug`,
+/// `redis::cluster_async=trace`), not merely a target whose name holds the word
+/// (`seckill::redis_client=debug`).
+fn names_target(filter: &str, target: &str) -> bool {
+    filter.split(',').any(|directive| {
+        let name = directive.split(['=', '[']).next().unwrap_or("").trim();
+        name == target || name.starts_with(&format!("{target}::"))
+    })
+}
+
 fn init_tracing(filter: &str) {
     // PostgreSQL's notices ("relation ... already exists, skipping" on every start) are
     // not news; a filter that names sqlx (or redis, below) decides for itself.
@@ -164,7 +174,7 @@ fn init_tracing(filter: &str) {
     }
     // The Redis client's own log (through the `log` crate) tells how its cluster connection
     // recovers from a failover: its warnings always, its steps on request (`redis=debug`).
-    if !filter.contains("redis") {
+    if !names_target(&filter, "redis") {
         filter.push_str(",redis=warn");
     }
     // Config::validate has refused a filter that does not parse.
@@ -441,4 +451,19 @@ async fn mint(config: Config, count: usize, out: PathBuf) -> Result<(), AppError
         .map_err(|e| AppError::Other(format!("cannot write {}: {e}", out.display())))?;
     println!("minted {count} users; tokens in {}", out.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::names_target;
+
+    #[test]
+    fn a_filter_names_a_target_only_by_a_directive_of_its_own() {
+        assert!(names_target("info,redis=debug", "redis"));
+        assert!(names_target("redis::cluster_async=trace", "redis"));
+        assert!(names_target("warn, redis", "redis"));
+        assert!(!names_target("info,seckill::redis_client=debug", "redis"));
+        assert!(!names_target("info,redisearch=debug", "redis"));
+        assert!(!names_target("debug", "redis"));
+    }
 }
