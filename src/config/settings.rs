@@ -102,8 +102,8 @@ pub struct Settings {
     /// delete).
     ///
     /// `packed` or `batch` only for a new deployment, or once no process of a build that
-    /// cannot read the form uses the same Redis (see docs/operating/upgrading.md): such a build would dead-letter those entries and leave them out of a gate
-    /// rebuild.
+    /// cannot read the form uses the same Redis (see docs/operating/upgrading.md): such a
+    /// build would dead-letter those entries and leave them out of a gate rebuild.
     #[arg(
         long,
         env = "SECKILL_ORDER_LOG_ENTRY",

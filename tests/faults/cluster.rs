@@ -7,6 +7,8 @@
 //!   nobody buys twice, the sales go on once the replica has taken over (the killed node
 //!   comes back as that replica's replica, as a supervisor would restart it).
 //! - A hot sale over 3 segments on 3 masters sells exactly its stock, nothing stranded.
+//! - A crowd of callers through a master's failover: the shared cluster connection answers
+//!   every key again once the cluster settles (its client task never wedges).
 //! - Drift injected by hand into two segments on different masters is reported by the
 //!   continuous audit and `seckill reconcile`, and `--repair` rebuilds the sale exactly.
 
