@@ -228,6 +228,11 @@ impl PrivateCluster {
         self.ports.iter().position(|p| *p == port)
     }
 
+    /// How many nodes the cluster has, masters and replicas.
+    pub fn node_count(&self) -> usize {
+        self.ports.len()
+    }
+
     /// The port of node `i`.
     pub fn port(&self, i: usize) -> u16 {
         self.ports[i]
