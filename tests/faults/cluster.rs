@@ -295,23 +295,18 @@ async fn a_master_killed_mid_storm_loses_no_acknowledged_order() {
     common::eventually(30, "both instances are ready again", || d.ready()).await;
 }
 
-/// How many runs `a_master_failover_during_a_rebuild_never_wedges_an_instance` makes, one
-/// after another (`SECKILL_TEST_CLUSTER_FAILOVER_RUNS`; 20 for the long check).
-fn cluster_failover_runs() -> usize {
-    common::setting("SECKILL_TEST_CLUSTER_FAILOVER_RUNS", 1)
-}
-
 /// One instance (its writer inside) on `replica` durability, on a cluster of 3 masters:
 /// 4,000 buyers arrive over 12 s; mid-storm an operator's repair rebuilds the sale (forget,
 /// then load from SQL and the stream) and the sale's master is SIGKILLed while it runs (0
 /// to 100 ms after it began); its replica takes over, and the killed node comes back as a
 /// replica. Once the cluster is healthy again the instance must sell within 10 s, every
 /// `ok` must be in SQL, and the gate must equal SQL. Repeated
-/// `SECKILL_TEST_CLUSTER_FAILOVER_RUNS` times, each on a new cluster.
+/// `SECKILL_TEST_CLUSTER_FAILOVER_RUNS` times (1 by default, 20 for the long check), each on
+/// a new cluster.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_master_failover_during_a_rebuild_never_wedges_an_instance() {
     let _turn = common::one_at_a_time().await;
-    for run in 0..cluster_failover_runs() {
+    for run in 0..common::setting("SECKILL_TEST_CLUSTER_FAILOVER_RUNS", 1usize) {
         eprintln!("cluster failover run {run}");
         one_cluster_failover_run().await;
     }
@@ -767,22 +762,17 @@ async fn a_keyed_pipeline_answers_every_key_through_a_moved_slot_and_a_dead_mast
     panic!("every key is answered once the replica took over: still not after 30 s; last: {last}");
 }
 
-/// How many runs `a_crowd_of_calls_through_a_master_failover_never_wedges_the_connection`
-/// makes (`SECKILL_TEST_CLUSTER_CROWD_RUNS`; 20 for the long check).
-fn cluster_crowd_runs() -> usize {
-    common::setting("SECKILL_TEST_CLUSTER_CROWD_RUNS", 1)
-}
-
 /// The cluster client runs every call of a connection in one task, and every clone of an
 /// instance's connection shares it. 256 callers keep calls in flight on keys of every
 /// master while one master is SIGKILLed; its replica takes over and it comes back as a
 /// replica. Once the cluster is ok again, the connection must answer every key within 10 s
 /// (a wedged task answers only timeouts, forever: an instance that sells nothing until it
-/// is restarted). Repeated `SECKILL_TEST_CLUSTER_CROWD_RUNS` times, each on a new cluster.
+/// is restarted). Repeated `SECKILL_TEST_CLUSTER_CROWD_RUNS` times (1 by
+/// default, 20 for the long check), each on a new cluster.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crowd_of_calls_through_a_master_failover_never_wedges_the_connection() {
     let _turn = common::one_at_a_time().await;
-    for run in 0..cluster_crowd_runs() {
+    for run in 0..common::setting("SECKILL_TEST_CLUSTER_CROWD_RUNS", 1usize) {
         eprintln!("cluster crowd run {run}");
         one_crowd_run(run).await;
     }
