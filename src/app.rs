@@ -491,6 +491,7 @@ pub async fn assemble(config: Config, role: Role) -> Result<App, AppError> {
             config.trusted_proxies.clone(),
         ),
         secret_guard: crate::edge::auth::SecretGuard::new(config.wrong_token_limit),
+        shop: crate::edge::auth::shop::ShopTokens::from_config(&config).map(Arc::new),
         config,
         store,
         gate: shortcut.clone(),
@@ -710,6 +711,11 @@ impl App {
             handles.push(tokio::spawn(auditor.run(stop_rx.clone())));
         }
         let st = &self.state;
+        if let Some(shop) = &st.shop {
+            handles.push(tokio::spawn(
+                shop.clone().run(st.store.clone(), stop_rx.clone()),
+            ));
+        }
         handles.push(tokio::spawn(st.rooms.clone().run(
             st.sales.clone(),
             st.gate.clone(),

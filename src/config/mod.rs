@@ -68,6 +68,14 @@ pub struct Config {
     pub admin_token: Option<String>,
     #[serde(serialize_with = "secret")]
     pub token_secret: Option<String>,
+    pub auth_issuer: Option<String>,
+    pub auth_audience: Option<String>,
+    pub auth_jwks_url: Option<String>,
+    pub auth_jwks_file: Option<PathBuf>,
+    #[serde(serialize_with = "secret")]
+    pub auth_hs256_secret: Option<String>,
+    pub auth_subject_claim: String,
+    pub auth_leeway_secs: u64,
     #[serde(serialize_with = "secret")]
     pub payment_secret: Option<String>,
     pub dev: bool,
@@ -297,6 +305,9 @@ mod tests {
             redis_url: Some(format!("redis://:{secret}@127.0.0.1/")),
             admin_token: Some(secret.into()),
             token_secret: Some(secret.into()),
+            auth_issuer: Some("https://id.shop.example".into()),
+            auth_audience: Some("seckill".into()),
+            auth_hs256_secret: Some(format!("{secret}-and-32-bytes-at-least-000")),
             payment_secret: Some(secret.into()),
             metrics_token: Some(secret.into()),
             sms_hook: Some(format!("curl -u api:{secret} https://sms.example")),
@@ -308,6 +319,7 @@ mod tests {
         for name in [
             "admin_token",
             "token_secret",
+            "auth_hs256_secret",
             "payment_secret",
             "metrics_token",
         ] {

@@ -71,6 +71,13 @@ fn resolve(s: Settings) -> Result<Config, ConfigError> {
         order_log_entry: given(s.order_log_entry)?,
         admin_token: non_empty(s.admin_token),
         token_secret: non_empty(s.token_secret),
+        auth_issuer: non_empty(s.auth_issuer),
+        auth_audience: non_empty(s.auth_audience),
+        auth_jwks_url: non_empty(s.auth_jwks_url),
+        auth_jwks_file: s.auth_jwks_file,
+        auth_hs256_secret: non_empty(s.auth_hs256_secret),
+        auth_subject_claim: given(s.auth_subject_claim)?,
+        auth_leeway_secs: given(s.auth_leeway_secs)?,
         payment_secret: non_empty(s.payment_secret),
         dev: deployment.dev,
         payment_provider: s.payment_provider.or(default_payment_provider(

@@ -131,6 +131,63 @@ pub struct Settings {
     )]
     pub token_secret: Option<String>,
 
+    /// Issuer of the shop's own buyer tokens (JWTs), e.g. `https://id.shop.example`;
+    /// setting it turns shop sign-in on [default: unset: buyers sign in by phone only].
+    ///
+    /// A token's `iss` must equal it. Its signing keys come from --auth-jwks-url,
+    /// --auth-jwks-file or --auth-hs256-secret, else from the issuer's
+    /// `/.well-known/openid-configuration` (its `jwks_uri`). A buyer is the pair (issuer,
+    /// subject), made once at its first token; phone sign-in keeps working beside it.
+    #[arg(long, env = "SECKILL_AUTH_ISSUER", global = true)]
+    pub auth_issuer: Option<String>,
+
+    /// Audience a shop token must name in `aud` (the shop's client id or API name for
+    /// seckill); required with --auth-issuer [default: unset].
+    #[arg(long, env = "SECKILL_AUTH_AUDIENCE", global = true)]
+    pub auth_audience: Option<String>,
+
+    /// URL of the issuer's JSON Web Key Set [default: the issuer's discovery document's
+    /// `jwks_uri`].
+    ///
+    /// Fetched off the purchase path and kept: again every five minutes, and when a token
+    /// names a key id not in it (at most once every five seconds). While the URL does not
+    /// answer, the keys last fetched keep working.
+    #[arg(long, env = "SECKILL_AUTH_JWKS_URL", global = true)]
+    pub auth_jwks_url: Option<String>,
+
+    /// File holding the issuer's JSON Web Key Set, read again on the same schedule as a URL
+    /// (so a key rotated into it needs no restart) [default: unset].
+    #[arg(long, env = "SECKILL_AUTH_JWKS_FILE", global = true)]
+    pub auth_jwks_file: Option<PathBuf>,
+
+    /// Secret shared with the shop, for shop tokens signed with HS256 instead of a key set
+    /// (at least 32 bytes) [default: unset].
+    #[arg(
+        long = "auth-hs256-secret",
+        env = "SECKILL_AUTH_HS256_SECRET",
+        global = true,
+        hide_env_values = true
+    )]
+    pub auth_hs256_secret: Option<String>,
+
+    /// Claim of a shop token that names the buyer.
+    #[arg(
+        long,
+        env = "SECKILL_AUTH_SUBJECT_CLAIM",
+        global = true,
+        default_value = "sub"
+    )]
+    pub auth_subject_claim: Option<String>,
+
+    /// Seconds a shop token's `exp` and `nbf` may be off, for clocks that differ.
+    #[arg(
+        long,
+        env = "SECKILL_AUTH_LEEWAY_SECS",
+        global = true,
+        default_value = "30"
+    )]
+    pub auth_leeway_secs: Option<u64>,
+
     /// Development mode: login codes are returned in the answer, so anyone can log in as
     /// any phone [default: on only for the zero-configuration start, SQLite without
     /// Redis].

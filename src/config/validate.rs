@@ -32,6 +32,7 @@ const CHECKS: &[Check] = &[
     a_real_payment_provider_is_complete,
     phone_region_is_a_region,
     redis_prefix_is_a_plain_prefix,
+    shop_sign_in_is_complete,
 ];
 
 impl Config {
@@ -275,6 +276,62 @@ fn redis_prefix_is_a_plain_prefix(c: &Config) -> Result<(), ConfigError> {
             "redis_prefix",
             "must be non-empty and free of braces (they are Redis hash tags)",
         );
+    }
+    Ok(())
+}
+
+/// Shop tokens are accepted only for one issuer and one audience (a token the issuer made
+/// for another of its services must not buy here), with keys from one source.
+fn shop_sign_in_is_complete(c: &Config) -> Result<(), ConfigError> {
+    let sources = [
+        c.auth_jwks_url.is_some(),
+        c.auth_jwks_file.is_some(),
+        c.auth_hs256_secret.is_some(),
+    ];
+    let Some(issuer) = &c.auth_issuer else {
+        if sources.contains(&true) || c.auth_audience.is_some() {
+            return invalid(
+                "auth_issuer",
+                "shop tokens need --auth-issuer, the value their `iss` must hold",
+            );
+        }
+        return Ok(());
+    };
+    if sources.iter().filter(|&&s| s).count() > 1 {
+        return invalid(
+            "auth_jwks_url",
+            "give one source of the shop's keys: --auth-jwks-url, --auth-jwks-file or \
+             --auth-hs256-secret",
+        );
+    }
+    if c.auth_audience.is_none() {
+        return invalid(
+            "auth_audience",
+            "shop tokens need --auth-audience, the value their `aud` must hold",
+        );
+    }
+    let needs_url = !sources.contains(&true);
+    for (name, url) in [
+        ("auth_issuer", needs_url.then_some(issuer.as_str())),
+        ("auth_jwks_url", c.auth_jwks_url.as_deref()),
+    ] {
+        if let Some(url) = url {
+            if !(url.starts_with("https://") || url.starts_with("http://")) {
+                return invalid(name, format!("{url} is not an http(s) URL"));
+            }
+        }
+    }
+    if c.auth_hs256_secret.as_ref().is_some_and(|s| s.len() < 32) {
+        return invalid(
+            "auth_hs256_secret",
+            "must be at least 32 bytes (RFC 7518: a key as long as the hash)",
+        );
+    }
+    if c.auth_subject_claim.is_empty() {
+        return invalid("auth_subject_claim", "must name a claim");
+    }
+    if c.auth_leeway_secs > 600 {
+        return invalid("auth_leeway_secs", "must be at most 600 (ten minutes)");
     }
     Ok(())
 }

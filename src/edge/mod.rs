@@ -62,6 +62,8 @@ pub struct AppState {
     pub gate: Arc<dyn Gate>,
     pub ids: Arc<IdGenerator>,
     pub tokens: TokenSigner,
+    /// The shop's own tokens, when shop sign-in is configured (`--auth-issuer`).
+    pub shop: Option<Arc<auth::shop::ShopTokens>>,
     /// Who takes payments; `None`: paying answers 503 `payment_unavailable`.
     pub payments: Option<Arc<dyn crate::lifecycle::payment::PaymentProvider>>,
     /// The built-in simulated provider, when it is the one configured (its pay page, and
@@ -215,6 +217,7 @@ pub fn router(state: Arc<AppState>) -> Router {
     let routes = Router::new()
         .route("/api/auth/code", post(buyer::login::request_code))
         .route("/api/auth/login", post(buyer::login::login))
+        .route("/api/auth/me", get(buyer::login::me))
         .route("/api/sales", get(buyer::catalogue::list_sales))
         .route("/api/sales/{id}", get(buyer::catalogue::get_sale))
         .route("/api/sales/{id}/stock", get(buyer::catalogue::get_stock))

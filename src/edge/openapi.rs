@@ -23,6 +23,7 @@ use super::{admin, antibot, buyer, ops, provider, simulated};
     paths(
         buyer::login::request_code,
         buyer::login::login,
+        buyer::login::me,
         buyer::catalogue::list_sales,
         buyer::catalogue::get_sale,
         buyer::catalogue::get_stock,
@@ -132,7 +133,20 @@ impl Modify for SecuritySchemes {
                     .build(),
             )
         };
-        components.add_security_scheme("user", bearer("a buyer's token, from /api/auth/login"));
+        components.add_security_scheme(
+            "user",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .bearer_format("JWT")
+                    .description(Some(
+                        "a buyer's token: seckill's own (from /api/auth/login), or with shop \
+                         sign-in on a JWT from the shop's issuer (RS256, ES256, EdDSA or \
+                         HS256; iss, aud, exp and nbf checked)",
+                    ))
+                    .build(),
+            ),
+        );
         components.add_security_scheme("admin", bearer("the admin token (SECKILL_ADMIN_TOKEN)"));
     }
 }

@@ -187,6 +187,9 @@ pub async fn metrics(_: MetricsReader, State(st): State<Arc<AppState>>) -> Respo
     }
     st.connections.render(&mut out);
     st.secret_guard.render(&mut out);
+    if let Some(shop) = &st.shop {
+        shop.render(&mut out);
+    }
     st.address_limiter.render(&mut out);
     st.sold_out.render(&mut out);
     st.rooms.render(&mut out);

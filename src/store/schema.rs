@@ -36,7 +36,21 @@ pub fn migrations(d: Dialect) -> Vec<(i64, Vec<String>)> {
         (13, narrow_orders_by_user(d)),
         (14, buyers_indexed_by_sale_only(d)),
         (15, buyers_indexed_in_runs(d)),
+        (16, shop_buyers(int, tail)),
     ]
+}
+
+/// Buyers who sign in with the shop's own tokens: the pair (issuer, subject) each id was
+/// made from (see `edge::auth::shop`), recorded once at its first token.
+fn shop_buyers(int: &str, tail: &str) -> Vec<String> {
+    vec![format!(
+        "CREATE TABLE IF NOT EXISTS shop_buyers (
+            user_id {int} PRIMARY KEY,
+            issuer VARCHAR(255) NOT NULL,
+            subject VARCHAR(255) NOT NULL,
+            created_at {int} NOT NULL
+        ){tail}"
+    )]
 }
 
 /// The first tables: sales, orders (indexed by sale and buyer, and by buyer), users,

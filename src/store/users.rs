@@ -83,6 +83,66 @@ impl Store {
         Ok(())
     }
 
+    /// Records buyers of the shop's tokens, (id, issuer, subject), those not there yet; an
+    /// id already recorded keeps its pair. Answers the ids recorded under another pair
+    /// (two pairs whose ids collide), which must not be merged silently.
+    pub async fn register_shop_buyers(
+        &self,
+        buyers: &[(i64, String, String)],
+    ) -> Result<Vec<i64>, StoreError> {
+        let now = self.now_ms();
+        let mut collided = Vec::new();
+        for chunk in buyers.chunks(500) {
+            let values = vec!["(?, ?, ?, ?)"; chunk.len()].join(",");
+            let q = format!(
+                "{} VALUES {values}{}",
+                self.insert_ignore("shop_buyers (user_id, issuer, subject, created_at)"),
+                self.on_conflict_nothing()
+            );
+            let q = self.sql(&q);
+            let mut query = sqlx::query(&q).persistent(false);
+            for (id, issuer, subject) in chunk {
+                query = query
+                    .bind(*id)
+                    .bind(issuer.as_str())
+                    .bind(subject.as_str())
+                    .bind(now);
+            }
+            let inserted = query.execute(&self.pool).await?.rows_affected();
+            if inserted == chunk.len() as u64 {
+                continue;
+            }
+            for (id, issuer, subject) in chunk {
+                let row = sqlx::query(
+                    &self.sql("SELECT issuer, subject FROM shop_buyers WHERE user_id = ?"),
+                )
+                .bind(*id)
+                .fetch_optional(&self.pool)
+                .await?;
+                if let Some(row) = row {
+                    let (i, s): (String, String) = (row.try_get(0)?, row.try_get(1)?);
+                    if (&i, &s) != (issuer, subject) {
+                        collided.push(*id);
+                    }
+                }
+            }
+        }
+        Ok(collided)
+    }
+
+    /// The (issuer, subject) a shop buyer was made from.
+    pub async fn shop_buyer(&self, id: i64) -> Result<Option<(String, String)>, StoreError> {
+        let row =
+            sqlx::query(&self.sql("SELECT issuer, subject FROM shop_buyers WHERE user_id = ?"))
+                .bind(id)
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(match row {
+            Some(r) => Some((r.try_get(0)?, r.try_get(1)?)),
+            None => None,
+        })
+    }
+
     pub async fn user_exists(&self, id: i64) -> Result<bool, StoreError> {
         let row = sqlx::query(&self.sql("SELECT 1 FROM users WHERE id = ?"))
             .bind(id)

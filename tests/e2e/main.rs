@@ -16,5 +16,6 @@ mod reconcile;
 mod sale_admin;
 mod security;
 mod segments;
+mod shop_auth;
 mod soldout;
 mod waiting_room;

@@ -10,7 +10,7 @@ use axum::extract::State;
 use axum::Json;
 use serde::{Deserialize, Serialize};
 
-use super::super::auth::constant_time_eq;
+use super::super::auth::{constant_time_eq, AuthUser};
 use super::super::http::error::ApiError;
 use super::super::http::input::parse_json;
 use super::super::AppState;
@@ -208,4 +208,28 @@ pub async fn login(
         token: st.tokens.sign(user_id, expires),
         user_id: user_id.to_string(),
     }))
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct Me {
+    /// The buyer's id: for a shop token, the same for every token of its (issuer, subject).
+    user_id: String,
+}
+
+#[utoipa::path(
+    get,
+    path = "/api/auth/me",
+    tag = "buyer",
+    summary = "The buyer a bearer token names",
+    description = "Accepts seckill's own tokens and, with shop sign-in on, the shop's (a JWT \
+                   from its issuer). A shop's page calls it once at sign-in: the token is then \
+                   verified, and every later call with it finds it already verified. 401 \
+                   unauthorized names the check a token failed.",
+    responses((status = 200, description = "The caller", body = Me), (status = 401, response = ErrorResponse), (status = 503, response = ErrorResponse)),
+    security(("user" = []))
+)]
+pub async fn me(AuthUser(user_id): AuthUser) -> Json<Me> {
+    Json(Me {
+        user_id: user_id.to_string(),
+    })
 }

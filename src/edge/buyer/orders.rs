@@ -15,7 +15,7 @@ use futures_util::FutureExt;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde::{Deserialize, Serialize};
 
-use super::super::auth::{user_of, AuthUser};
+use super::super::auth::{caller_of, user_of, AuthUser, Caller};
 use super::super::http::error::{ApiError, ErrorResponse, ReadErrors};
 use super::super::http::input::{parse_id, parse_json, rfc3339, OrderId, PathId};
 use super::super::{AppState, MAX_BODY_BYTES, REQUEST_TIMEOUT};
@@ -109,10 +109,20 @@ where
 {
     let started = Instant::now();
     let now = st.now_ms();
-    let caller = user_of(&st.tokens, headers, now)
-        .and_then(|user_id| Ok((user_id, parse_id(sale, "sale id")?)));
+    let caller =
+        caller_of(st, headers, now).and_then(|caller| Ok((caller, parse_id(sale, "sale id")?)));
     let (user_id, sale_id) = match caller {
-        Ok(caller) => caller,
+        Ok((Caller::User(user_id), sale_id)) => (user_id, sale_id),
+        Ok((Caller::AfterKeyFetch(_), _)) => {
+            // A shop key not seen yet: fetch the keys, then buy as if it had been known.
+            let (st, sale, headers) = (st.clone(), sale.to_string(), headers.clone());
+            return Answer::Later(Box::pin(async move {
+                match user_of(&st, &headers, now).await {
+                    Ok(_) => purchase(&st, &sale, &headers, body).wait().await,
+                    Err(e) => answer(&st, started, Err(e)),
+                }
+            }));
+        }
         Err(e) => return Answer::Now(answer(st, started, Err(e))),
     };
     if body.size_hint().exact() != Some(0) {

@@ -1,6 +1,8 @@
 //! Users and their tokens. Login is a phone number and a one-time code (returned in the
 //! answer in dev mode, else sent through the configured SMS hook). Tokens are HMAC-signed
-//! and self-contained, so the purchase path verifies them without SQL or Redis.
+//! and self-contained, so the purchase path verifies them without SQL or Redis. A shop
+//! with its own identity provider signs its buyers in with its own tokens instead
+//! (`shop`), accepted wherever seckill's are.
 
 use crate::metrics::render_counter;
 use std::net::IpAddr;
@@ -18,6 +20,9 @@ use super::http::input::decimal;
 use super::limits::RateTable;
 use super::AppState;
 use crate::gate::RateLimit;
+
+pub mod shop;
+use shop::Verdict;
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -166,13 +171,56 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
         .then(|| value[7..].trim())
 }
 
-/// The user id behind the request's bearer token at `now_ms`, or 401.
-pub fn user_of(tokens: &TokenSigner, headers: &HeaderMap, now_ms: i64) -> Result<i64, ApiError> {
+/// Who a request's bearer token names, as far as it can be told without waiting.
+pub enum Caller {
+    User(i64),
+    /// A shop token naming a key not fetched yet: `user_of` fetches the keys and looks again.
+    AfterKeyFetch(String),
+}
+
+/// The caller behind the request's bearer token at `now_ms`, or 401: one of seckill's own
+/// tokens, or a shop token when shop sign-in is on. Never waits.
+pub fn caller_of(st: &AppState, headers: &HeaderMap, now_ms: i64) -> Result<Caller, ApiError> {
     let token =
         bearer(headers).ok_or_else(|| ApiError::Unauthorized("missing bearer token".into()))?;
-    tokens
-        .verify(token, now_ms / 1000)
-        .ok_or_else(|| ApiError::Unauthorized("invalid or expired token".into()))
+    match &st.shop {
+        Some(shop) if shop::looks_like_jwt(token) => match shop.verify(token, now_ms / 1000) {
+            Verdict::Buyer(user_id) => Ok(Caller::User(user_id)),
+            Verdict::FetchKeys(kid) => Ok(Caller::AfterKeyFetch(kid)),
+            Verdict::Refused(shop::Refused::NoKeysYet) => Err(ApiError::Unavailable(
+                "the shop's signing keys have not been fetched yet; try again shortly".into(),
+            )),
+            Verdict::Refused(why) => Err(ApiError::Unauthorized(format!("shop token: {why}"))),
+        },
+        _ => st
+            .tokens
+            .verify(token, now_ms / 1000)
+            .map(Caller::User)
+            .ok_or_else(|| ApiError::Unauthorized("invalid or expired token".into())),
+    }
+}
+
+/// The user id behind the request's bearer token at `now_ms`, or 401; fetches the shop's
+/// keys first for a token naming one not seen yet.
+pub async fn user_of(st: &AppState, headers: &HeaderMap, now_ms: i64) -> Result<i64, ApiError> {
+    match caller_of(st, headers, now_ms)? {
+        Caller::User(user_id) => Ok(user_id),
+        Caller::AfterKeyFetch(kid) => {
+            if let Some(shop) = &st.shop {
+                shop.fetch_for_unknown_key(&kid).await;
+            }
+            match caller_of(st, headers, st.now_ms())? {
+                Caller::User(user_id) => Ok(user_id),
+                Caller::AfterKeyFetch(kid) => {
+                    let refused = shop::Refused::UnknownKey(kid);
+                    if let Some(shop) = &st.shop {
+                        shop.refuse(refused.clone());
+                    }
+                    Err(ApiError::Unauthorized(format!("shop token: {refused}")))
+                }
+            }
+        }
+    }
 }
 
 /// The address a request came from (the TCP peer), put in the request's extensions by the
@@ -285,7 +333,9 @@ impl FromRequestParts<Arc<AppState>> for AuthUser {
         parts: &mut Parts,
         state: &Arc<AppState>,
     ) -> Result<Self, ApiError> {
-        user_of(&state.tokens, &parts.headers, state.now_ms()).map(AuthUser)
+        user_of(state, &parts.headers, state.now_ms())
+            .await
+            .map(AuthUser)
     }
 }
 
