@@ -492,6 +492,7 @@ pub async fn assemble(config: Config, role: Role) -> Result<App, AppError> {
         ),
         secret_guard: crate::edge::auth::SecretGuard::new(config.wrong_token_limit),
         shop: crate::edge::auth::shop::ShopTokens::from_config(&config).map(Arc::new),
+        api_keys: Default::default(),
         config,
         store,
         gate: shortcut.clone(),
@@ -711,6 +712,9 @@ impl App {
             handles.push(tokio::spawn(auditor.run(stop_rx.clone())));
         }
         let st = &self.state;
+        handles.push(tokio::spawn(
+            st.api_keys.clone().run(st.store.clone(), stop_rx.clone()),
+        ));
         if let Some(shop) = &st.shop {
             handles.push(tokio::spawn(
                 shop.clone().run(st.store.clone(), stop_rx.clone()),

@@ -30,6 +30,14 @@ use client::Connection;
 pub use report::Report;
 use storm::Model;
 
+/// See `BenchArgs::sign_in`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SignIn {
+    Exchange,
+    Verify,
+    None,
+}
+
 #[derive(Debug, Clone, clap::Args)]
 #[command(next_help_heading = "Bench options")]
 pub struct BenchArgs {
@@ -55,9 +63,17 @@ pub struct BenchArgs {
     /// Without it, the closed model: every connection sends as fast as answers come.
     #[arg(long)]
     pub rate: Option<f64>,
-    /// Bearer tokens, one per line (`seckill users mint`); otherwise bench makes users itself.
+    /// Bearer tokens, one per line (`seckill users mint`, or the shop's JWTs); otherwise
+    /// bench makes users itself.
     #[arg(long)]
     pub tokens: Option<PathBuf>,
+    /// What buyers holding shop tokens (JWTs) do at sign-in, before the storm, as a shop's
+    /// page would: `exchange` them for seckill's own (`POST /api/auth/exchange`) and buy
+    /// with those; `verify` them once (`GET /api/auth/me`) and buy with the shop tokens;
+    /// `none`: buy with the shop tokens at once (the target has seen them, or the storm
+    /// measures first sight).
+    #[arg(long, value_enum, default_value = "exchange")]
+    pub sign_in: SignIn,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
@@ -669,6 +685,63 @@ async fn call_retrying(c: &mut Connection, path: &str, body: Bytes) -> Result<By
     }
 }
 
+/// Each buyer's shop token presented once before the storm, as a shop's page does when
+/// its buyer signs in: exchanged for seckill's own token (the tokens the storm then uses),
+/// or verified (`GET /api/auth/me`), so that the storm measures purchases, not first sight.
+async fn sign_in(
+    addr: SocketAddr,
+    tokens: Arc<Vec<String>>,
+    how: SignIn,
+) -> Result<Arc<Vec<String>>, BenchError> {
+    #[derive(Deserialize)]
+    struct Exchanged {
+        token: String,
+    }
+    let (method, path) = match how {
+        SignIn::Exchange => (Method::POST, "/api/auth/exchange"),
+        _ => (Method::GET, "/api/auth/me"),
+    };
+    let next = Arc::new(AtomicUsize::new(0));
+    let out = Arc::new(std::sync::Mutex::new(vec![String::new(); tokens.len()]));
+    let workers: Vec<_> = (0..64)
+        .map(|_| {
+            let (next, tokens, out, method) =
+                (next.clone(), tokens.clone(), out.clone(), method.clone());
+            tokio::spawn(async move {
+                let mut c = Connection::open(addr).await?;
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(token) = tokens.get(i) else { break };
+                    let (status, answer) = c
+                        .send(method.clone(), path, Some(token), Bytes::new())
+                        .await?;
+                    if status != 200 {
+                        return Err(setup(format!(
+                            "a shop token was refused at sign-in ({status}): {}",
+                            String::from_utf8_lossy(&answer)
+                        )));
+                    }
+                    let token = match how {
+                        SignIn::Exchange => {
+                            serde_json::from_slice::<Exchanged>(&answer)
+                                .map_err(|e| setup(e.to_string()))?
+                                .token
+                        }
+                        _ => token.clone(),
+                    };
+                    out.lock().unwrap_or_else(|p| p.into_inner())[i] = token;
+                }
+                Ok::<(), BenchError>(())
+            })
+        })
+        .collect();
+    for w in workers {
+        w.await.map_err(|e| setup(e.to_string()))??;
+    }
+    let out = std::mem::take(&mut *out.lock().unwrap_or_else(|p| p.into_inner()));
+    Ok(Arc::new(out))
+}
+
 async fn login_through_api(addr: SocketAddr, n: usize) -> Result<Vec<String>, BenchError> {
     #[derive(Deserialize)]
     struct Code {
@@ -759,7 +832,19 @@ async fn storm_once(target: &Target, args: &BenchArgs, gate: &str) -> Result<Rep
     if !quiet {
         eprintln!("preparing {} buyers ...", args.buyers);
     }
-    let tokens = Arc::new(buyer_tokens(target, args).await?);
+    let mut tokens = Arc::new(buyer_tokens(target, args).await?);
+    if args.sign_in != SignIn::None && tokens.first().is_some_and(|t| t.starts_with("eyJ")) {
+        let started = Instant::now();
+        tokens = sign_in(target.addr, tokens, args.sign_in).await?;
+        if !quiet {
+            eprintln!(
+                "signed in {} shop tokens ({:?}, {:.1} s)",
+                tokens.len(),
+                args.sign_in,
+                started.elapsed().as_secs_f64()
+            );
+        }
+    }
     let (sale_id, opens_at) = open_bench_sale(target, args).await?;
     let (passes, room_figures) = match args.waiting_room {
         Some(rate) => {

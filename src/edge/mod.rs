@@ -62,6 +62,8 @@ pub struct AppState {
     pub gate: Arc<dyn Gate>,
     pub ids: Arc<IdGenerator>,
     pub tokens: TokenSigner,
+    /// The admin API keys, as this instance holds them.
+    pub api_keys: Arc<auth::keys::ApiKeys>,
     /// The shop's own tokens, when shop sign-in is configured (`--auth-issuer`).
     pub shop: Option<Arc<auth::shop::ShopTokens>>,
     /// Who takes payments; `None`: paying answers 503 `payment_unavailable`.
@@ -218,6 +220,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/auth/code", post(buyer::login::request_code))
         .route("/api/auth/login", post(buyer::login::login))
         .route("/api/auth/me", get(buyer::login::me))
+        .route("/api/auth/exchange", post(buyer::login::exchange))
         .route("/api/sales", get(buyer::catalogue::list_sales))
         .route("/api/sales/{id}", get(buyer::catalogue::get_sale))
         .route("/api/sales/{id}/stock", get(buyer::catalogue::get_stock))
@@ -280,6 +283,15 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/api/admin/sales/{id}/order-ids",
             get(admin::books::sale_order_ids),
         )
+        .route(
+            "/api/admin/keys",
+            post(admin::keys::create_key).get(admin::keys::list_keys),
+        )
+        .route(
+            "/api/admin/keys/{id}",
+            axum::routing::delete(admin::keys::revoke_key),
+        )
+        .route("/api/admin/keys/{id}/rotate", post(admin::keys::rotate_key))
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))
         .route("/metrics", get(ops::metrics))

@@ -24,6 +24,7 @@ use super::{admin, antibot, buyer, ops, provider, simulated};
         buyer::login::request_code,
         buyer::login::login,
         buyer::login::me,
+        buyer::login::exchange,
         buyer::catalogue::list_sales,
         buyer::catalogue::get_sale,
         buyer::catalogue::get_stock,
@@ -59,6 +60,10 @@ use super::{admin, antibot, buyer, ops, provider, simulated};
         admin::books::journal,
         admin::books::live,
         admin::books::rooms,
+        admin::keys::create_key,
+        admin::keys::list_keys,
+        admin::keys::rotate_key,
+        admin::keys::revoke_key,
         ops::healthz,
         ops::readyz,
         ops::metrics,
@@ -68,7 +73,7 @@ use super::{admin, antibot, buyer, ops, provider, simulated};
         schemas(super::http::input::Id),
         responses(super::http::error::ErrorResponse)
     ),
-    modifiers(&SecuritySchemes, &Links, &OptionalBodies)
+    modifiers(&SecuritySchemes, &KeyScopes, &Links, &OptionalBodies)
 )]
 pub struct ApiDoc;
 
@@ -147,7 +152,47 @@ impl Modify for SecuritySchemes {
                     .build(),
             ),
         );
-        components.add_security_scheme("admin", bearer("the admin token (SECKILL_ADMIN_TOKEN)"));
+        components.add_security_scheme(
+            "admin",
+            bearer("the bootstrap admin token (SECKILL_ADMIN_TOKEN): every scope"),
+        );
+        components.add_security_scheme(
+            "api_key",
+            bearer(
+                "an admin API key (`sk_{id}_{secret}`, from POST /api/admin/keys) holding the \
+                 scope the call names: sales:read, sales:write, orders:read, payments, \
+                 operations, metrics or keys; a key without it gets 403 forbidden naming the \
+                 scope",
+            ),
+        );
+    }
+}
+
+/// Each admin call (and `/metrics`) also takes an API key holding its scope, as
+/// `auth::keys::scope_for` decides it: published from that one table.
+struct KeyScopes;
+
+impl Modify for KeyScopes {
+    fn modify(&self, doc: &mut Document) {
+        for (path, item) in doc.paths.paths.iter_mut() {
+            for (method, op) in [
+                (axum::http::Method::GET, &mut item.get),
+                (axum::http::Method::POST, &mut item.post),
+                (axum::http::Method::PATCH, &mut item.patch),
+                (axum::http::Method::DELETE, &mut item.delete),
+            ] {
+                let Some(op) = op.as_mut() else { continue };
+                if !(path.starts_with("/api/admin") || path == "/metrics") {
+                    continue;
+                }
+                let Some(scope) = super::auth::keys::scope_for(&method, path) else {
+                    continue;
+                };
+                op.security.get_or_insert_with(Vec::new).push(
+                    utoipa::openapi::security::SecurityRequirement::new("api_key", [scope.name()]),
+                );
+            }
+        }
     }
 }
 

@@ -187,6 +187,7 @@ pub async fn metrics(_: MetricsReader, State(st): State<Arc<AppState>>) -> Respo
     }
     st.connections.render(&mut out);
     st.secret_guard.render(&mut out);
+    st.api_keys.render(&mut out);
     if let Some(shop) = &st.shop {
         shop.render(&mut out);
     }

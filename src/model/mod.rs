@@ -334,3 +334,17 @@ mod by_sale_tests {
         assert_eq!(BySale::<u8>::default().get(1), None);
     }
 }
+
+/// An admin API key as stored (see `edge::auth::keys`): never its secret, only the hash.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ApiKeyRow {
+    pub id: i64,
+    pub name: String,
+    /// Space-separated, as the edge wrote them.
+    pub scopes: String,
+    pub secret_sha256: String,
+    pub created_at: i64,
+    pub rotated_at: Option<i64>,
+    pub last_used_at: Option<i64>,
+    pub revoked_at: Option<i64>,
+}

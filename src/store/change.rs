@@ -72,6 +72,18 @@ pub enum Change {
     Users {
         users: Vec<(i64, String)>,
     },
+    ApiKeyCreated {
+        key: crate::model::ApiKeyRow,
+    },
+    ApiKeyRotated {
+        id: i64,
+        secret_sha256: String,
+        now: i64,
+    },
+    ApiKeyRevoked {
+        id: i64,
+        now: i64,
+    },
 }
 
 /// Orders as one text of `id:sale:user:quantity:price:accepted_at` records joined by `;`:
@@ -168,6 +180,24 @@ mod tests {
             Change::Users {
                 users: vec![(1, "+8613800000000".into())],
             },
+            Change::ApiKeyCreated {
+                key: crate::model::ApiKeyRow {
+                    id: 5,
+                    name: "sync".into(),
+                    scopes: "sales:read sales:write".into(),
+                    secret_sha256: "ab".repeat(32),
+                    created_at: 1,
+                    rotated_at: None,
+                    last_used_at: Some(2),
+                    revoked_at: None,
+                },
+            },
+            Change::ApiKeyRotated {
+                id: 5,
+                secret_sha256: "cd".repeat(32),
+                now: 3,
+            },
+            Change::ApiKeyRevoked { id: 5, now: 4 },
         ];
         for change in changes {
             let text = change.encode();

@@ -698,6 +698,17 @@ impl Store {
             Change::SalePaused { id, paused } => self.set_paused(*id, *paused).await,
             Change::SaleEnded { id, at } => self.end_early(*id, *at).await.map(|_| ()),
             Change::Users { users } => self.insert_users_again(users).await,
+            Change::ApiKeyCreated { key } => self.create_api_key(key).await,
+            // A later rotation or revocation found done, or superseded: nothing to do.
+            Change::ApiKeyRotated {
+                id,
+                secret_sha256,
+                now,
+            } => self
+                .rotate_api_key(*id, secret_sha256, *now)
+                .await
+                .map(|_| ()),
+            Change::ApiKeyRevoked { id, now } => self.revoke_api_key(*id, *now).await.map(|_| ()),
         };
         match done {
             Ok(()) => Ok(Applied::Done),

@@ -21,6 +21,7 @@ mod sql;
 mod tx;
 
 // What the store keeps, and how it changes.
+pub mod api_keys;
 mod buyers;
 pub mod counters;
 mod expiry;

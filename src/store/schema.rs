@@ -37,6 +37,7 @@ pub fn migrations(d: Dialect) -> Vec<(i64, Vec<String>)> {
         (14, buyers_indexed_by_sale_only(d)),
         (15, buyers_indexed_in_runs(d)),
         (16, shop_buyers(int, tail)),
+        (17, api_keys(int, tail)),
     ]
 }
 
@@ -49,6 +50,23 @@ fn shop_buyers(int: &str, tail: &str) -> Vec<String> {
             issuer VARCHAR(255) NOT NULL,
             subject VARCHAR(255) NOT NULL,
             created_at {int} NOT NULL
+        ){tail}"
+    )]
+}
+
+/// Admin API keys (see `edge::auth::keys`): a name, scopes, the SHA-256 of the secret
+/// (never the secret), when it was last used (to the nearest few seconds) and when revoked.
+fn api_keys(int: &str, tail: &str) -> Vec<String> {
+    vec![format!(
+        "CREATE TABLE IF NOT EXISTS api_keys (
+            id {int} PRIMARY KEY,
+            name VARCHAR(100) NOT NULL,
+            scopes VARCHAR(500) NOT NULL,
+            secret_sha256 VARCHAR(64) NOT NULL,
+            created_at {int} NOT NULL,
+            rotated_at {int},
+            last_used_at {int},
+            revoked_at {int}
         ){tail}"
     )]
 }

@@ -5,6 +5,7 @@
 mod common;
 
 mod antibot;
+mod api_keys;
 mod edge_fuzz;
 mod edge_input;
 mod lifecycle;

@@ -21,6 +21,7 @@ use super::limits::RateTable;
 use super::AppState;
 use crate::gate::RateLimit;
 
+pub mod keys;
 pub mod shop;
 use shop::Verdict;
 
@@ -200,6 +201,11 @@ pub fn caller_of(st: &AppState, headers: &HeaderMap, now_ms: i64) -> Result<Call
     }
 }
 
+/// The credentials of `Authorization: Bearer ...`, if any.
+pub fn bearer_token(headers: &HeaderMap) -> Option<&str> {
+    bearer(headers)
+}
+
 /// The user id behind the request's bearer token at `now_ms`, or 401; fetches the shop's
 /// keys first for a token naming one not seen yet.
 pub async fn user_of(st: &AppState, headers: &HeaderMap, now_ms: i64) -> Result<i64, ApiError> {
@@ -281,6 +287,28 @@ impl SecretGuard {
         what: &str,
         now_ms: i64,
     ) -> Result<(), ApiError> {
+        // Every accepted secret is compared, so the time taken says nothing of which one
+        // came closest.
+        self.check_with(client, given, what, now_ms, |given| {
+            accepted.iter().fold(false, |m, secret| {
+                m | constant_time_eq(given.as_bytes(), secret.as_bytes())
+            })
+        })
+        .map(|_| ())
+    }
+
+    /// The same, with `matches` judging the secret given: its answer when it is Some.
+    pub fn check_with<T>(
+        &self,
+        client: IpAddr,
+        given: Option<&str>,
+        what: &str,
+        now_ms: i64,
+        matches: impl FnOnce(&str) -> T,
+    ) -> Result<T, ApiError>
+    where
+        T: Matched,
+    {
         let Some(given) = given else {
             return Err(ApiError::Unauthorized(format!("missing or wrong {what}")));
         };
@@ -291,13 +319,9 @@ impl SecretGuard {
                 message: "too many wrong tokens from this address; wait before trying again".into(),
             });
         }
-        // Every accepted secret is compared, so the time taken says nothing of which one
-        // came closest.
-        let matched = accepted.iter().fold(false, |m, secret| {
-            m | constant_time_eq(given.as_bytes(), secret.as_bytes())
-        });
-        if matched {
-            return Ok(());
+        let matched = matches(given);
+        if matched.is_match() {
+            return Ok(matched);
         }
         self.failures.fetch_add(1, Ordering::Relaxed);
         if let Some(wrong) = &self.wrong {
@@ -307,6 +331,32 @@ impl SecretGuard {
     }
 }
 
+/// What a secret check found: whether it matched.
+pub trait Matched {
+    fn is_match(&self) -> bool;
+}
+
+impl Matched for bool {
+    fn is_match(&self) -> bool {
+        *self
+    }
+}
+
+impl<T> Matched for Option<T> {
+    fn is_match(&self) -> bool {
+        self.is_some()
+    }
+}
+
+/// The client address of a request, as the address limiter names it.
+fn client_of(st: &AppState, parts: &Parts) -> IpAddr {
+    let peer = parts
+        .extensions
+        .get::<PeerAddr>()
+        .map_or(IpAddr::from([0, 0, 0, 0]), |p| p.0);
+    st.address_limiter.client_of(peer, &parts.headers)
+}
+
 /// Checks the request's bearer token against `accepted`, throttled per client address.
 pub fn check_secret(
     st: &AppState,
@@ -314,13 +364,13 @@ pub fn check_secret(
     accepted: &[&str],
     what: &str,
 ) -> Result<(), ApiError> {
-    let peer = parts
-        .extensions
-        .get::<PeerAddr>()
-        .map_or(IpAddr::from([0, 0, 0, 0]), |p| p.0);
-    let client = st.address_limiter.client_of(peer, &parts.headers);
-    st.secret_guard
-        .check(client, bearer(&parts.headers), accepted, what, st.now_ms())
+    st.secret_guard.check(
+        client_of(st, parts),
+        bearer(&parts.headers),
+        accepted,
+        what,
+        st.now_ms(),
+    )
 }
 
 /// The authenticated caller of a user endpoint.
@@ -339,8 +389,77 @@ impl FromRequestParts<Arc<AppState>> for AuthUser {
     }
 }
 
-/// The caller of an admin endpoint, holding the configured admin token.
-pub struct Admin;
+/// The caller of an admin endpoint: the holder of the admin token (every scope), or of an
+/// API key with the scope the call needs (`keys::scope_for`).
+pub struct Admin {
+    /// The key used; `None` for the admin token.
+    pub key: Option<keys::KeyHolder>,
+}
+
+impl Admin {
+    /// The scopes the caller holds.
+    pub fn scopes(&self) -> keys::Scopes {
+        self.key
+            .as_ref()
+            .map_or_else(keys::Scopes::all, |k| k.scopes)
+    }
+
+    /// Who acted, for the log: the key's name and id, or the admin token.
+    pub fn name(&self) -> String {
+        self.key.as_ref().map_or_else(
+            || "admin token".into(),
+            |k| format!("key {} ({})", k.id, k.name),
+        )
+    }
+}
+
+/// The holder of an API key with `scope`, or 401 (an unknown, revoked or wrong key,
+/// counted as a guess) or 403 `forbidden` naming the scope.
+async fn key_holder(
+    st: &AppState,
+    parts: &Parts,
+    scope: Option<keys::Scope>,
+) -> Result<keys::KeyHolder, ApiError> {
+    if let Some(text) = bearer(&parts.headers) {
+        st.api_keys.learn(text, &st.store).await;
+    }
+    let now = st.now_ms();
+    let holder = st
+        .secret_guard
+        .check_with(
+            client_of(st, parts),
+            bearer(&parts.headers),
+            "API key",
+            now,
+            |k| st.api_keys.holder(k, now),
+        )
+        .inspect_err(|e| {
+            if matches!(e, ApiError::Unauthorized(_)) {
+                st.api_keys.refused.fetch_add(1, Ordering::Relaxed);
+            }
+        })?
+        .ok_or_else(|| ApiError::Unauthorized("missing or wrong API key".into()))?;
+    match scope {
+        Some(scope) if holder.scopes.has(scope) => Ok(holder),
+        _ => {
+            st.api_keys.forbidden.fetch_add(1, Ordering::Relaxed);
+            let needed = scope.map_or("one no key holds", keys::Scope::name);
+            Err(ApiError::Forbidden {
+                code: "forbidden",
+                message: format!("this API key lacks the scope {needed}").into(),
+            })
+        }
+    }
+}
+
+/// The scope the request's route needs.
+fn scope_of(parts: &Parts) -> Option<keys::Scope> {
+    let route = parts
+        .extensions
+        .get::<axum::extract::MatchedPath>()
+        .map_or(parts.uri.path(), |m| m.as_str());
+    keys::scope_for(&parts.method, route)
+}
 
 impl FromRequestParts<Arc<AppState>> for Admin {
     type Rejection = ApiError;
@@ -349,12 +468,18 @@ impl FromRequestParts<Arc<AppState>> for Admin {
         parts: &mut Parts,
         state: &Arc<AppState>,
     ) -> Result<Self, ApiError> {
+        if bearer(&parts.headers).is_some_and(keys::looks_like_key) {
+            let key = key_holder(state, parts, scope_of(parts)).await?;
+            return Ok(Admin { key: Some(key) });
+        }
         let Some(expected) = &state.config.admin_token else {
             return Err(ApiError::Unauthorized(
-                "the admin API is closed: set SECKILL_ADMIN_TOKEN".into(),
+                "the admin API takes API keys (sk_...) here: set SECKILL_ADMIN_TOKEN to make \
+                 the first one"
+                    .into(),
             ));
         };
-        check_secret(state, parts, &[expected], "admin token").map(|()| Admin)
+        check_secret(state, parts, &[expected], "admin token").map(|()| Admin { key: None })
     }
 }
 
@@ -372,6 +497,11 @@ impl FromRequestParts<Arc<AppState>> for MetricsReader {
         let c = &state.config;
         if c.metrics_public || c.dev {
             return Ok(MetricsReader);
+        }
+        if bearer(&parts.headers).is_some_and(keys::looks_like_key) {
+            return key_holder(state, parts, Some(keys::Scope::Metrics))
+                .await
+                .map(|_| MetricsReader);
         }
         let accepted: Vec<&str> = [&c.metrics_token, &c.admin_token]
             .into_iter()

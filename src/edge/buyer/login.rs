@@ -233,3 +233,40 @@ pub async fn me(AuthUser(user_id): AuthUser) -> Json<Me> {
         user_id: user_id.to_string(),
     })
 }
+
+#[utoipa::path(
+    post,
+    path = "/api/auth/exchange",
+    tag = "buyer",
+    summary = "Exchange a shop token for seckill's own token",
+    description = "With shop sign-in on: the bearer is a JWT from the shop's issuer, checked as \
+                   every call checks it; the answer is seckill's own token for the same buyer, \
+                   valid until the shop token expires (at most --token-ttl-secs). seckill's \
+                   own token is the cheapest to verify: a page that exchanges at sign-in \
+                   makes each purchase cost what it costs a phone buyer. 404 when shop \
+                   sign-in is off; 401 unauthorized names the check a token failed.",
+    responses((status = 200, description = "seckill's token for the same buyer", body = LoginAnswer), (status = 401, response = ErrorResponse), (status = 404, response = ErrorResponse), (status = 503, response = ErrorResponse)),
+    security(("user" = []))
+)]
+pub async fn exchange(
+    State(st): State<Arc<AppState>>,
+    headers: axum::http::HeaderMap,
+) -> Result<Json<LoginAnswer>, ApiError> {
+    if st.shop.is_none() {
+        return Err(ApiError::NotFound(
+            "shop sign-in is off (--auth-issuer): there is no shop token to exchange".into(),
+        ));
+    }
+    let now = st.now_ms();
+    let token = crate::edge::auth::bearer_token(&headers)
+        .filter(|t| crate::edge::auth::shop::looks_like_jwt(t))
+        .ok_or_else(|| ApiError::Unauthorized("the bearer must be a shop token (a JWT)".into()))?;
+    let user_id = crate::edge::auth::user_of(&st, &headers, now).await?;
+    let ttl_end = now / 1000 + st.config.token_ttl_secs as i64;
+    let expires = crate::edge::auth::shop::expiry_of(token).map_or(ttl_end, |exp| exp.min(ttl_end));
+    st.metrics.tokens_issued.fetch_add(1, Ordering::Relaxed);
+    Ok(Json(LoginAnswer {
+        token: st.tokens.sign(user_id, expires),
+        user_id: user_id.to_string(),
+    }))
+}

@@ -69,6 +69,7 @@ pub trait IdOf {
 pub struct OfSale;
 pub struct OfOrder;
 pub struct OfIntent;
+pub struct OfKey;
 
 impl IdOf for OfSale {
     const WHAT: &'static str = "sale id";
@@ -79,6 +80,9 @@ impl IdOf for OfOrder {
 impl IdOf for OfIntent {
     const WHAT: &'static str = "payment intent id";
 }
+impl IdOf for OfKey {
+    const WHAT: &'static str = "API key id";
+}
 
 /// The `{id}` of a path, parsed before the handler runs: a malformed one answers 400
 /// `invalid_request`, after the extractors before it (the caller's credentials).
@@ -87,6 +91,7 @@ pub struct PathId<K>(pub i64, pub PhantomData<K>);
 pub type SaleId = PathId<OfSale>;
 pub type OrderId = PathId<OfOrder>;
 pub type IntentId = PathId<OfIntent>;
+pub type KeyId = PathId<OfKey>;
 
 impl<S: Send + Sync, K: IdOf> FromRequestParts<S> for PathId<K> {
     type Rejection = ApiError;

@@ -26,6 +26,7 @@
     $("signout").classList.remove("hidden");
     $("dashboard").classList.remove("hidden");
     showSales(r.data);
+    loadKeys();
     rooms();
     setInterval(rooms, 2000);
   }
@@ -235,6 +236,53 @@
         el("td", { text: room.closed || "" })))
     );
   }
+
+  const SCOPES = ["sales:read", "sales:write", "orders:read", "payments", "operations", "metrics", "keys"];
+
+  // A key's secret is shown once, in the answer that made or rotated it.
+  function showSecret(r, what) {
+    if (!r.ok) return say("key-secret", r.data.message, "error");
+    say("key-secret", what + " " + r.data.name + ": " + r.data.secret + " (shown once: copy it now)", "good");
+    loadKeys();
+  }
+
+  async function loadKeys() {
+    const r = await api("GET", "/api/admin/keys", undefined, "admin");
+    // A key without the `keys` scope sees no panel.
+    $("keys-card").classList.toggle("hidden", !r.ok);
+    if (!r.ok) return;
+    $("keys").tBodies[0].replaceChildren(
+      ...r.data.map((k) => {
+        const actions = el("td", { class: "row" });
+        if (!k.revoked_at) {
+          actions.append(
+            el("button", { type: "button", "data-action": "rotate", text: "Rotate",
+              on: { click: async () => showSecret(await api("POST", "/api/admin/keys/" + k.id + "/rotate", undefined, "admin"), "New secret of") } }),
+            el("button", { type: "button", "data-action": "revoke", text: "Revoke",
+              on: { click: async () => {
+                const d = await api("DELETE", "/api/admin/keys/" + k.id, undefined, "admin");
+                say("key-secret", d.ok ? "Key " + k.name + " revoked." : d.data.message, d.ok ? "good" : "error");
+                loadKeys();
+              } } }));
+        }
+        return el("tr", { id: "key-" + k.id, "data-state": k.revoked_at ? "revoked" : "live" },
+          el("td", { text: k.id }), el("td", { text: k.name }), el("td", { text: k.scopes.join(" ") }),
+          el("td", { text: k.last_used_at ? when(k.last_used_at) : "never" }),
+          el("td", { text: k.revoked_at ? "revoked " + when(k.revoked_at) : "live" }), actions);
+      }),
+    );
+  }
+
+  async function createKey(e) {
+    e.preventDefault();
+    const scopes = SCOPES.filter((s) => $("scope-" + s).checked);
+    const r = await api("POST", "/api/admin/keys", { name: $("key-name").value, scopes }, "admin");
+    showSecret(r, "Key");
+  }
+
+  $("key-scopes").append(...SCOPES.map((s) => el("label", { class: "check" },
+    el("input", { type: "checkbox", id: "scope-" + s, value: s }), " " + s)));
+  $("key-create").addEventListener("submit", createKey);
 
   async function create(e) {
     e.preventDefault();
