@@ -123,6 +123,22 @@ async fn shop_tokens_of_every_algorithm_buy_and_one_person_is_one_buyer() {
         store.shop_buyer(buyer_id(ISSUER, "bob")).await.unwrap(),
         Some((ISSUER.to_string(), "bob".to_string()))
     );
+    // Exchanged at sign-in: seckill's own token for the same buyer, expiring with the
+    // shop token.
+    let short = signed("ed-1", &json!({"iss": ISSUER, "aud": AUDIENCE, "sub": "erin", "exp": now() + 120}));
+    let exchanged = api.post("/api/auth/exchange", Some(&short), None).await.expect(200);
+    let own = exchanged["token"].as_str().unwrap().to_string();
+    assert_eq!(exchanged["user_id"], buyer_id(ISSUER, "erin").to_string().as_str());
+    let expires: i64 = own.split('.').nth(1).unwrap().parse().unwrap();
+    assert!(expires <= now() + 120, "{own}");
+    assert_eq!(api.buy(&own, &sale).await.expect(200)["code"], "ok");
+    assert_eq!(
+        api.buy(&short, &sale).await.status_code(),
+        (409, "already_purchased".into()),
+        "one buyer, either token"
+    );
+    let refused = api.post("/api/auth/exchange", Some(&own), None).await;
+    assert_eq!(refused.status, 401, "only a shop token is exchanged: {refused}");
     api.check_reconciled(&sale).await;
     let orders = api.orders(&alice[2]).await.expect(200);
     assert_eq!(
