@@ -715,6 +715,10 @@ impl App {
         handles.push(tokio::spawn(
             st.api_keys.clone().run(st.store.clone(), stop_rx.clone()),
         ));
+        handles.push(tokio::spawn(crate::edge::idempotency::forget_old(
+            self.state.clone(),
+            stop_rx.clone(),
+        )));
         if let Some(shop) = &st.shop {
             handles.push(tokio::spawn(
                 shop.clone().run(st.store.clone(), stop_rx.clone()),

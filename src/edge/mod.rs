@@ -20,6 +20,7 @@ pub mod antibot;
 pub mod auth;
 pub mod buyer;
 pub mod http;
+pub mod idempotency;
 pub mod openapi;
 pub mod ops;
 pub mod pages;
@@ -216,6 +217,8 @@ impl Metrics {
 
 pub fn router(state: Arc<AppState>) -> Router {
     let simulated = state.simulator.is_some();
+    // The creating calls that honour `Idempotency-Key`.
+    let once = axum::middleware::from_fn_with_state(state.clone(), idempotency::idempotent);
     let routes = Router::new()
         .route("/api/auth/code", post(buyer::login::request_code))
         .route("/api/auth/login", post(buyer::login::login))
@@ -234,8 +237,14 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/admin/rooms", get(admin::books::rooms))
         .route("/api/orders", get(buyer::orders::list_orders))
         .route("/api/orders/{id}", get(buyer::orders::get_order))
-        .route("/api/orders/{id}/pay", post(buyer::payments::pay))
-        .route("/api/orders/{id}/cancel", post(buyer::payments::cancel))
+        .route(
+            "/api/orders/{id}/pay",
+            post(buyer::payments::pay).layer(once.clone()),
+        )
+        .route(
+            "/api/orders/{id}/cancel",
+            post(buyer::payments::cancel).layer(once.clone()),
+        )
         .route("/api/payments/notify", post(provider::notify))
         .route(
             "/api/simulated-pay/{id}",
@@ -249,7 +258,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         )
         .route(
             "/api/admin/sales",
-            post(admin::sales::create_sale).get(admin::sales::admin_list_sales),
+            post(admin::sales::create_sale)
+                .get(admin::sales::admin_list_sales)
+                .layer(once.clone()),
         )
         .route(
             "/api/admin/sales/{id}",
@@ -285,7 +296,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         )
         .route(
             "/api/admin/keys",
-            post(admin::keys::create_key).get(admin::keys::list_keys),
+            post(admin::keys::create_key)
+                .get(admin::keys::list_keys)
+                .layer(once.clone()),
         )
         .route(
             "/api/admin/keys/{id}",

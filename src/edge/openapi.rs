@@ -73,7 +73,7 @@ use super::{admin, antibot, buyer, ops, provider, simulated};
         schemas(super::http::input::Id),
         responses(super::http::error::ErrorResponse)
     ),
-    modifiers(&SecuritySchemes, &KeyScopes, &Links, &OptionalBodies)
+    modifiers(&SecuritySchemes, &KeyScopes, &IdempotencyKeys, &Links, &OptionalBodies)
 )]
 pub struct ApiDoc;
 
@@ -191,6 +191,58 @@ impl Modify for KeyScopes {
                 op.security.get_or_insert_with(Vec::new).push(
                     utoipa::openapi::security::SecurityRequirement::new("api_key", [scope.name()]),
                 );
+            }
+        }
+    }
+}
+
+/// The creating calls that honour `Idempotency-Key` (the router layers them with
+/// `idempotency::idempotent`).
+const IDEMPOTENT: [&str; 4] = ["create_sale", "pay", "cancel", "create_key"];
+
+/// Declares the `Idempotency-Key` header, and its answers, on `IDEMPOTENT`.
+struct IdempotencyKeys;
+
+impl Modify for IdempotencyKeys {
+    fn modify(&self, doc: &mut Document) {
+        use utoipa::openapi::path::{ParameterBuilder, ParameterIn};
+        for item in doc.paths.paths.values_mut() {
+            for op in operations_of_mut(item) {
+                let named = op
+                    .operation_id
+                    .as_deref()
+                    .is_some_and(|id| IDEMPOTENT.contains(&id));
+                if !named {
+                    continue;
+                }
+                let header = ParameterBuilder::new()
+                    .name("Idempotency-Key")
+                    .parameter_in(ParameterIn::Header)
+                    .required(utoipa::openapi::Required::False)
+                    .description(Some(
+                        "1 to 255 printable ASCII characters, unique per request: a retry with \
+                         the same key and request answers the first answer again (with \
+                         Idempotent-Replayed: true) for 24 hours, on every instance; the same \
+                         key with another request answers 422 idempotency_key_reused; a retry \
+                         while the first call runs waits for it up to 5 s, then answers 409 \
+                         idempotency_in_progress",
+                    ))
+                    .schema(Some(
+                        utoipa::openapi::ObjectBuilder::new()
+                            .schema_type(utoipa::openapi::schema::Type::String)
+                            .min_length(Some(1))
+                            .max_length(Some(255)),
+                    ))
+                    .build();
+                op.parameters.get_or_insert_with(Vec::new).push(header);
+                for status in ["409", "422"] {
+                    op.responses
+                        .responses
+                        .entry(status.to_string())
+                        .or_insert_with(|| {
+                            RefOr::Ref(utoipa::openapi::Ref::from_response_name("ErrorResponse"))
+                        });
+                }
             }
         }
     }

@@ -25,6 +25,7 @@ pub mod api_keys;
 mod buyers;
 pub mod counters;
 mod expiry;
+pub mod idempotency;
 pub mod journal;
 pub mod moves;
 mod orders;

@@ -38,6 +38,7 @@ pub fn migrations(d: Dialect) -> Vec<(i64, Vec<String>)> {
         (15, buyers_indexed_in_runs(d)),
         (16, shop_buyers(int, tail)),
         (17, api_keys(int, tail)),
+        (18, idempotency_keys(int, tail)),
     ]
 }
 
@@ -69,6 +70,26 @@ fn api_keys(int: &str, tail: &str) -> Vec<String> {
             revoked_at {int}
         ){tail}"
     )]
+}
+
+/// The answers of creating calls sent with an `Idempotency-Key` (see `edge::idempotency`):
+/// per caller and key, the request's fingerprint and, once it is done, its answer. Old
+/// ones are removed in batches by their creation time.
+fn idempotency_keys(int: &str, tail: &str) -> Vec<String> {
+    vec![
+        format!(
+            "CREATE TABLE IF NOT EXISTS idempotency_keys (
+                caller VARCHAR(64) NOT NULL,
+                idem_key VARCHAR(255) NOT NULL,
+                fingerprint VARCHAR(64) NOT NULL,
+                status {int},
+                body TEXT,
+                created_at {int} NOT NULL,
+                PRIMARY KEY (caller, idem_key)
+            ){tail}"
+        ),
+        "CREATE INDEX idempotency_keys_by_age ON idempotency_keys (created_at)".to_string(),
+    ]
 }
 
 /// The first tables: sales, orders (indexed by sale and buyer, and by buyer), users,

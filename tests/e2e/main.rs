@@ -8,6 +8,7 @@ mod antibot;
 mod api_keys;
 mod edge_fuzz;
 mod edge_input;
+mod idempotency;
 mod lifecycle;
 mod limits;
 mod payments;

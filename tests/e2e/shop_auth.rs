@@ -125,10 +125,19 @@ async fn shop_tokens_of_every_algorithm_buy_and_one_person_is_one_buyer() {
     );
     // Exchanged at sign-in: seckill's own token for the same buyer, expiring with the
     // shop token.
-    let short = signed("ed-1", &json!({"iss": ISSUER, "aud": AUDIENCE, "sub": "erin", "exp": now() + 120}));
-    let exchanged = api.post("/api/auth/exchange", Some(&short), None).await.expect(200);
+    let short = signed(
+        "ed-1",
+        &json!({"iss": ISSUER, "aud": AUDIENCE, "sub": "erin", "exp": now() + 120}),
+    );
+    let exchanged = api
+        .post("/api/auth/exchange", Some(&short), None)
+        .await
+        .expect(200);
     let own = exchanged["token"].as_str().unwrap().to_string();
-    assert_eq!(exchanged["user_id"], buyer_id(ISSUER, "erin").to_string().as_str());
+    assert_eq!(
+        exchanged["user_id"],
+        buyer_id(ISSUER, "erin").to_string().as_str()
+    );
     let expires: i64 = own.split('.').nth(1).unwrap().parse().unwrap();
     assert!(expires <= now() + 120, "{own}");
     assert_eq!(api.buy(&own, &sale).await.expect(200)["code"], "ok");
@@ -138,7 +147,10 @@ async fn shop_tokens_of_every_algorithm_buy_and_one_person_is_one_buyer() {
         "one buyer, either token"
     );
     let refused = api.post("/api/auth/exchange", Some(&own), None).await;
-    assert_eq!(refused.status, 401, "only a shop token is exchanged: {refused}");
+    assert_eq!(
+        refused.status, 401,
+        "only a shop token is exchanged: {refused}"
+    );
     api.check_reconciled(&sale).await;
     let orders = api.orders(&alice[2]).await.expect(200);
     assert_eq!(

@@ -92,6 +92,13 @@ pub enum ApiError {
         code: &'static str,
         message: Cow<'static, str>,
     },
+    /// 422 with its own code: a well-formed request that cannot be taken as it stands
+    /// (`idempotency_key_reused`).
+    #[error("{message}")]
+    Unprocessable {
+        code: &'static str,
+        message: Cow<'static, str>,
+    },
     /// 409 `conflict`: the request clashes with the current state (e.g. approving twice).
     #[error("{0}")]
     Conflict(String),
@@ -131,7 +138,9 @@ impl ApiError {
             ApiError::NotFound(_) => "not_found",
             ApiError::MethodNotAllowed => "method_not_allowed",
             ApiError::PayloadTooLarge => "payload_too_large",
-            ApiError::Rejected { code, .. } | ApiError::Forbidden { code, .. } => code,
+            ApiError::Rejected { code, .. }
+            | ApiError::Forbidden { code, .. }
+            | ApiError::Unprocessable { code, .. } => code,
             ApiError::Conflict(_) => "conflict",
             ApiError::RateLimited { .. } => "rate_limited",
             ApiError::Unavailable(_) => "unavailable",
@@ -151,6 +160,7 @@ impl ApiError {
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Forbidden { .. } => StatusCode::FORBIDDEN,
+            ApiError::Unprocessable { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::Rejected { .. } | ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_) | ApiError::NotLoaded | ApiError::PaymentUnavailable(_) => {
@@ -269,6 +279,7 @@ impl ApiError {
             | ApiError::Unavailable(m) => Cow::Borrowed(m),
             ApiError::Rejected { message, .. }
             | ApiError::Forbidden { message, .. }
+            | ApiError::Unprocessable { message, .. }
             | ApiError::RateLimited { message, .. } => Cow::Borrowed(message),
             ApiError::InvalidCode
             | ApiError::MethodNotAllowed

@@ -1,0 +1,130 @@
+//! The answers of creating calls sent with an `Idempotency-Key`, kept in SQL so that every
+//! instance and a restarted one answer a retry the same. A record is claimed before the
+//! call runs (no answer yet) and completed with the answer, or released when the call
+//! failed in a way worth trying again.
+//!
+//! What it must never do: judge a request or an answer (the edge does), or remove a record
+//! younger than its caller was promised.
+
+use sqlx::Row;
+
+use super::{Store, StoreError};
+
+/// What a key holds when claimed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// Claimed now: the caller runs the call, then completes or releases it.
+    Mine,
+    /// Another call holds the key: its fingerprint, and its answer once it has one.
+    Taken {
+        fingerprint: String,
+        answer: Option<(u16, String)>,
+    },
+}
+
+impl Store {
+    /// Claims (caller, key) for a request of `fingerprint`, or says who holds it.
+    pub async fn claim_idempotency_key(
+        &self,
+        caller: &str,
+        key: &str,
+        fingerprint: &str,
+        now: i64,
+    ) -> Result<Claim, StoreError> {
+        let q = format!(
+            "{} VALUES (?, ?, ?, NULL, NULL, ?){}",
+            self.insert_ignore(
+                "idempotency_keys (caller, idem_key, fingerprint, status, body, created_at)"
+            ),
+            self.on_conflict_nothing()
+        );
+        let inserted = sqlx::query(&self.sql(&q))
+            .bind(caller)
+            .bind(key)
+            .bind(fingerprint)
+            .bind(now)
+            .execute(&self.pool)
+            .await?
+            .rows_affected();
+        if inserted == 1 {
+            return Ok(Claim::Mine);
+        }
+        self.idempotency_record(caller, key).await
+    }
+
+    /// The record of (caller, key) as it stands (`Mine` when there is none any more).
+    pub async fn idempotency_record(&self, caller: &str, key: &str) -> Result<Claim, StoreError> {
+        let row = sqlx::query(&self.sql(
+            "SELECT fingerprint, status, body FROM idempotency_keys WHERE caller = ? AND idem_key = ?",
+        ))
+        .bind(caller)
+        .bind(key)
+        .fetch_optional(&self.pool)
+        .await?;
+        let Some(row) = row else {
+            return Ok(Claim::Mine);
+        };
+        let status: Option<i64> = row.try_get(1)?;
+        let body: Option<String> = row.try_get(2)?;
+        Ok(Claim::Taken {
+            fingerprint: row.try_get(0)?,
+            answer: status.zip(body).map(|(s, b)| (s as u16, b)),
+        })
+    }
+
+    /// Keeps the answer of a claimed call.
+    pub async fn complete_idempotency_key(
+        &self,
+        caller: &str,
+        key: &str,
+        status: u16,
+        body: &str,
+    ) -> Result<(), StoreError> {
+        sqlx::query(&self.sql(
+            "UPDATE idempotency_keys SET status = ?, body = ? WHERE caller = ? AND idem_key = ?",
+        ))
+        .bind(status as i64)
+        .bind(body)
+        .bind(caller)
+        .bind(key)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Lets a claimed call that changed nothing be tried again.
+    pub async fn release_idempotency_key(&self, caller: &str, key: &str) -> Result<(), StoreError> {
+        sqlx::query(&self.sql(
+            "DELETE FROM idempotency_keys WHERE caller = ? AND idem_key = ? AND status IS NULL",
+        ))
+        .bind(caller)
+        .bind(key)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Removes up to `limit` records created before `before`; how many went.
+    pub async fn forget_idempotency_keys(
+        &self,
+        before: i64,
+        limit: i64,
+    ) -> Result<u64, StoreError> {
+        let q = match self.dialect {
+            super::Dialect::MySql => {
+                "DELETE FROM idempotency_keys WHERE created_at < ? ORDER BY created_at LIMIT ?"
+                    .to_string()
+            }
+            _ => "DELETE FROM idempotency_keys WHERE (caller, idem_key) IN \
+                  (SELECT caller, idem_key FROM idempotency_keys WHERE created_at < ? \
+                  ORDER BY created_at LIMIT ?)"
+                .to_string(),
+        };
+        Ok(sqlx::query(&self.sql(&q))
+            .bind(before)
+            .bind(limit)
+            .execute(&self.pool)
+            .await?
+            .rows_affected())
+    }
+}

@@ -1,0 +1,215 @@
+//! Safe retries with `Idempotency-Key` against two instances on Redis + PostgreSQL: a
+//! retried creating call runs once, on whichever instance and after a restart; the same
+//! key with another body is 422; concurrent retries create one thing; a new key's secret
+//! is never kept to be replayed.
+
+use reqwest::Method;
+use serde_json::{json, Value};
+
+use crate::common::{self, Api, Server, Sql};
+
+fn sale_body(title: &str) -> Value {
+    let now = time::OffsetDateTime::now_utc();
+    json!({
+        "title": title,
+        "price_cents": 100,
+        "stock": 5,
+        "begins_at": common::rfc3339(now - time::Duration::seconds(5)),
+        "ends_at": common::rfc3339(now + time::Duration::hours(1)),
+    })
+}
+
+async fn with_key(
+    api: &Api,
+    method: Method,
+    path: &str,
+    bearer: &str,
+    key: &str,
+    body: Option<&Value>,
+) -> common::api::Reply {
+    let mut r = api
+        .request(method, path)
+        .bearer_auth(bearer)
+        .header("Idempotency-Key", key);
+    if let Some(b) = body {
+        r = r.json(b);
+    }
+    Api::send(r).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_creating_call_runs_once_on_every_instance_and_after_a_restart() {
+    let db = common::fresh_database(Sql::Postgres).await;
+    let env = vec![
+        ("SECKILL_DATABASE_URL".to_string(), db.clone()),
+        ("SECKILL_REDIS_URL".to_string(), common::redis_url()),
+        ("SECKILL_REDIS_PREFIX".to_string(), common::unique("idem")),
+        ("SECKILL_DEV".to_string(), "1".to_string()),
+    ];
+    let mut a = Server::start(env.clone(), vec!["serve".into()]).await;
+    let b = Server::start(env, vec!["serve".into(), "--no-writer".into()]).await;
+    let (at_a, at_b) = (a.api(), b.api());
+    let admin = a.admin.clone();
+    let sales_before = at_a
+        .admin_sales()
+        .await
+        .expect(200)
+        .as_array()
+        .unwrap()
+        .len();
+
+    // The same sale created five times at once, on both instances: one sale.
+    let body = sale_body("retried");
+    let tries = futures_util::future::join_all((0..6).map(|i| {
+        let api = if i % 2 == 0 {
+            at_a.clone()
+        } else {
+            at_b.clone()
+        };
+        let (admin, body) = (admin.clone(), body.clone());
+        async move {
+            with_key(
+                &api,
+                Method::POST,
+                "/api/admin/sales",
+                &admin,
+                "sync-42",
+                Some(&body),
+            )
+            .await
+        }
+    }))
+    .await;
+    let ids: Vec<&Value> = tries.iter().map(|r| &r.body["id"]).collect();
+    for r in &tries {
+        assert_eq!(r.status, 201, "{r}");
+    }
+    assert!(ids.iter().all(|id| *id == ids[0]), "{ids:?}");
+    assert!(
+        tries
+            .iter()
+            .filter(|r| r.header("idempotent-replayed") == Some("true"))
+            .count()
+            >= 5
+    );
+    let sale = ids[0].as_str().unwrap().to_string();
+    assert_eq!(
+        at_b.admin_sales()
+            .await
+            .expect(200)
+            .as_array()
+            .unwrap()
+            .len(),
+        sales_before + 1
+    );
+
+    // Another body under the same key: 422, nothing made.
+    let other = with_key(
+        &at_b,
+        Method::POST,
+        "/api/admin/sales",
+        &admin,
+        "sync-42",
+        Some(&sale_body("other")),
+    )
+    .await;
+    assert_eq!(
+        other.status_code(),
+        (422, "idempotency_key_reused".into()),
+        "{other}"
+    );
+    // A bad key: 400, nothing made.
+    let bad = with_key(
+        &at_a,
+        Method::POST,
+        "/api/admin/sales",
+        &admin,
+        "",
+        Some(&body),
+    )
+    .await;
+    assert_eq!(bad.status, 400, "{bad}");
+    assert_eq!(
+        at_a.admin_sales()
+            .await
+            .expect(200)
+            .as_array()
+            .unwrap()
+            .len(),
+        sales_before + 1
+    );
+
+    // A buyer's cancel retried: the first answer again, not 409 invalid_transition; another
+    // buyer's same key is another key.
+    at_a.approve(&sale).await.expect(200);
+    let token = at_a
+        .log_in(&common::test_phone(common::common_phone_block() + 901))
+        .await;
+    let order = at_a.buy(&token, &sale).await.expect(200)["order_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    at_a.written(&token, &order).await;
+    let path = format!("/api/orders/{order}/cancel");
+    let first = with_key(&at_a, Method::POST, &path, &token, "cancel-1", None).await;
+    assert_eq!(first.status, 200, "{first}");
+    let again = with_key(&at_b, Method::POST, &path, &token, "cancel-1", None).await;
+    assert_eq!((again.status, &again.body), (200, &first.body), "{again}");
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    let unkeyed = at_b.post(&path, Some(&token), None).await;
+    assert_eq!(
+        unkeyed.status, 409,
+        "without a key a second cancel is refused: {unkeyed}"
+    );
+
+    // A key's secret is shown once: a replay names the key but not its secret.
+    let made = with_key(
+        &at_a,
+        Method::POST,
+        "/api/admin/keys",
+        &admin,
+        "key-1",
+        Some(&json!({"name": "ci", "scopes": ["metrics"]})),
+    )
+    .await;
+    assert_eq!(made.status, 201, "{made}");
+    let replayed = with_key(
+        &at_b,
+        Method::POST,
+        "/api/admin/keys",
+        &admin,
+        "key-1",
+        Some(&json!({"name": "ci", "scopes": ["metrics"]})),
+    )
+    .await;
+    assert_eq!(replayed.body["id"], made.body["id"]);
+    assert!(
+        !replayed
+            .text
+            .contains(made.body["secret"].as_str().unwrap()),
+        "{replayed}"
+    );
+
+    // After a restart, the same answers.
+    a.kill();
+    a.restart().await;
+    let later = with_key(
+        &at_a,
+        Method::POST,
+        "/api/admin/sales",
+        &admin,
+        "sync-42",
+        Some(&body),
+    )
+    .await;
+    assert_eq!((later.status, &later.body["id"]), (201, ids[0]), "{later}");
+    assert_eq!(
+        at_a.admin_sales()
+            .await
+            .expect(200)
+            .as_array()
+            .unwrap()
+            .len(),
+        sales_before + 1
+    );
+}
