@@ -398,6 +398,8 @@ async fn the_admin_creates_approves_pauses_and_watches_a_sale_live() {
     let (bought_tx, bought_rx) = tokio::sync::oneshot::channel::<()>();
     let (paused_tx, paused_rx) = tokio::sync::oneshot::channel::<()>();
     let (checked_tx, checked_rx) = tokio::sync::oneshot::channel::<()>();
+    let (keys_tx, keys_rx) = tokio::sync::oneshot::channel::<String>();
+    let (keys_checked_tx, keys_checked_rx) = tokio::sync::oneshot::channel::<()>();
     let page_title = title.clone();
     let ui = browser.run("admin", move |c| async move {
         c.goto(&format!("{base}/admin")).await.unwrap();
@@ -415,6 +417,36 @@ async fn the_admin_creates_approves_pauses_and_watches_a_sale_live() {
             c.find(Locator::Css("#dashboard:not(.hidden)")).await.ok()
         })
         .await;
+
+        // An API key for a dashboard reader, made in the keys panel; its secret shown
+        // once, then revoked there.
+        fill(&c, "#key-name", "wallboard").await;
+        click(&c, "#scope-sales\\:read").await;
+        click(&c, "#scope-metrics").await;
+        click(&c, "#key-create-button").await;
+        let secret = until(10, "the new key's secret", || async {
+            let msg = text(&c, "#key-secret").await?;
+            msg.split(": ")
+                .nth(1)?
+                .split(' ')
+                .next()
+                .map(str::to_string)
+        })
+        .await;
+        assert!(secret.starts_with("sk_"), "{secret}");
+        keys_tx.send(secret.clone()).unwrap();
+        let key_id = secret.split('_').nth(1).unwrap().to_string();
+        let key_row = format!("#key-{key_id}");
+        until_data(&c, &key_row, "state", "live", 10).await;
+        assert_eq!(
+            text(&c, &format!("{key_row} td:nth-child(3)"))
+                .await
+                .as_deref(),
+            Some("sales:read metrics")
+        );
+        keys_checked_rx.await.unwrap();
+        click(&c, &format!("{key_row} button[data-action=revoke]")).await;
+        until_data(&c, &key_row, "state", "revoked", 10).await;
 
         // A new sale through the form: a draft until approved. It opens at once (the
         // form takes local time, to the second).
@@ -499,8 +531,21 @@ async fn the_admin_creates_approves_pauses_and_watches_a_sale_live() {
     });
 
     let buyers = async {
-        let sale = sale_rx.await.unwrap();
+        // The key made in the panel reads sales and metrics, and nothing else.
+        let key = keys_rx.await.unwrap();
         let api = server.api();
+        assert_eq!(api.get("/api/admin/sales", Some(&key)).await.status, 200);
+        assert_eq!(api.get("/metrics", Some(&key)).await.status, 200);
+        let refused = api
+            .post("/api/admin/sales", Some(&key), Some(&json!({})))
+            .await;
+        assert_eq!(
+            refused.status_code(),
+            (403, "forbidden".into()),
+            "{refused}"
+        );
+        keys_checked_tx.send(()).unwrap();
+        let sale = sale_rx.await.unwrap();
         let tokens = api.login_users(6).await;
         for t in &tokens[..5] {
             let answer = api.buy(t, &sale).await;

@@ -29,6 +29,7 @@
     loadKeys();
     rooms();
     setInterval(rooms, 2000);
+    setInterval(loadKeys, 10000);
   }
 
   async function loadSales() {
