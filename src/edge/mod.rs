@@ -267,6 +267,10 @@ pub fn router(state: Arc<AppState>) -> Router {
             axum::routing::patch(admin::sales::edit_sale).delete(admin::sales::delete_sale),
         )
         .route(
+            "/api/admin/sales/by-ref/{ref}",
+            axum::routing::put(admin::sales::upsert_by_ref),
+        )
+        .route(
             "/api/admin/sales/{id}/approve",
             post(admin::sales::approve_sale),
         )

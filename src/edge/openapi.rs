@@ -44,6 +44,7 @@ use super::{admin, antibot, buyer, ops, provider, simulated};
         simulated::simulated_pay,
         admin::sales::create_sale,
         admin::sales::admin_list_sales,
+        admin::sales::upsert_by_ref,
         admin::sales::approve_sale,
         admin::sales::edit_sale,
         admin::sales::delete_sale,
@@ -179,6 +180,7 @@ impl Modify for KeyScopes {
                 (axum::http::Method::GET, &mut item.get),
                 (axum::http::Method::POST, &mut item.post),
                 (axum::http::Method::PATCH, &mut item.patch),
+                (axum::http::Method::PUT, &mut item.put),
                 (axum::http::Method::DELETE, &mut item.delete),
             ] {
                 let Some(op) = op.as_mut() else { continue };

@@ -561,6 +561,7 @@ mod tests {
             anti_bot: Default::default(),
             segments: 1,
             waiting_room: None,
+            external_ref: None,
         };
         store.create_sale(&sale).await.unwrap();
         (store, sale)

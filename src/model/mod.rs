@@ -28,6 +28,9 @@ pub struct Sale {
     /// The queue buyers wait in before they may buy (see `room`); `None`: buyers go
     /// straight to the purchase.
     pub waiting_room: Option<WaitingRoom>,
+    /// The shop's own reference for the sale (its SKU or campaign id), unique; `None`: none.
+    #[serde(default)]
+    pub external_ref: Option<String>,
 }
 
 /// A sale's waiting room: buyers are let through `admit_per_sec` a second from the
@@ -229,6 +232,7 @@ mod tests {
             anti_bot: AntiBot::Off,
             segments: 1,
             waiting_room: None,
+            external_ref: None,
         }
     }
 

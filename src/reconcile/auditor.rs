@@ -751,6 +751,7 @@ mod tests {
             anti_bot: Default::default(),
             segments: 1,
             waiting_room: None,
+            external_ref: None,
         };
         let rounds = 0..3 * QUIET_EVERY;
         let audits = |s: &Sale| rounds.clone().filter(|r| audited_now(s, now, *r)).count();

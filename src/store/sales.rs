@@ -33,7 +33,7 @@ impl Store {
     const SALE_COLS: &'static str =
         "id, title, price_cents, initial_stock, stock, per_user_limit, begins_at, \
          ends_at, payment_window_secs, status, paused, updated_at, anti_bot, segments, \
-         room_admit_per_sec, room_prequeue_secs";
+         room_admit_per_sec, room_prequeue_secs, external_ref";
 
     fn sale_from_row(row: &AnyRow) -> Result<Sale, sqlx::Error> {
         Ok(Sale {
@@ -62,6 +62,7 @@ impl Store {
                 }),
                 _ => None,
             },
+            external_ref: row.try_get(16)?,
         })
     }
 
@@ -84,7 +85,7 @@ impl Store {
         now: i64,
     ) -> Result<(), StoreError> {
         let q = format!(
-            "INSERT INTO sales ({}, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO sales ({}, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             Self::SALE_COLS
         );
         sqlx::query(&self.sql(&q))
@@ -104,6 +105,7 @@ impl Store {
             .bind(s.segments)
             .bind(s.waiting_room.map(|r| r.admit_per_sec))
             .bind(s.waiting_room.map(|r| r.prequeue_secs))
+            .bind(s.external_ref.as_deref())
             .bind(now)
             .execute(&mut *conn)
             .await?;
@@ -289,6 +291,22 @@ impl Store {
             return Err(StoreError::UnknownSale(id));
         }
         Ok(())
+    }
+
+    /// The sale the shop knows by `external_ref`.
+    pub async fn sale_by_external_ref(
+        &self,
+        external_ref: &str,
+    ) -> Result<Option<Sale>, StoreError> {
+        let q = format!(
+            "SELECT {} FROM sales WHERE external_ref = ?",
+            Self::SALE_COLS
+        );
+        let row = sqlx::query(&self.sql(&q))
+            .bind(external_ref)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.as_ref().map(Self::sale_from_row).transpose()?)
     }
 
     pub async fn sale(&self, id: i64) -> Result<Option<Sale>, StoreError> {

@@ -38,7 +38,7 @@ pub fn migrations(d: Dialect) -> Vec<(i64, Vec<String>)> {
         (15, buyers_indexed_in_runs(d)),
         (16, shop_buyers(int, tail)),
         (17, api_keys(int, tail)),
-        (18, idempotency_keys(int, tail)),
+        (18, idempotency_keys_and_external_refs(int, tail)),
     ]
 }
 
@@ -74,8 +74,9 @@ fn api_keys(int: &str, tail: &str) -> Vec<String> {
 
 /// The answers of creating calls sent with an `Idempotency-Key` (see `edge::idempotency`):
 /// per caller and key, the request's fingerprint and, once it is done, its answer. Old
-/// ones are removed in batches by their creation time.
-fn idempotency_keys(int: &str, tail: &str) -> Vec<String> {
+/// ones are removed in batches by their creation time. And a sale's `external_ref`, the
+/// shop's own reference, unique (NULLs apart).
+fn idempotency_keys_and_external_refs(int: &str, tail: &str) -> Vec<String> {
     vec![
         format!(
             "CREATE TABLE IF NOT EXISTS idempotency_keys (
@@ -89,6 +90,8 @@ fn idempotency_keys(int: &str, tail: &str) -> Vec<String> {
             ){tail}"
         ),
         "CREATE INDEX idempotency_keys_by_age ON idempotency_keys (created_at)".to_string(),
+        "ALTER TABLE sales ADD COLUMN external_ref VARCHAR(200)".to_string(),
+        "CREATE UNIQUE INDEX sales_by_external_ref ON sales (external_ref)".to_string(),
     ]
 }
 

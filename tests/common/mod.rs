@@ -192,6 +192,7 @@ pub fn sale(id: i64, stock: i64, limit: i64) -> Sale {
         anti_bot: seckill::model::AntiBot::Off,
         segments: 1,
         waiting_room: None,
+        external_ref: None,
     }
 }
 

@@ -213,3 +213,96 @@ async fn a_retried_creating_call_runs_once_on_every_instance_and_after_a_restart
         sales_before + 1
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sale_carries_the_shops_reference_and_a_sync_job_upserts_by_it() {
+    let server = Server::embedded(&[]).await;
+    let api = server.api();
+    let admin = server.admin.clone();
+    let mut body = sale_body("SKU 1234 flash");
+    body["external_ref"] = json!("sku-1234");
+    let made = api.create_sale(&body).await.expect(201);
+    let id = made["id"].as_str().unwrap().to_string();
+    // Unique: another sale cannot take it.
+    let twice = api.create_sale(&body).await;
+    assert_eq!(twice.status, 409, "{twice}");
+    assert!(
+        twice.body["message"].as_str().unwrap().contains(&id),
+        "{twice}"
+    );
+    // Looked up by it.
+    let found = api
+        .admin_call(Method::GET, "/api/admin/sales?external_ref=sku-1234", None)
+        .await
+        .expect(200);
+    assert_eq!(found.as_array().unwrap().len(), 1, "{found}");
+    assert_eq!(found[0]["id"], id.as_str());
+    assert_eq!(found[0]["external_ref"], "sku-1234");
+    let none = api
+        .admin_call(Method::GET, "/api/admin/sales?external_ref=nope", None)
+        .await
+        .expect(200);
+    assert_eq!(none, json!([]));
+    // Upserted by it: the draft edited, then a new reference created.
+    let mut changed = sale_body("SKU 1234, now 7 units");
+    changed["stock"] = json!(7);
+    let edited = api
+        .call(
+            Method::PUT,
+            "/api/admin/sales/by-ref/sku-1234",
+            Some(&admin),
+            Some(&changed),
+        )
+        .await;
+    assert_eq!(
+        (edited.status, &edited.body["id"]),
+        (200, &json!(id)),
+        "{edited}"
+    );
+    assert_eq!(api.admin_sale(&id).await.unwrap()["stock"], 7);
+    let created = api
+        .call(
+            Method::PUT,
+            "/api/admin/sales/by-ref/sku-9",
+            Some(&admin),
+            Some(&changed),
+        )
+        .await;
+    assert_eq!(created.status, 201, "{created}");
+    assert_ne!(created.body["id"], json!(id));
+    // A body naming another reference, or an approved sale: refused, nothing changed.
+    let mut other = changed.clone();
+    other["external_ref"] = json!("sku-1");
+    let refused = api
+        .call(
+            Method::PUT,
+            "/api/admin/sales/by-ref/sku-1234",
+            Some(&admin),
+            Some(&other),
+        )
+        .await;
+    assert_eq!(refused.status, 400, "{refused}");
+    api.approve(&id).await.expect(200);
+    let late = api
+        .call(
+            Method::PUT,
+            "/api/admin/sales/by-ref/sku-1234",
+            Some(&admin),
+            Some(&sale_body("late")),
+        )
+        .await;
+    assert_eq!(late.status, 409, "{late}");
+    assert_eq!(
+        api.admin_sale(&id).await.unwrap()["title"],
+        "SKU 1234, now 7 units"
+    );
+    let bad = api
+        .call(
+            Method::PUT,
+            "/api/admin/sales/by-ref/%07bell",
+            Some(&admin),
+            Some(&changed),
+        )
+        .await;
+    assert_eq!(bad.status, 400, "{bad}");
+}

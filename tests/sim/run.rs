@@ -807,6 +807,7 @@ async fn make_sales(store: &Store, rng: &mut StdRng, now: i64) -> Vec<SaleSpec> 
             anti_bot: AntiBot::default(),
             segments: 1,
             waiting_room: None,
+            external_ref: None,
         };
         store.create_sale(&sale).await.expect("a sale is created");
         store.approve_sale(id).await.expect("and approved");

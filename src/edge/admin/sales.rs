@@ -54,6 +54,36 @@ pub struct NewSale {
     #[serde(default, deserialize_with = "crate::edge::http::input::not_null")]
     #[schema(nullable = false)]
     waiting_room: Option<RoomAsked>,
+    /// The shop's own reference (its SKU or campaign id): 1 to 200 characters, no control
+    /// characters, unique among sales (409 `conflict` names the sale holding it). Set at
+    /// creation; `PUT /api/admin/sales/by-ref/{ref}` creates or edits by it.
+    #[serde(default, deserialize_with = "crate::edge::http::input::not_null")]
+    #[schema(min_length = 1, max_length = 200, nullable = false)]
+    external_ref: Option<String>,
+}
+
+/// An `external_ref` as the shop may write it.
+fn checked_ref(r: &str) -> Result<&str, ApiError> {
+    if r.is_empty() || r.chars().count() > 200 || r.chars().any(char::is_control) {
+        return Err(ApiError::invalid(
+            "external_ref must be 1 to 200 characters, without control characters",
+        ));
+    }
+    Ok(r)
+}
+
+/// 409 when another sale holds `external_ref` already.
+async fn ref_free(st: &AppState, external_ref: Option<&str>) -> Result<(), ApiError> {
+    let Some(r) = external_ref else {
+        return Ok(());
+    };
+    match st.store.sale_by_external_ref(checked_ref(r)?).await? {
+        Some(holder) => Err(ApiError::Conflict(format!(
+            "sale {} holds external_ref {r:?} already",
+            holder.id
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// `"waiting_room"`: admissions per second, and how early buyers may join.
@@ -239,9 +269,22 @@ pub async fn create_sale(
     body: axum::body::Bytes,
 ) -> Result<(StatusCode, Json<Created>), ApiError> {
     let n: NewSale = parse_json(&body)?;
+    let id = create_from(&st, n).await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(Created {
+            id: id.to_string(),
+            status: "draft",
+        }),
+    ))
+}
+
+/// Creates a draft from a new sale's fields; its id.
+async fn create_from(st: &AppState, n: NewSale) -> Result<i64, ApiError> {
     let (begins_at, ends_at) = validate_new_sale(&n, st.now_ms())?;
+    ref_free(st, n.external_ref.as_deref()).await?;
     let waiting_room = n.waiting_room.map(RoomAsked::checked).transpose()?;
-    let segments = segments_for(&st, n.segments, n.stock).await?;
+    let segments = segments_for(st, n.segments, n.stock).await?;
     let sale = Sale {
         id: st.ids.next()?,
         title: n.title.trim().to_string(),
@@ -258,21 +301,20 @@ pub async fn create_sale(
         anti_bot: n.anti_bot.unwrap_or_default(),
         segments,
         waiting_room,
+        external_ref: n.external_ref,
     };
-    st.store.create_sale(&sale).await?;
+    if let Err(e) = st.store.create_sale(&sale).await {
+        // Two creations of one reference at once: the unique index took the first.
+        ref_free(st, sale.external_ref.as_deref()).await?;
+        return Err(e.into());
+    }
     tracing::info!(
         sale = sale.id,
         title = sale.title,
         stock = sale.stock,
         "sale created"
     );
-    Ok((
-        StatusCode::CREATED,
-        Json(Created {
-            id: sale.id.to_string(),
-            status: "draft",
-        }),
-    ))
+    Ok(sale.id)
 }
 
 #[derive(Serialize, utoipa::ToSchema)]
@@ -397,7 +439,7 @@ pub async fn edit_sale(
         return Err(not_a_draft());
     }
     let merged = NewSale {
-        title: c.title.unwrap_or(sale.title),
+        title: c.title.unwrap_or_else(|| sale.title.clone()),
         price_cents: c.price_cents.unwrap_or(sale.price_cents),
         stock: c.stock.unwrap_or(sale.initial_stock),
         per_user_limit: Some(c.per_user_limit.unwrap_or(sale.per_user_limit)),
@@ -410,10 +452,27 @@ pub async fn edit_sale(
             Some(asked) => asked,
             None => sale.waiting_room.map(RoomAsked::of),
         },
+        external_ref: sale.external_ref.clone(),
+    };
+    edit_draft(&st, sale, merged).await?;
+    tracing::info!(sale = id, "draft sale edited");
+    Ok(Json(Created {
+        id: id.to_string(),
+        status: "draft",
+    }))
+}
+
+/// Edits a draft to `merged`'s fields; 409 once it is approved.
+async fn edit_draft(st: &AppState, sale: Sale, merged: NewSale) -> Result<(), ApiError> {
+    let id = sale.id;
+    let not_a_draft = || {
+        ApiError::Conflict(format!(
+            "sale {id} is approved: only a draft can be edited (pause it, or end it early)"
+        ))
     };
     let (begins_at, ends_at) = validate_new_sale(&merged, st.now_ms())?;
     let waiting_room = merged.waiting_room.map(RoomAsked::checked).transpose()?;
-    let segments = segments_for(&st, merged.segments, merged.stock).await?;
+    let segments = segments_for(st, merged.segments, merged.stock).await?;
     let edited = Sale {
         title: merged.title.trim().to_string(),
         price_cents: merged.price_cents,
@@ -432,11 +491,7 @@ pub async fn edit_sale(
     if !st.store.update_draft(&edited).await? {
         return Err(not_a_draft());
     }
-    tracing::info!(sale = id, "draft sale edited");
-    Ok(Json(Created {
-        id: id.to_string(),
-        status: "draft",
-    }))
+    Ok(())
 }
 
 /// Deletes a draft; an approved sale may have buyers and orders, and stays.
@@ -570,30 +625,102 @@ pub struct AdminSaleView {
     status: &'static str,
     paused: bool,
     sql_stock: i64,
+    /// The shop's own reference, when it gave one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    external_ref: Option<String>,
+}
+
+impl From<&Sale> for AdminSaleView {
+    fn from(s: &Sale) -> Self {
+        AdminSaleView {
+            sale: SaleView::from(s),
+            status: if s.approved { "approved" } else { "draft" },
+            paused: s.paused,
+            sql_stock: s.stock,
+            external_ref: s.external_ref.clone(),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+pub struct SalesQuery {
+    external_ref: Option<String>,
 }
 
 #[utoipa::path(
     get,
     path = "/api/admin/sales",
     tag = "admin",
-    summary = "All sales with their SQL stock",
+    summary = "All sales with their SQL stock (or the one holding ?external_ref=)",
+    params(("external_ref" = Option<String>, Query, description = "Only the sale holding this reference")),
     responses((status = 200, description = "Newest first", body = Vec<AdminSaleView>), (status = 401, response = ErrorResponse), (status = 429, response = ErrorResponse), (status = 503, response = ErrorResponse)),
     security(("admin" = []))
 )]
 pub async fn admin_list_sales(
     _: Admin,
     State(st): State<Arc<AppState>>,
+    query: Result<axum::extract::Query<SalesQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<Vec<AdminSaleView>>, ApiError> {
-    let sales = st.store.all_sales(500).await?;
-    Ok(Json(
-        sales
-            .iter()
-            .map(|s| AdminSaleView {
-                sale: SaleView::from(s),
-                status: if s.approved { "approved" } else { "draft" },
-                paused: s.paused,
-                sql_stock: s.stock,
-            })
+    let query = query.map_err(|e| ApiError::invalid(format!("bad query: {e}")))?;
+    let sales = match &query.external_ref {
+        Some(r) => st
+            .store
+            .sale_by_external_ref(checked_ref(r)?)
+            .await?
+            .into_iter()
             .collect(),
+        None => st.store.all_sales(500).await?,
+    };
+    Ok(Json(sales.iter().map(AdminSaleView::from).collect()))
+}
+
+#[utoipa::path(
+    put,
+    path = "/api/admin/sales/by-ref/{ref}",
+    tag = "admin",
+    summary = "Create or edit the draft sale the shop knows by this reference (a sync job's upsert)",
+    description = "With no sale holding the reference: creates a draft with the body's fields \
+                   (201). With a draft holding it: sets its fields to the body's (200). With an \
+                   approved sale holding it: 409 conflict. A body naming another external_ref: \
+                   400.",
+    params(("ref" = String, Path, description = "The shop's reference: 1 to 200 characters")),
+    request_body = NewSale,
+    responses((status = 200, description = "The draft edited", body = Created), (status = 201, description = "Created as a draft", body = Created), (status = 400, response = ErrorResponse), (status = 401, response = ErrorResponse), (status = 403, response = ErrorResponse), (status = 409, response = ErrorResponse), (status = 503, response = ErrorResponse)),
+    security(("admin" = []))
+)]
+pub async fn upsert_by_ref(
+    _: Admin,
+    State(st): State<Arc<AppState>>,
+    axum::extract::Path(external_ref): axum::extract::Path<String>,
+    body: axum::body::Bytes,
+) -> Result<(StatusCode, Json<Created>), ApiError> {
+    let mut n: NewSale = parse_json(&body)?;
+    checked_ref(&external_ref)?;
+    if n.external_ref.as_ref().is_some_and(|r| r != &external_ref) {
+        return Err(ApiError::invalid(
+            "the body's external_ref differs from the path's",
+        ));
+    }
+    n.external_ref = Some(external_ref.clone());
+    let (status, id) = match st.store.sale_by_external_ref(&external_ref).await? {
+        None => (StatusCode::CREATED, create_from(&st, n).await?),
+        Some(sale) => {
+            let id = sale.id;
+            if sale.approved {
+                return Err(ApiError::Conflict(format!(
+                    "sale {id} ({external_ref:?}) is approved: only a draft can be edited"
+                )));
+            }
+            edit_draft(&st, sale, n).await?;
+            tracing::info!(sale = id, external_ref, "draft sale set by its reference");
+            (StatusCode::OK, id)
+        }
+    };
+    Ok((
+        status,
+        Json(Created {
+            id: id.to_string(),
+            status: "draft",
+        }),
     ))
 }

@@ -135,9 +135,10 @@ pub fn scope_for(method: &Method, route: &str) -> Option<Scope> {
         "/api/admin/sales/{id}/order-ids" => Scope::OrdersRead,
         "/api/admin/live" | "/api/admin/rooms" => Scope::SalesRead,
         r if r.starts_with("/api/admin/sales") && read => Scope::SalesRead,
-        "/api/admin/sales" | "/api/admin/sales/{id}" | "/api/admin/sales/{id}/approve" => {
-            Scope::SalesWrite
-        }
+        "/api/admin/sales"
+        | "/api/admin/sales/{id}"
+        | "/api/admin/sales/by-ref/{ref}"
+        | "/api/admin/sales/{id}/approve" => Scope::SalesWrite,
         r if r.starts_with("/api/admin/sales/")
             && matches!(action, "end" | "pause" | "resume" | "reconcile" | "recount") =>
         {
@@ -382,6 +383,7 @@ mod tests {
                 (Method::GET, "get("),
                 (Method::POST, "post("),
                 (Method::PATCH, "patch("),
+                (Method::PUT, "put("),
                 (Method::DELETE, "delete("),
             ] {
                 if handlers.contains(word) {
