@@ -183,7 +183,10 @@ impl Modify for KeyScopes {
                 (axum::http::Method::PUT, &mut item.put),
                 (axum::http::Method::DELETE, &mut item.delete),
             ] {
-                let Some(op) = op.as_mut() else { continue };
+                // Only where a credential is asked for (`/metrics` may be public).
+                let Some(op) = op.as_mut().filter(|op| op.security.is_some()) else {
+                    continue;
+                };
                 if !(path.starts_with("/api/admin") || path == "/metrics") {
                     continue;
                 }
@@ -233,7 +236,8 @@ impl Modify for IdempotencyKeys {
                         utoipa::openapi::ObjectBuilder::new()
                             .schema_type(utoipa::openapi::schema::Type::String)
                             .min_length(Some(1))
-                            .max_length(Some(255)),
+                            .max_length(Some(255))
+                            .pattern(Some("^[!-~]{1,255}$")),
                     ))
                     .build();
                 op.parameters.get_or_insert_with(Vec::new).push(header);

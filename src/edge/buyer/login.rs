@@ -252,15 +252,19 @@ pub async fn exchange(
     State(st): State<Arc<AppState>>,
     headers: axum::http::HeaderMap,
 ) -> Result<Json<LoginAnswer>, ApiError> {
+    let now = st.now_ms();
+    let token = crate::edge::auth::bearer_token(&headers)
+        .ok_or_else(|| ApiError::Unauthorized("missing bearer token".into()))?;
     if st.shop.is_none() {
         return Err(ApiError::NotFound(
             "shop sign-in is off (--auth-issuer): there is no shop token to exchange".into(),
         ));
     }
-    let now = st.now_ms();
-    let token = crate::edge::auth::bearer_token(&headers)
-        .filter(|t| crate::edge::auth::shop::looks_like_jwt(t))
-        .ok_or_else(|| ApiError::Unauthorized("the bearer must be a shop token (a JWT)".into()))?;
+    if !crate::edge::auth::shop::looks_like_jwt(token) {
+        return Err(ApiError::Unauthorized(
+            "the bearer must be a shop token (a JWT)".into(),
+        ));
+    }
     let user_id = crate::edge::auth::user_of(&st, &headers, now).await?;
     let ttl_end = now / 1000 + st.config.token_ttl_secs as i64;
     let expires = crate::edge::auth::shop::expiry_of(token).map_or(ttl_end, |exp| exp.min(ttl_end));
