@@ -19,6 +19,15 @@ fn sale_body(title: &str) -> Value {
     })
 }
 
+async fn sale_count(api: &Api) -> usize {
+    api.admin_sales()
+        .await
+        .expect(200)
+        .as_array()
+        .unwrap()
+        .len()
+}
+
 async fn with_key(
     api: &Api,
     method: Method,
@@ -50,13 +59,7 @@ async fn a_retried_creating_call_runs_once_on_every_instance_and_after_a_restart
     let b = Server::start(env, vec!["serve".into(), "--no-writer".into()]).await;
     let (at_a, at_b) = (a.api(), b.api());
     let admin = a.admin.clone();
-    let sales_before = at_a
-        .admin_sales()
-        .await
-        .expect(200)
-        .as_array()
-        .unwrap()
-        .len();
+    let sales_before = sale_count(&at_a).await;
 
     // The same sale created five times at once, on both instances: one sale.
     let body = sale_body("retried");
@@ -93,15 +96,7 @@ async fn a_retried_creating_call_runs_once_on_every_instance_and_after_a_restart
             >= 5
     );
     let sale = ids[0].as_str().unwrap().to_string();
-    assert_eq!(
-        at_b.admin_sales()
-            .await
-            .expect(200)
-            .as_array()
-            .unwrap()
-            .len(),
-        sales_before + 1
-    );
+    assert_eq!(sale_count(&at_b).await, sales_before + 1);
 
     // Another body under the same key: 422, nothing made.
     let other = with_key(
@@ -129,15 +124,7 @@ async fn a_retried_creating_call_runs_once_on_every_instance_and_after_a_restart
     )
     .await;
     assert_eq!(bad.status, 400, "{bad}");
-    assert_eq!(
-        at_a.admin_sales()
-            .await
-            .expect(200)
-            .as_array()
-            .unwrap()
-            .len(),
-        sales_before + 1
-    );
+    assert_eq!(sale_count(&at_a).await, sales_before + 1);
 
     // A buyer's cancel retried: the first answer again, not 409 invalid_transition; another
     // buyer's same key is another key.
@@ -203,15 +190,7 @@ async fn a_retried_creating_call_runs_once_on_every_instance_and_after_a_restart
     )
     .await;
     assert_eq!((later.status, &later.body["id"]), (201, ids[0]), "{later}");
-    assert_eq!(
-        at_a.admin_sales()
-            .await
-            .expect(200)
-            .as_array()
-            .unwrap()
-            .len(),
-        sales_before + 1
-    );
+    assert_eq!(sale_count(&at_a).await, sales_before + 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
