@@ -38,8 +38,9 @@ const FORGET_AFTER: Duration = Duration::from_secs(25 * 3600);
 const WAIT_FOR_RUNNING: Duration = Duration::from_secs(5);
 /// Longest key read (printable ASCII).
 const MAX_KEY_BYTES: usize = 255;
-/// Largest answer kept; a larger one is not replayable and releases its key.
-const MAX_KEPT_ANSWER: usize = 64 * 1024;
+/// Largest answer kept (under MySQL's TEXT); a larger one is not replayable and releases
+/// its key.
+const MAX_KEPT_ANSWER: usize = 60 * 1024;
 /// Records removed per statement, and the pause between sweeps.
 const FORGET_BATCH: i64 = 1000;
 const SWEEP_EVERY: Duration = Duration::from_secs(60);
@@ -148,11 +149,21 @@ async fn keep(
     match (&bytes, retryable) {
         (Ok(bytes), false) => {
             let text = without_secrets(&String::from_utf8_lossy(bytes));
-            st.store
+            // The call is done: its answer goes to the client even if it cannot be kept
+            // (the claim then lapses after its lease, and a retry runs the call again).
+            if let Err(e) = st
+                .store
                 .complete_idempotency_key(caller, key, status.as_u16(), &text)
-                .await?;
+                .await
+            {
+                tracing::warn!(error = %e, "cannot keep an Idempotency-Key's answer");
+            }
         }
-        _ => st.store.release_idempotency_key(caller, key).await?,
+        _ => {
+            if let Err(e) = st.store.release_idempotency_key(caller, key).await {
+                tracing::warn!(error = %e, "cannot release an Idempotency-Key");
+            }
+        }
     }
     let body = bytes.map(Body::from).unwrap_or_else(|_| Body::empty());
     Ok(Response::from_parts(parts, body))

@@ -22,6 +22,11 @@ pub enum Claim {
     },
 }
 
+/// A claim without an answer older than this was left by a call that never finished (its
+/// process died, its future was dropped): the next call with the key takes it over. Longer
+/// than any call may run.
+pub const CLAIM_LEASE_MS: i64 = 30_000;
+
 impl Store {
     /// Claims (caller, key) for a request of `fingerprint`, or says who holds it.
     pub async fn claim_idempotency_key(
@@ -38,38 +43,90 @@ impl Store {
             ),
             self.on_conflict_nothing()
         );
-        let inserted = sqlx::query(&self.sql(&q))
-            .bind(caller)
-            .bind(key)
-            .bind(fingerprint)
-            .bind(now)
-            .execute(&self.pool)
-            .await?
-            .rows_affected();
-        if inserted == 1 {
-            return Ok(Claim::Mine);
+        // A record released or swept between the insert and the read is claimed again by
+        // inserting again: a missing row is never taken for a claim.
+        for _ in 0..3 {
+            let inserted = sqlx::query(&self.sql(&q))
+                .bind(caller)
+                .bind(key)
+                .bind(fingerprint)
+                .bind(now)
+                .execute(&self.pool)
+                .await?
+                .rows_affected();
+            if inserted == 1 {
+                return Ok(Claim::Mine);
+            }
+            if let Some(record) = self.idempotency_record(caller, key).await? {
+                return match record {
+                    (Claim::Taken { answer: None, .. }, at) if at < now - CLAIM_LEASE_MS => {
+                        self.take_over_claim(caller, key, fingerprint, at, now)
+                            .await
+                    }
+                    (claim, _) => Ok(claim),
+                };
+            }
         }
-        self.idempotency_record(caller, key).await
+        Err(StoreError::NotFound)
     }
 
-    /// The record of (caller, key) as it stands (`Mine` when there is none any more).
-    pub async fn idempotency_record(&self, caller: &str, key: &str) -> Result<Claim, StoreError> {
+    /// A claim left unfinished, taken over if no one else took it first.
+    async fn take_over_claim(
+        &self,
+        caller: &str,
+        key: &str,
+        fingerprint: &str,
+        claimed_at: i64,
+        now: i64,
+    ) -> Result<Claim, StoreError> {
+        let taken = sqlx::query(&self.sql(
+            "UPDATE idempotency_keys SET fingerprint = ?, created_at = ? \
+             WHERE caller = ? AND idem_key = ? AND status IS NULL AND created_at = ?",
+        ))
+        .bind(fingerprint)
+        .bind(now)
+        .bind(caller)
+        .bind(key)
+        .bind(claimed_at)
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        if taken == 1 {
+            return Ok(Claim::Mine);
+        }
+        Ok(self.idempotency_record(caller, key).await?.map_or(
+            Claim::Taken {
+                fingerprint: fingerprint.to_string(),
+                answer: None,
+            },
+            |r| r.0,
+        ))
+    }
+
+    /// The record of (caller, key) as it stands, and when it was claimed.
+    async fn idempotency_record(
+        &self,
+        caller: &str,
+        key: &str,
+    ) -> Result<Option<(Claim, i64)>, StoreError> {
         let row = sqlx::query(&self.sql(
-            "SELECT fingerprint, status, body FROM idempotency_keys WHERE caller = ? AND idem_key = ?",
+            "SELECT fingerprint, status, body, created_at FROM idempotency_keys \
+             WHERE caller = ? AND idem_key = ?",
         ))
         .bind(caller)
         .bind(key)
         .fetch_optional(&self.pool)
         .await?;
         let Some(row) = row else {
-            return Ok(Claim::Mine);
+            return Ok(None);
         };
         let status: Option<i64> = row.try_get(1)?;
         let body: Option<String> = row.try_get(2)?;
-        Ok(Claim::Taken {
+        let claim = Claim::Taken {
             fingerprint: row.try_get(0)?,
             answer: status.zip(body).map(|(s, b)| (s as u16, b)),
-        })
+        };
+        Ok(Some((claim, row.try_get(3)?)))
     }
 
     /// Keeps the answer of a claimed call.

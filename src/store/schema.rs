@@ -38,7 +38,7 @@ pub fn migrations(d: Dialect) -> Vec<(i64, Vec<String>)> {
         (15, buyers_indexed_in_runs(d)),
         (16, shop_buyers(int, tail)),
         (17, api_keys(int, tail)),
-        (18, idempotency_keys_and_external_refs(int, tail)),
+        (18, idempotency_keys_and_external_refs(d, int, tail)),
     ]
 }
 
@@ -76,12 +76,21 @@ fn api_keys(int: &str, tail: &str) -> Vec<String> {
 /// per caller and key, the request's fingerprint and, once it is done, its answer. Old
 /// ones are removed in batches by their creation time. And a sale's `external_ref`, the
 /// shop's own reference, unique (NULLs apart).
-fn idempotency_keys_and_external_refs(int: &str, tail: &str) -> Vec<String> {
+fn idempotency_keys_and_external_refs(d: Dialect, int: &str, tail: &str) -> Vec<String> {
+    // MySQL compares text without case (and MariaDB without trailing spaces) by default:
+    // two references or keys that differ only so are two, as on the other databases.
+    let (exact, ascii) = match d {
+        Dialect::MySql => (
+            " CHARACTER SET utf8mb4 COLLATE utf8mb4_bin",
+            " CHARACTER SET ascii COLLATE ascii_bin",
+        ),
+        _ => ("", ""),
+    };
     vec![
         format!(
             "CREATE TABLE IF NOT EXISTS idempotency_keys (
-                caller VARCHAR(64) NOT NULL,
-                idem_key VARCHAR(255) NOT NULL,
+                caller VARCHAR(64){ascii} NOT NULL,
+                idem_key VARCHAR(255){ascii} NOT NULL,
                 fingerprint VARCHAR(64) NOT NULL,
                 status {int},
                 body TEXT,
@@ -90,7 +99,7 @@ fn idempotency_keys_and_external_refs(int: &str, tail: &str) -> Vec<String> {
             ){tail}"
         ),
         "CREATE INDEX idempotency_keys_by_age ON idempotency_keys (created_at)".to_string(),
-        "ALTER TABLE sales ADD COLUMN external_ref VARCHAR(200)".to_string(),
+        format!("ALTER TABLE sales ADD COLUMN external_ref VARCHAR(200){exact}"),
         "CREATE UNIQUE INDEX sales_by_external_ref ON sales (external_ref)".to_string(),
     ]
 }

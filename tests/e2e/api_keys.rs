@@ -172,6 +172,19 @@ async fn keys_do_what_their_scopes_allow_on_every_instance_until_revoked() {
         )
         .await;
     assert_eq!(narrow.status, 201, "{narrow}");
+    // Nor take over, or silence, a key holding more than it does.
+    for (method, path) in [
+        (Method::POST, format!("/api/admin/keys/{sync_id}/rotate")),
+        (Method::DELETE, format!("/api/admin/keys/{sync_id}")),
+    ] {
+        let answer = at_a.call(method, &path, Some(&keymaster), None).await;
+        assert_eq!(
+            answer.status_code(),
+            (403, "forbidden".into()),
+            "{path}: {answer}"
+        );
+    }
+    assert_eq!(at_a.get("/api/admin/sales", Some(&sync)).await.status, 200);
 
     // Listed with names, scopes and last use; never a secret. Only hashes in SQL.
     let listed = admin

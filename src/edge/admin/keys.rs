@@ -134,6 +134,20 @@ pub async fn list_keys(
     Ok(Json(rows.iter().map(KeyView::from).collect()))
 }
 
+/// 403 unless the caller holds every scope of the key it would rotate or revoke: a key that
+/// manages keys must not take over (or silence) a more powerful one.
+fn may_manage(admin: &Admin, target: &ApiKeyRow) -> Result<(), ApiError> {
+    let scopes = Scopes::parse(target.scopes.split_whitespace()).unwrap_or_else(|_| Scopes::all());
+    if admin.scopes().covers(scopes) {
+        Ok(())
+    } else {
+        Err(ApiError::Forbidden {
+            code: "forbidden",
+            message: "this API key lacks scopes the key it would change holds".into(),
+        })
+    }
+}
+
 async fn live_key(st: &AppState, id: i64) -> Result<ApiKeyRow, ApiError> {
     match st.store.api_key(id).await? {
         Some(row) if row.revoked_at.is_none() => Ok(row),
@@ -156,7 +170,7 @@ pub async fn rotate_key(
     State(st): State<Arc<AppState>>,
     PathId(id, _): KeyId,
 ) -> Result<Json<KeyShown>, ApiError> {
-    live_key(&st, id).await?;
+    may_manage(&admin, &live_key(&st, id).await?)?;
     let (text, hash) = ApiKeys::new_secret(id);
     if !st.store.rotate_api_key(id, &hash, st.now_ms()).await? {
         return Err(ApiError::Conflict(format!("API key {id} is revoked")));
@@ -184,7 +198,7 @@ pub async fn revoke_key(
     State(st): State<Arc<AppState>>,
     PathId(id, _): KeyId,
 ) -> Result<Json<KeyView>, ApiError> {
-    live_key(&st, id).await?;
+    may_manage(&admin, &live_key(&st, id).await?)?;
     st.store.revoke_api_key(id, st.now_ms()).await?;
     st.api_keys.reload(&st.store).await?;
     let row = st

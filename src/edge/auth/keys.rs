@@ -180,6 +180,9 @@ pub struct ApiKeys {
     live: ArcSwap<HashMap<i64, LiveKey>>,
     /// When the keys were last read again for an unknown id.
     unknown_reload: tokio::sync::Mutex<Option<std::time::Instant>>,
+    /// Held across a reload's read and store, so that the last read is the last stored (an
+    /// older read stored after a revocation's would bring the revoked key back).
+    reloading: tokio::sync::Mutex<()>,
     /// Last use per key since the last write, ms.
     used: Mutex<HashMap<i64, i64>>,
     pub refused: AtomicU64,
@@ -276,6 +279,7 @@ impl ApiKeys {
 
     /// Reads the live keys again from SQL.
     pub async fn reload(&self, store: &Store) -> Result<(), StoreError> {
+        let _turn = self.reloading.lock().await;
         let rows = store.live_api_keys().await?;
         let live = rows
             .into_iter()

@@ -169,10 +169,12 @@ impl KeySet {
 
     fn find(&self, kid: Option<&str>) -> Result<&ShopKey, Refused> {
         match kid {
+            // The key named; else a key that names none (an HS256 secret, a set of one).
             Some(kid) => self
                 .keys
                 .iter()
-                .find(|k| k.kid.as_deref().is_none_or(|own| own == kid))
+                .find(|k| k.kid.as_deref() == Some(kid))
+                .or_else(|| self.keys.iter().find(|k| k.kid.is_none()))
                 .ok_or_else(|| Refused::UnknownKey(kid.to_string())),
             None => match self.keys.as_slice() {
                 [only] => Ok(only),
@@ -304,6 +306,9 @@ pub struct ShopTokens {
     leeway_secs: i64,
     source: KeySource,
     keys: ArcSwap<KeySet>,
+    /// Bumped when the keys change: a verification against keys since replaced is not
+    /// cached (it would outlive the cache's clearing).
+    key_generation: AtomicU64,
     /// When the last fetch started; held across a fetch, so that callers that find one
     /// running wait for it, then see its keys.
     fetching: tokio::sync::Mutex<Option<Instant>>,
@@ -386,6 +391,7 @@ impl ShopTokens {
             issuer,
             source,
             keys: ArcSwap::from_pointee(keys),
+            key_generation: AtomicU64::new(0),
             fetching: tokio::sync::Mutex::new(None),
             jwks_uri: Mutex::new(None),
             cache: VerifiedCache::new(),
@@ -405,10 +411,12 @@ impl ShopTokens {
             self.metrics.cache_hits.fetch_add(1, Ordering::Relaxed);
             return Verdict::Buyer(user_id);
         }
+        let generation = self.key_generation.load(Ordering::Acquire);
         match self.verify_afresh(token, now_secs) {
             Ok((verified, subject)) => {
                 self.metrics.verified.fetch_add(1, Ordering::Relaxed);
-                if let Some((prefix, message)) = place {
+                let same_keys = self.key_generation.load(Ordering::Acquire) == generation;
+                if let (Some((prefix, message)), true) = (place, same_keys) {
                     let verified = Verified {
                         message,
                         ..verified
@@ -583,6 +591,7 @@ impl ShopTokens {
             .collect();
         tracing::info!(keys = ?kids, "the shop's signing keys changed");
         self.keys.store(Arc::new(keys));
+        self.key_generation.fetch_add(1, Ordering::AcqRel);
         // A retired key's tokens must stop working: everything is verified again.
         self.cache.clear();
     }

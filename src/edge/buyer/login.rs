@@ -268,6 +268,12 @@ pub async fn exchange(
     let user_id = crate::edge::auth::user_of(&st, &headers, now).await?;
     let ttl_end = now / 1000 + st.config.token_ttl_secs as i64;
     let expires = crate::edge::auth::shop::expiry_of(token).map_or(ttl_end, |exp| exp.min(ttl_end));
+    // Accepted within the clock leeway, yet already past: nothing worth issuing.
+    if expires <= now / 1000 {
+        return Err(ApiError::Unauthorized(
+            "shop token: expired: exp is past".into(),
+        ));
+    }
     st.metrics.tokens_issued.fetch_add(1, Ordering::Relaxed);
     Ok(Json(LoginAnswer {
         token: st.tokens.sign(user_id, expires),
