@@ -65,6 +65,20 @@ impl Kind {
             Kind::Postgres(Replication::Asynchronous) | Kind::MariaDb { .. }
         )
     }
+
+    /// How long the replication is stalled before the primary dies. A semi-synchronous
+    /// primary holds its commits for up to a second before it falls back to asynchronous
+    /// replication (`rpl_semi_sync_master_timeout`), so its stall lasts over a second
+    /// longer: only commits made after the fallback can be lost.
+    fn stall(self, rng: &mut impl rand::Rng) -> Duration {
+        match self {
+            Kind::MariaDb { semi_sync: true } => {
+                Duration::from_millis(rng.random_range(2200..3500))
+            }
+            kind if kind.loses_commits() => Duration::from_millis(rng.random_range(1000..2500)),
+            _ => Duration::ZERO,
+        }
+    }
 }
 
 enum Database {
@@ -340,10 +354,7 @@ async fn failover_mid_storm_as(kind: Kind, layout: Layout, run: usize) {
     let seed = seed();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let kill_after = Duration::from_millis(rng.random_range(2000..5000));
-    let stall = match kind.loses_commits() {
-        true => Duration::from_millis(rng.random_range(1000..2500)),
-        false => Duration::ZERO,
-    };
+    let stall = kind.stall(&mut rng);
     eprintln!(
         "{kind:?} failover ({layout:?}), run {run}: seed {seed} (SECKILL_TEST_DB_FAILOVER_SEED), \
          primary killed {kill_after:?} into the storm, replication stalled {stall:?} before"
