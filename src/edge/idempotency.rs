@@ -63,7 +63,7 @@ pub async fn idempotent(State(st): State<Arc<AppState>>, request: Request, next:
     }
 }
 
-fn key_text(value: &HeaderValue) -> Result<&str, ApiError> {
+pub fn key_text(value: &HeaderValue) -> Result<&str, ApiError> {
     value
         .to_str()
         .ok()

@@ -231,6 +231,13 @@ impl Caller {
                 None => call.key(&k.sale),
             };
         }
+        // The records of the attempts with an Idempotency-Key follow, in their order.
+        let mut next_record = 5 + group.len();
+        for a in &group {
+            if let Some(key) = a.purchase.retry_key {
+                call.key(k.retry_record(a.purchase.user_id, key.0));
+            }
+        }
         call.arg(sale_id)
             .arg(self.rate.interval_ms())
             .arg(self.rate.tolerance_ms())
@@ -247,6 +254,13 @@ impl Caller {
                     p.token.map_or(0, |t| t.keep_ms(now))
                 })
                 .arg(super::attempt_deadline(p.order_id));
+            match p.retry_key {
+                Some(_) => {
+                    next_record += 1;
+                    call.arg(next_record)
+                }
+                None => call.arg(0),
+            };
         }
         let reply: Result<Value, _> = call.invoke_async(&mut conn).await;
         match reply
@@ -256,7 +270,7 @@ impl Caller {
             Ok(verdicts) => {
                 let durable = if verdicts
                     .iter()
-                    .any(|v| matches!(v, Verdict::Accepted { .. }))
+                    .any(|v| matches!(v, Verdict::Accepted { .. } | Verdict::Again { .. }))
                 {
                     self.wait_durable(&mut conn, &k.sale).await
                 } else {
@@ -264,7 +278,9 @@ impl Caller {
                 };
                 for (a, v) in group.into_iter().zip(verdicts) {
                     let answer = match v {
-                        Verdict::Accepted { .. } if !durable => Err(GateError::NotDurable),
+                        Verdict::Accepted { .. } | Verdict::Again { .. } if !durable => {
+                            Err(GateError::NotDurable)
+                        }
                         v => Ok(v),
                     };
                     // The caller may have given up (a timeout); its verdict stands regardless.

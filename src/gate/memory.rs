@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex, RwLock};
 use async_trait::async_trait;
 
 use super::{
-    Gate, GateError, GateStock, Purchase, RateLimit, Rejection, Release, Released, SaleLoad, Spend,
-    Verdict,
+    Gate, GateError, GateStock, Purchase, RateLimit, Rejection, Release, Released, RetryKey,
+    SaleLoad, Spend, Verdict,
 };
 use crate::clock::SharedClock;
 use crate::model::NewOrder;
@@ -128,6 +128,9 @@ impl Holdings {
 pub struct MemoryGate {
     sales: RwLock<HashMap<i64, Arc<Mutex<SaleState>>>>,
     spent: Mutex<SpentNonces>,
+    /// Purchases made with an `Idempotency-Key`, by sale, buyer and key: kept beside the
+    /// sales so that a retry is answered after its sale left the gate.
+    retries: Mutex<RetryRecords>,
     log: LocalLog,
     clock: SharedClock,
     rate: RateLimit,
@@ -143,6 +146,7 @@ impl MemoryGate {
         Self {
             sales: RwLock::new(HashMap::new()),
             spent: Mutex::new(SpentNonces::default()),
+            retries: Mutex::new(RetryRecords::default()),
             log,
             clock,
             rate: RateLimit {
@@ -166,10 +170,20 @@ impl MemoryGate {
             .cloned()
     }
 
+    fn retries(&self) -> std::sync::MutexGuard<'_, RetryRecords> {
+        self.retries.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// The atomic decision; returns the order to append when accepted.
-    fn decide(&self, state: &Mutex<SaleState>, p: &Purchase) -> Result<(i64, NewOrder), Rejection> {
+    fn decide(&self, state: &Mutex<SaleState>, p: &Purchase) -> Result<Decision, Rejection> {
         let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
         let now = self.clock.now_ms();
+        // Under the sale's lock: a retry sees its first attempt's record or its decision.
+        if let Some(key) = p.retry_key {
+            if let Some(record) = self.retries().find(p, key, now)? {
+                return Ok(record);
+            }
+        }
         let open = now >= s.begins_at && now < s.ends_at && !s.paused;
         // A buyer who holds the limit can take nothing more and is told so without spending
         // a place in the rate, as purchase.lua does (see there).
@@ -183,7 +197,11 @@ impl MemoryGate {
         if let Some(next) = next_tat.filter(|_| !at_limit(&s)) {
             s.rate_tat.insert(p.user_id, next);
         }
-        decided
+        let (remaining, order) = decided?;
+        if let Some(key) = p.retry_key {
+            self.retries().keep(p, key, now);
+        }
+        Ok(Decision::Take(remaining, order))
     }
 
     /// The buyer's next theoretical arrival time (GCRA), or how long to wait.
@@ -261,8 +279,11 @@ impl MemoryGate {
             .spend(sale_id, spend, now)
     }
 
-    fn give_back(state: &Mutex<SaleState>, p: &Purchase) {
+    fn give_back(&self, state: &Mutex<SaleState>, p: &Purchase) {
         let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(key) = p.retry_key {
+            self.retries().forget(p, key);
+        }
         s.remaining += p.quantity;
         s.accepted -= 1;
         let held = s.held.get(p.user_id) - p.quantity;
@@ -294,12 +315,32 @@ impl Drop for Appending<'_> {
 #[async_trait]
 impl Gate for MemoryGate {
     async fn purchase(&self, p: Purchase) -> Result<Verdict, GateError> {
-        let Some(state) = self.sale(p.sale_id) else {
-            return Ok(Verdict::Rejected(Rejection::NotLoaded));
-        };
-        let (remaining, order) = match self.decide(&state, &p) {
-            Ok(accepted) => accepted,
-            Err(rejection) => return Ok(Verdict::Rejected(rejection)),
+        let (state, remaining, order) = loop {
+            let Some(state) = self.sale(p.sale_id) else {
+                let now = self.clock.now_ms();
+                let record = match p.retry_key {
+                    Some(key) => self.retries().find(&p, key, now),
+                    None => Ok(None),
+                };
+                return match record {
+                    Ok(Some(Decision::Again { order_id, .. })) => Ok(Verdict::Again { order_id }),
+                    Err(rejection) => Ok(Verdict::Rejected(rejection)),
+                    _ => Ok(Verdict::Rejected(Rejection::NotLoaded)),
+                };
+            };
+            match self.decide(&state, &p) {
+                Ok(Decision::Take(remaining, order)) => break (state, remaining, order),
+                Ok(Decision::Again {
+                    order_id,
+                    appending: false,
+                }) => return Ok(Verdict::Again { order_id }),
+                // The first attempt is on its way into the log: its answer is not known
+                // until it is durable (or given back). A millisecond or so.
+                Ok(Decision::Again { .. }) => {
+                    tokio::time::sleep(std::time::Duration::from_millis(1)).await
+                }
+                Err(rejection) => return Ok(Verdict::Rejected(rejection)),
+            }
         };
         let appending = Appending {
             state: &state,
@@ -310,12 +351,15 @@ impl Gate for MemoryGate {
         if let Err(e) = appended {
             // The log refuses every order from now on, so these units cannot be sold
             // twice; a restart rebuilds the gate from SQL and what the log kept.
-            Self::give_back(&state, &p);
+            self.give_back(&state, &p);
             return Err(match e {
                 // It may come back at the next start: the buyer hears `pending`, not "no".
                 crate::orderlog::LogError::Unconfirmed(_) => GateError::NotDurable,
                 e => e.into(),
             });
+        }
+        if let Some(key) = p.retry_key {
+            self.retries().durable(&p, key);
         }
         Ok(Verdict::Accepted { remaining })
     }
@@ -455,6 +499,76 @@ impl Gate for MemoryGate {
     }
 }
 
+/// What the atomic decision made of an attempt.
+enum Decision {
+    /// Accepted: the stock left and the order to append.
+    Take(i64, NewOrder),
+    /// Its `Idempotency-Key` bought this order before (`appending` while that order is
+    /// not yet durable).
+    Again { order_id: i64, appending: bool },
+}
+
+/// The purchases made with an `Idempotency-Key` in the last [`super::RETRY_KEY_MS`], swept
+/// whenever the map doubles, as the spent nonces are.
+#[derive(Default)]
+struct RetryRecords {
+    made: HashMap<(i64, i64, RetryKey), RetryRecord>,
+    sweep_at: usize,
+}
+
+struct RetryRecord {
+    order_id: i64,
+    quantity: i64,
+    at: i64,
+    appending: bool,
+}
+
+impl RetryRecords {
+    fn find(&self, p: &Purchase, key: RetryKey, now: i64) -> Result<Option<Decision>, Rejection> {
+        match self.made.get(&(p.sale_id, p.user_id, key)) {
+            Some(r) if r.at + super::RETRY_KEY_MS > now => {
+                if r.quantity != p.quantity {
+                    return Err(Rejection::RetryKeyReused);
+                }
+                Ok(Some(Decision::Again {
+                    order_id: r.order_id,
+                    appending: r.appending,
+                }))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    fn keep(&mut self, p: &Purchase, key: RetryKey, now: i64) {
+        if self.made.len() >= self.sweep_at {
+            self.made.retain(|_, r| r.at + super::RETRY_KEY_MS > now);
+            self.sweep_at = (self.made.len() * 2).max(1024);
+        }
+        let record = RetryRecord {
+            order_id: p.order_id,
+            quantity: p.quantity,
+            at: now,
+            appending: true,
+        };
+        self.made.insert((p.sale_id, p.user_id, key), record);
+    }
+
+    fn durable(&mut self, p: &Purchase, key: RetryKey) {
+        if let Some(r) = self.made.get_mut(&(p.sale_id, p.user_id, key)) {
+            if r.order_id == p.order_id {
+                r.appending = false;
+            }
+        }
+    }
+
+    fn forget(&mut self, p: &Purchase, key: RetryKey) {
+        let id = (p.sale_id, p.user_id, key);
+        if self.made.get(&id).is_some_and(|r| r.order_id == p.order_id) {
+            self.made.remove(&id);
+        }
+    }
+}
+
 /// Nonces spent, with the instant each may be forgotten. Expired ones are swept whenever
 /// the set doubles, so memory follows the nonces alive, not all ever spent.
 #[derive(Default)]
@@ -518,6 +632,7 @@ mod tests {
             token: None,
             segments: 1,
             after_move: false,
+            retry_key: None,
         };
         for user in 0..5000 {
             assert!(gate.decide(&state, &attempt(user)).is_ok());

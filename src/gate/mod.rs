@@ -32,7 +32,30 @@ pub struct Purchase {
     /// The same attempt again, after stock was moved into its buyer's empty segment: its
     /// token and its place in the rate limit were spent by the first try.
     pub after_move: bool,
+    /// The buyer's `Idempotency-Key` for this purchase, digested (see [`RetryKey`]).
+    pub retry_key: Option<RetryKey>,
 }
+
+/// A buyer's `Idempotency-Key`, as the gate keeps it: 128 bits of its SHA-256, scoped by
+/// the buyer and the sale. A purchase made with one is recorded for [`RETRY_KEY_MS`]; an
+/// attempt with the same key is answered from the record (`Verdict::Again`, or
+/// `Rejection::RetryKeyReused` for another quantity) and takes nothing. A refusal records
+/// nothing: it changed nothing, so its retry is decided again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RetryKey(pub u128);
+
+impl RetryKey {
+    pub fn of(key: &str) -> RetryKey {
+        use sha2::{Digest, Sha256};
+        let digest = Sha256::digest(key.as_bytes());
+        let mut first = [0u8; 16];
+        first.copy_from_slice(&digest[..16]);
+        RetryKey(u128::from_be_bytes(first))
+    }
+}
+
+/// How long a purchase's `Idempotency-Key` answers its retries (a day).
+pub const RETRY_KEY_MS: i64 = 86_400_000;
 
 impl Purchase {
     /// The segment that decides this attempt.
@@ -66,6 +89,10 @@ pub enum Verdict {
     Accepted {
         remaining: i64,
     },
+    /// The purchase's `Idempotency-Key` already bought this order: nothing was taken now.
+    Again {
+        order_id: i64,
+    },
     Rejected(Rejection),
 }
 
@@ -93,6 +120,8 @@ pub enum Rejection {
     TokenUsed,
     /// The attempt reached the gate after its deadline: nothing was done.
     Expired,
+    /// The purchase's `Idempotency-Key` bought another quantity of this sale.
+    RetryKeyReused,
 }
 
 /// How long after its order id was minted an attempt may still take effect in a gate in

@@ -35,6 +35,8 @@ fn verdict(code: &[u8], n: i64) -> Option<Verdict> {
         b"rate_limited" => Verdict::Rejected(Rejection::RateLimited { retry_after_ms: n }),
         b"token_used" => Verdict::Rejected(Rejection::TokenUsed),
         b"expired" => Verdict::Rejected(Rejection::Expired),
+        b"again" => Verdict::Again { order_id: n },
+        b"key_reused" => Verdict::Rejected(Rejection::RetryKeyReused),
         _ => return None,
     })
 }
@@ -73,6 +75,17 @@ mod tests {
                 Verdict::Accepted { remaining: 3 },
                 Verdict::Rejected(Rejection::SoldOut { remaining: 0 })
             ]
+        );
+        // A record names its order as text: an order id is past a Lua number's 2^53.
+        let again = Value::Array(vec![
+            Value::BulkString(b"again".to_vec()),
+            Value::BulkString(b"7318912397319823101".to_vec()),
+        ]);
+        assert_eq!(
+            verdicts_from_reply(&again, 1).unwrap(),
+            vec![Verdict::Again {
+                order_id: 7318912397319823101
+            }]
         );
         assert!(
             verdicts_from_reply(&reply, 1).is_err(),

@@ -101,7 +101,8 @@ impl Layer for SoldOutShortcut {
     async fn purchase(&self, p: Purchase) -> Result<Verdict, GateError> {
         let flag = self.flag(p.sale_id);
         let seen = flag.load(Ordering::Acquire);
-        if let Some(sold_out) = self.answer_from(seen) {
+        // A retry's record may name a unit bought before the sale sold out.
+        if let Some(sold_out) = self.answer_from(seen).filter(|_| p.retry_key.is_none()) {
             return Ok(sold_out);
         }
         let verdict = self.inner.purchase(p).await?;

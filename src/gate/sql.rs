@@ -8,10 +8,13 @@ use async_trait::async_trait;
 use tokio::sync::Semaphore;
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use super::{
-    Gate, GateError, GateStock, Purchase, Rejection, Release, Released, SaleLoad, Spend, Verdict,
+    Gate, GateError, GateStock, Purchase, Rejection, Release, Released, RetryKey, SaleLoad, Spend,
+    Verdict,
 };
+use crate::store::idempotency::Claim;
 use crate::model::NewOrder;
 use crate::store::{Dialect, Store};
 use crate::store::{SqlDecision, SqlVerdict};
@@ -22,6 +25,9 @@ pub struct SqlGate {
     in_flight: Semaphore,
     spends: AtomicU64,
 }
+
+/// How long a retry waits for its first attempt, still running, before it is refused.
+const RETRY_WAIT: Duration = Duration::from_secs(5);
 
 /// Spent nonces are swept from SQL once every this many spends.
 const SWEEP_EVERY: u64 = 4096;
@@ -43,16 +49,64 @@ impl SqlGate {
             spends: AtomicU64::new(0),
         }
     }
-}
 
-#[async_trait]
-impl Gate for SqlGate {
-    async fn purchase(&self, p: Purchase) -> Result<Verdict, GateError> {
-        let _turn = self
-            .in_flight
-            .acquire()
-            .await
-            .map_err(|_| GateError::BadReply("gate closed".into()))?;
+    /// A purchase with an `Idempotency-Key`: kept in SQL's idempotency records (as the
+    /// admin calls' are), claimed before the purchase and completed with its order. A
+    /// process that dies between the two leaves a claim a retry takes over after its lease.
+    async fn purchase_once(&self, p: Purchase, key: RetryKey) -> Result<Verdict, GateError> {
+        let sql = |e: crate::store::StoreError| GateError::Sql(e.to_string());
+        let caller = format!("buyer:{}", p.user_id);
+        let key = format!("purchase:{}:{:032x}", p.sale_id, key.0);
+        let fingerprint = p.quantity.to_string();
+        let deadline = tokio::time::Instant::now() + RETRY_WAIT;
+        loop {
+            let now = self.store.now_ms();
+            match self
+                .store
+                .claim_idempotency_key(&caller, &key, &fingerprint, now)
+                .await
+                .map_err(sql)?
+            {
+                Claim::Mine => break,
+                Claim::Taken { fingerprint: f, .. } if f != fingerprint => {
+                    return Ok(Verdict::Rejected(Rejection::RetryKeyReused))
+                }
+                Claim::Taken {
+                    answer: Some((_, order)),
+                    ..
+                } => {
+                    let order_id = order
+                        .parse()
+                        .map_err(|_| GateError::BadReply(format!("a kept purchase: {order}")))?;
+                    return Ok(Verdict::Again { order_id });
+                }
+                Claim::Taken { answer: None, .. } if tokio::time::Instant::now() >= deadline => {
+                    return Err(GateError::Unavailable(
+                        "a purchase with this Idempotency-Key is still running".into(),
+                    ))
+                }
+                Claim::Taken { answer: None, .. } => {
+                    tokio::time::sleep(Duration::from_millis(50)).await
+                }
+            }
+        }
+        let verdict = self.purchase_now(p).await;
+        let kept = match &verdict {
+            Ok(Verdict::Accepted { .. }) => {
+                let order = p.order_id.to_string();
+                self.store
+                    .complete_idempotency_key(&caller, &key, 200, &order)
+                    .await
+            }
+            _ => self.store.release_idempotency_key(&caller, &key).await,
+        };
+        if let Err(e) = kept {
+            tracing::warn!(error = %e, "cannot keep a purchase's Idempotency-Key");
+        }
+        verdict
+    }
+
+    async fn purchase_now(&self, p: Purchase) -> Result<Verdict, GateError> {
         // Spent on its own, before the purchase transaction: that one rolls back on every
         // rejection, and a token must stay spent whatever the attempt's outcome.
         if let Some(token) = p.token {
@@ -85,6 +139,21 @@ impl Gate for SqlGate {
                 Verdict::Rejected(Rejection::SoldOut { remaining })
             }
         })
+    }
+}
+
+#[async_trait]
+impl Gate for SqlGate {
+    async fn purchase(&self, p: Purchase) -> Result<Verdict, GateError> {
+        let _turn = self
+            .in_flight
+            .acquire()
+            .await
+            .map_err(|_| GateError::BadReply("gate closed".into()))?;
+        match p.retry_key {
+            Some(key) => self.purchase_once(p, key).await,
+            None => self.purchase_now(p).await,
+        }
     }
 
     async fn load(&self, _load: &SaleLoad) -> Result<bool, GateError> {

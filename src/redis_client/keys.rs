@@ -96,6 +96,13 @@ impl SaleKeys {
         )
     }
 
+    /// The record of a buyer's purchase made with an `Idempotency-Key` (see
+    /// `gate::RetryKey`), under the sale's hash tag like every key the purchase script
+    /// touches.
+    pub fn retry_record(&self, user_id: i64, key: u128) -> String {
+        format!("{}:again:{user_id}:{key:032x}", self.sale)
+    }
+
     /// The marker of a spent single-use nonce (purchase token or captcha) of this sale.
     pub fn spent(&self, nonce: u64) -> String {
         // Same hash tag as the sale: the purchase script may touch it in Redis Cluster.

@@ -121,7 +121,13 @@ impl Store {
             return Ok(None);
         };
         let status: Option<i64> = row.try_get(1)?;
-        let body: Option<String> = row.try_get(2)?;
+        // MariaDB flags a TEXT column binary, which sqlx will not read as a string.
+        let body: Option<String> = match row.try_get(2) {
+            Ok(body) => body,
+            Err(_) => row
+                .try_get::<Option<Vec<u8>>, _>(2)?
+                .map(|bytes| String::from_utf8_lossy(&bytes).into_owned()),
+        };
         let claim = Claim::Taken {
             fingerprint: row.try_get(0)?,
             answer: status.zip(body).map(|(s, b)| (s as u16, b)),

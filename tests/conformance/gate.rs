@@ -11,7 +11,9 @@ use std::sync::Arc;
 use seckill::gate::memory::MemoryGate;
 use seckill::gate::redis::RedisGate;
 use seckill::gate::sql::SqlGate;
-use seckill::gate::{Gate, Purchase, Rejection, Release, Released, SaleLoad, Verdict};
+use seckill::gate::{
+    Gate, Purchase, Rejection, Release, Released, RetryKey, SaleLoad, Verdict,
+};
 use seckill::model::Sale;
 use seckill::orderlog::local;
 use seckill::store::SqlDecision;
@@ -149,6 +151,7 @@ impl Harness {
                 token: None,
                 segments: 1,
                 after_move: false,
+                retry_key: None,
             })
             .await
             .unwrap_or_else(|e| panic!("{}: gate error {e}", self.name))
@@ -179,6 +182,7 @@ async fn thousands_of_buyers_get_exactly_the_stock_one_each() {
                             token: None,
                             segments: 1,
                             after_move: false,
+                            retry_key: None,
                         })
                         .await
                         .unwrap();
@@ -230,6 +234,7 @@ async fn one_user_from_many_tasks_gets_one() {
                         token: None,
                         segments: 1,
                         after_move: false,
+                        retry_key: None,
                     })
                     .await
                     .unwrap()
@@ -550,6 +555,68 @@ fn one_unit(sale_id: i64, user_id: i64, order_id: i64) -> Purchase {
         token: None,
         segments: 1,
         after_move: false,
+        retry_key: None,
+    }
+}
+
+/// A purchase made with an `Idempotency-Key` is made once: its retries, dozens at once,
+/// are answered with its order and take nothing, even once the sale has sold out; the key
+/// with another quantity is refused; a refusal records nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_purchase_retried_with_its_idempotency_key_is_made_once() {
+    for h in Harness::all().await {
+        let _turn = h.turn().await;
+        // A limit of 3: without the key, each retry could buy another unit.
+        let sale = common::sale(common::next_id(), 10, 3);
+        h.open(&sale, vec![]).await;
+        let with_key = |key: &str, quantity| Purchase {
+            quantity,
+            retry_key: Some(RetryKey::of(key)),
+            ..one_unit(sale.id, 42, common::next_id())
+        };
+        let tasks: Vec<_> = (0..50)
+            .map(|_| {
+                let (gate, attempt) = (h.gate.clone(), with_key("retry-1", 1));
+                tokio::spawn(async move { (attempt.order_id, gate.purchase(attempt).await) })
+            })
+            .collect();
+        let (mut bought, mut again) = (None, Vec::new());
+        for t in tasks {
+            match t.await.unwrap() {
+                (id, Ok(Verdict::Accepted { .. })) => {
+                    assert!(bought.replace(id).is_none(), "{}: bought twice", h.name)
+                }
+                (_, Ok(Verdict::Again { order_id })) => again.push(order_id),
+                (_, other) => panic!("{}: unexpected {other:?}", h.name),
+            }
+        }
+        let bought = bought.unwrap_or_else(|| panic!("{}: one attempt buys", h.name));
+        assert_eq!(again.len(), 49, "{}", h.name);
+        assert!(again.iter().all(|o| *o == bought), "{}: {again:?}", h.name);
+        let remaining = |h: &Harness| {
+            let gate = h.gate.clone();
+            async move { gate.stock(sale.id).await.unwrap().unwrap().remaining }
+        };
+        assert_eq!(remaining(&h).await, 9, "{}: one unit taken", h.name);
+
+        let reused = h.gate.purchase(with_key("retry-1", 2)).await.unwrap();
+        assert_eq!(reused, Verdict::Rejected(Rejection::RetryKeyReused), "{}", h.name);
+        // Another key is another purchase, within the limit; then the buyer holds it all.
+        let second = h.gate.purchase(with_key("retry-2", 2)).await.unwrap();
+        assert!(accepted(&second), "{}: {second:?}", h.name);
+        let refused = h.gate.purchase(with_key("retry-3", 1)).await.unwrap();
+        assert_eq!(refused, Verdict::Rejected(Rejection::AlreadyPurchased), "{}", h.name);
+        // Not recorded: the same key with another quantity is decided, not called reused.
+        let refused = h.gate.purchase(with_key("retry-3", 2)).await.unwrap();
+        assert_eq!(refused, Verdict::Rejected(Rejection::AlreadyPurchased), "{}", h.name);
+
+        for buyer in 100..107 {
+            assert!(accepted(&h.buy(sale.id, buyer, 1).await), "{}", h.name);
+        }
+        assert_eq!(remaining(&h).await, 0, "{}", h.name);
+        let late = h.gate.purchase(with_key("retry-1", 1)).await.unwrap();
+        assert_eq!(late, Verdict::Again { order_id: bought }, "{}", h.name);
+        assert_eq!(remaining(&h).await, 0, "{}", h.name);
     }
 }
 
@@ -737,6 +804,7 @@ async fn a_purchase_token_is_spent_once_whatever_the_outcome() {
                         token: Some(token),
                         segments: 1,
                         after_move: false,
+                        retry_key: None,
                     })
                     .await
                     .unwrap()
@@ -780,6 +848,7 @@ async fn a_purchase_token_is_spent_once_whatever_the_outcome() {
             token: Some(once),
             segments: 1,
             after_move: false,
+            retry_key: None,
         };
         let first = h.gate.purchase(buy(6_000)).await.unwrap();
         assert!(!accepted(&first), "{}: over the limit", h.name);

@@ -68,6 +68,7 @@ fn buy(sale_id: i64, user_id: i64) -> Purchase {
         token: None,
         segments: 1,
         after_move: false,
+        retry_key: None,
     }
 }
 

@@ -372,6 +372,7 @@ async fn gates_take_each_order_back_once_and_skip_what_their_load_counted() {
             token: None,
             segments: 1,
             after_move: false,
+            retry_key: None,
         };
         assert!(
             matches!(

@@ -124,6 +124,7 @@ fn purchase(sale_id: i64, user_id: i64, quantity: i64, order_id: i64) -> Purchas
         token: None,
         segments: 1,
         after_move: false,
+        retry_key: None,
     }
 }
 

@@ -1,7 +1,8 @@
 //! Safe retries with `Idempotency-Key` against two instances on Redis + PostgreSQL: a
 //! retried creating call runs once, on whichever instance and after a restart; the same
 //! key with another body is 422; concurrent retries create one thing; a new key's secret
-//! is never kept to be replayed.
+//! is never kept to be replayed. A retried purchase buys once, on two instances and on an
+//! embedded server, and still answers its order once the sale has sold out.
 
 use reqwest::Method;
 use serde_json::{json, Value};
@@ -291,4 +292,114 @@ async fn a_sale_carries_the_shops_reference_and_a_sync_job_upserts_by_it() {
         )
         .await;
     assert_eq!(bad.status, 400, "{bad}");
+}
+
+/// Buys through `apis` in turn with an `Idempotency-Key`, at most `limit` units a buyer:
+/// six tries of one purchase at once make one order, answered six times; the key with
+/// another quantity is 422; the same tries without a key buy up to the limit; once the
+/// sale has sold out, the key still answers its order. Returns the sale, whose orders in
+/// SQL the caller counts: 5 in all, one of them the keyed buyer's.
+async fn a_purchase_retried(apis: &[Api], phones: u64) -> (i64, String) {
+    let at = |i: usize| &apis[i % apis.len()];
+    let sale = at(0).open_sale(5, 3).await;
+    let buyer = |n| {
+        let api = at(0).clone();
+        async move {
+            let phone = common::test_phone(common::common_phone_block() + phones + n);
+            api.log_in(&phone).await
+        }
+    };
+    let keyed = buyer(0).await;
+    let buy = |i: usize, token: String, key: Option<&'static str>, quantity: i64| {
+        let (api, path) = (at(i).clone(), format!("/api/sales/{sale}/purchase"));
+        async move {
+            let mut r = api
+                .request(Method::POST, &path)
+                .bearer_auth(&token)
+                .json(&json!({ "quantity": quantity }));
+            if let Some(key) = key {
+                r = r.header("Idempotency-Key", key);
+            }
+            Api::send(r).await
+        }
+    };
+    let tries =
+        futures_util::future::join_all((0..6).map(|i| buy(i, keyed.clone(), Some("buy-1"), 1)))
+            .await;
+    for r in &tries {
+        assert_eq!(r.status_code(), (200, "ok".into()), "{r}");
+    }
+    let order = tries[0].body["order_id"].as_str().unwrap().to_string();
+    assert!(tries.iter().all(|r| r.body["order_id"] == order.as_str()));
+
+    let other = buy(1, keyed.clone(), Some("buy-1"), 2).await;
+    assert_eq!(
+        other.status_code(),
+        (422, "idempotency_key_reused".into()),
+        "{other}"
+    );
+    // The same tries without a key: each buys, up to the limit of 3.
+    let unkeyed = buyer(1).await;
+    let mut bought = 0;
+    for i in 0..5 {
+        let r = buy(i, unkeyed.clone(), None, 1).await;
+        if r.status == 200 {
+            bought += 1;
+        } else {
+            assert_eq!(r.code(), "already_purchased", "{r}");
+        }
+    }
+    assert_eq!(bought, 3, "without a key, retries buy up to the limit");
+    // The last unit, then the first purchase retried on every instance: its order.
+    let last = buyer(2).await;
+    assert_eq!(buy(0, last.clone(), None, 1).await.status, 200);
+    assert_eq!(buy(1, last, None, 1).await.code(), "sold_out");
+    for i in 0..apis.len() {
+        let again = buy(i, keyed.clone(), Some("buy-1"), 1).await;
+        assert_eq!(again.status_code(), (200, "ok".into()), "{again}");
+        assert_eq!(again.body["order_id"], order.as_str(), "{again}");
+    }
+    (sale.parse().unwrap(), order)
+}
+
+async fn orders_in_sql(db: &str, sale: i64, order: &str) {
+    let store = seckill::store::Store::connect(db, 2).await.unwrap();
+    common::eventually(30, "the sale's 5 orders are written", || async {
+        store.orders_of_sale(sale).await.unwrap().len() == 5
+    })
+    .await;
+    let orders = store.orders_of_sale(sale).await.unwrap();
+    let keyed: Vec<_> = orders
+        .iter()
+        .filter(|o| o.id.to_string() == order)
+        .collect();
+    assert_eq!(keyed.len(), 1, "{orders:?}");
+    let of_keyed_buyer = orders
+        .iter()
+        .filter(|o| o.user_id == keyed[0].user_id)
+        .count();
+    assert_eq!(of_keyed_buyer, 1, "one order for six tries: {orders:?}");
+    assert_eq!(orders.iter().map(|o| o.quantity).sum::<i64>(), 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_purchase_buys_once_on_two_instances() {
+    let db = common::fresh_database(Sql::Postgres).await;
+    let env = vec![
+        ("SECKILL_DATABASE_URL".to_string(), db.clone()),
+        ("SECKILL_REDIS_URL".to_string(), common::redis_url()),
+        ("SECKILL_REDIS_PREFIX".to_string(), common::unique("idem")),
+        ("SECKILL_DEV".to_string(), "1".to_string()),
+    ];
+    let a = Server::start(env.clone(), vec!["serve".into()]).await;
+    let b = Server::start(env, vec!["serve".into(), "--no-writer".into()]).await;
+    let (sale, order) = a_purchase_retried(&[a.api(), b.api()], 920).await;
+    orders_in_sql(&db, sale, &order).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_purchase_buys_once_on_an_embedded_server() {
+    let server = Server::embedded(&[("SECKILL_DEV", "1")]).await;
+    let (sale, order) = a_purchase_retried(&[server.api()], 940).await;
+    orders_in_sql(&server.env_value("SECKILL_DATABASE_URL"), sale, &order).await;
 }

@@ -337,6 +337,7 @@ impl Sim {
                 token: None,
                 segments: 1,
                 after_move: false,
+                retry_key: None,
             };
             self.attempts.insert(
                 order_id,
@@ -390,6 +391,7 @@ impl Sim {
             let told = match &result {
                 Ok(Verdict::Accepted { .. }) => Told::Ok,
                 Ok(Verdict::Rejected(_)) => Told::No,
+                Ok(Verdict::Again { .. }) => unreachable!("the simulation sends no Idempotency-Key"),
                 Err(e) if e.may_have_taken_effect() => Told::Pending,
                 Err(_) => Told::No,
             };
@@ -673,6 +675,7 @@ impl Sim {
                 token: None,
                 segments: 1,
                 after_move: false,
+                retry_key: None,
             };
             self.attempts.insert(
                 order_id,

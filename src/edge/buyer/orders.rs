@@ -19,7 +19,7 @@ use super::super::auth::{caller_of, user_of, AuthUser, Caller};
 use super::super::http::error::{ApiError, ErrorResponse, ReadErrors};
 use super::super::http::input::{parse_id, parse_json, rfc3339, OrderId, PathId};
 use super::super::{AppState, MAX_BODY_BYTES, REQUEST_TIMEOUT};
-use crate::gate::{Purchase, Rejection, Verdict};
+use crate::gate::{Purchase, Rejection, RetryKey, Verdict};
 use crate::model::{Order, OrderStatus, Sale};
 
 /// Clock skew allowed between this instance and the gate's clock before the edge answers
@@ -125,6 +125,10 @@ where
         }
         Err(e) => return Answer::Now(answer(st, started, Err(e))),
     };
+    let retry_key = match retry_key(headers) {
+        Ok(key) => key,
+        Err(e) => return Answer::Now(answer(st, started, Err(e))),
+    };
     if body.size_hint().exact() != Some(0) {
         let st = st.clone();
         return Answer::Later(Box::pin(async move {
@@ -135,6 +139,7 @@ where
                     quantity: body.quantity.unwrap_or(1),
                     token: body.token,
                     pass: body.pass,
+                    retry_key,
                 };
                 decide(&st, sale_id, ask, now).await
             });
@@ -146,6 +151,7 @@ where
         quantity: 1,
         token: None,
         pass: None,
+        retry_key,
     };
     match st.sales.with(sale_id, |sale| admit(st, sale, &ask, now)) {
         Some(Err(e)) => Answer::Now(answer(st, started, Err(e))),
@@ -163,6 +169,14 @@ where
                 answer(&st, started, result)
             }))
         }
+    }
+}
+
+/// The buyer's `Idempotency-Key`, digested, when the purchase carries one.
+fn retry_key(headers: &HeaderMap) -> Result<Option<RetryKey>, ApiError> {
+    match headers.get(super::super::idempotency::HEADER) {
+        None => Ok(None),
+        Some(value) => Ok(Some(RetryKey::of(super::super::idempotency::key_text(value)?))),
     }
 }
 
@@ -255,6 +269,7 @@ async fn ask_gate(
             token: admitted.token,
             segments: admitted.segments,
             after_move: false,
+            retry_key: ask.retry_key,
         })
         .await;
     st.metrics
@@ -278,6 +293,21 @@ async fn ask_gate(
             code: "ok",
             order_id: order_id.to_string(),
         }),
+        // The first attempt with this Idempotency-Key bought it: the same answer again.
+        Verdict::Again { order_id } => Ok(PurchaseOk {
+            code: "ok",
+            order_id: order_id.to_string(),
+        }),
+        Verdict::Rejected(Rejection::NotLoaded)
+            if ask.retry_key.is_some()
+                && st
+                    .sales
+                    .get(sale_id)
+                    .is_some_and(|sale| st.now_ms() >= sale.ends_at) =>
+        {
+            // A retry of a sale gone from the gate, and no purchase recorded for its key.
+            Err(ApiError::from_rejection(Rejection::Ended, limit))
+        }
         Verdict::Rejected(Rejection::NotLoaded) => {
             // Approved but not preloaded yet (approved on another instance moments ago),
             // or lost by Redis. The load runs as a task of its own: a buyer who leaves, or
@@ -308,6 +338,7 @@ struct Ask {
     quantity: i64,
     token: Option<String>,
     pass: Option<String>,
+    retry_key: Option<RetryKey>,
 }
 
 /// A purchase that passed the checks made without the gate, and what the gate needs of them.
@@ -327,15 +358,18 @@ fn admit(st: &AppState, sale: &Sale, ask: &Ask, now: i64) -> Result<Admitted, Ap
             "quantity exceeds the per-user limit of {limit}"
         )));
     }
+    // A retry's first attempt may have bought before the sale ended or sold out: only
+    // the gate, which keeps its record, can tell.
+    let retry = ask.retry_key.is_some();
     if now < sale.begins_at - WINDOW_SLACK_MS {
         return Err(ApiError::from_rejection(Rejection::NotStarted, limit));
     }
-    if now >= sale.ends_at + WINDOW_SLACK_MS {
+    if now >= sale.ends_at + WINDOW_SLACK_MS && !retry {
         return Err(ApiError::from_rejection(Rejection::Ended, limit));
     }
     super::super::antibot::queue_pass(st, sale, ask.user_id, ask.pass.as_deref())?;
     let token = super::super::antibot::purchase_token(st, sale, ask.user_id, ask.token.as_deref())?;
-    if let Some(Verdict::Rejected(sold_out)) = st.sold_out.answer(sale.id) {
+    if let Some(Verdict::Rejected(sold_out)) = st.sold_out.answer(sale.id).filter(|_| !retry) {
         return Err(ApiError::from_rejection(sold_out, limit));
     }
     Ok(Admitted {

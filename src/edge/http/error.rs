@@ -226,6 +226,14 @@ impl ApiError {
             ),
             Rejection::SoldOut { .. } => ("sold_out", "the sale is sold out".into()),
             Rejection::NotLoaded => return ApiError::NotLoaded,
+            Rejection::RetryKeyReused => {
+                return ApiError::Unprocessable {
+                    code: "idempotency_key_reused",
+                    message: "this Idempotency-Key bought another quantity of this sale; use a \
+                              new key for a new purchase"
+                        .into(),
+                }
+            }
             Rejection::Expired => {
                 return ApiError::Unavailable(
                     "the purchase reached the gate too late and was not made; retry".into(),
