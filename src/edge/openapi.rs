@@ -201,9 +201,22 @@ impl Modify for KeyScopes {
     }
 }
 
-/// The creating calls that honour `Idempotency-Key` (the router layers them with
-/// `idempotency::idempotent`).
-const IDEMPOTENT: [&str; 4] = ["create_sale", "pay", "cancel", "create_key"];
+/// The creating calls that honour `Idempotency-Key`: the router layers them with
+/// `idempotency::idempotent`, and the purchase keeps its key in the gate.
+const IDEMPOTENT: [&str; 5] = ["create_sale", "pay", "cancel", "create_key", "purchase"];
+
+const KEPT_ANSWER: &str = "1 to 255 printable ASCII characters, unique per request: a retry \
+     with the same key and request answers the first answer again (with Idempotent-Replayed: \
+     true) for 24 hours, on every instance; the same key with another request answers 422 \
+     idempotency_key_reused; a retry while the first call runs waits for it up to 5 s, then \
+     answers 409 idempotency_in_progress";
+
+const KEPT_PURCHASE: &str = "1 to 255 printable ASCII characters, unique per purchase and \
+     kept per buyer and sale: a retry of a purchase that bought answers its order again (200 \
+     ok, the first order_id) for 24 hours, on every instance, and takes nothing, even once \
+     the sale has sold out or ended; the same key with another quantity answers 422 \
+     idempotency_key_reused. A refused purchase changed nothing and keeps nothing: its retry \
+     is decided again";
 
 /// Declares the `Idempotency-Key` header, and its answers, on `IDEMPOTENT`.
 struct IdempotencyKeys;
@@ -220,18 +233,12 @@ impl Modify for IdempotencyKeys {
                 if !named {
                     continue;
                 }
+                let purchase = op.operation_id.as_deref() == Some("purchase");
                 let header = ParameterBuilder::new()
                     .name("Idempotency-Key")
                     .parameter_in(ParameterIn::Header)
                     .required(utoipa::openapi::Required::False)
-                    .description(Some(
-                        "1 to 255 printable ASCII characters, unique per request: a retry with \
-                         the same key and request answers the first answer again (with \
-                         Idempotent-Replayed: true) for 24 hours, on every instance; the same \
-                         key with another request answers 422 idempotency_key_reused; a retry \
-                         while the first call runs waits for it up to 5 s, then answers 409 \
-                         idempotency_in_progress",
-                    ))
+                    .description(Some(if purchase { KEPT_PURCHASE } else { KEPT_ANSWER }))
                     .schema(Some(
                         utoipa::openapi::ObjectBuilder::new()
                             .schema_type(utoipa::openapi::schema::Type::String)
@@ -241,7 +248,8 @@ impl Modify for IdempotencyKeys {
                     ))
                     .build();
                 op.parameters.get_or_insert_with(Vec::new).push(header);
-                for status in ["409", "422"] {
+                let statuses: &[&str] = if purchase { &["422"] } else { &["409", "422"] };
+                for status in statuses {
                     op.responses
                         .responses
                         .entry(status.to_string())

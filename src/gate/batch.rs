@@ -53,7 +53,9 @@ pub struct Durable {
 }
 
 /// A sale segment's keys, its (sale, segment), and its attempts of one batch.
-type SegmentGroup = (Arc<SaleKeys>, (i64, i64), Vec<Attempt>);
+/// A call's attempts: its segment's keys, (sale, segment, whether they carry an
+/// Idempotency-Key), the attempts.
+type SegmentGroup = (Arc<SaleKeys>, (i64, i64, bool), Vec<Attempt>);
 
 struct Attempt {
     purchase: Purchase,
@@ -142,10 +144,13 @@ async fn run(
         if batch.is_empty() {
             continue;
         }
-        // One call per sale segment: a segment's keys share one hash tag (one slot).
+        // One call per sale segment: a segment's keys share one hash tag (one slot). The
+        // attempts with an Idempotency-Key make calls of their own, so that the others
+        // carry nothing for it.
         let mut by_sale: Vec<SegmentGroup> = Vec::new();
         for a in batch {
-            let part = (a.purchase.sale_id, a.purchase.segment());
+            let p = &a.purchase;
+            let part = (p.sale_id, p.segment(), p.retry_key.is_some());
             match by_sale.iter_mut().find(|(_, id, _)| *id == part) {
                 Some((_, _, group)) => group.push(a),
                 None => {
@@ -171,7 +176,7 @@ async fn run(
             let conn = own.clone().unwrap_or_else(|| caller.conn.clone());
             let calls = by_sale
                 .into_iter()
-                .map(|(k, (sale_id, _), group)| caller.call(k, sale_id, group, conn.clone()));
+                .map(|(k, (sale_id, ..), group)| caller.call(k, sale_id, group, conn.clone()));
             futures_util::future::join_all(calls).await;
             if let (Some(d), Some(own)) = (&caller.durable, own) {
                 d.pool.lock().unwrap_or_else(|p| p.into_inner()).push(own);
@@ -231,8 +236,7 @@ impl Caller {
                 None => call.key(&k.sale),
             };
         }
-        // The records of the attempts with an Idempotency-Key follow, in their order.
-        let mut next_record = 5 + group.len();
+        // A call of attempts with an Idempotency-Key names each one's record after them.
         for a in &group {
             if let Some(key) = a.purchase.retry_key {
                 call.key(k.retry_record(a.purchase.user_id, key.0));
@@ -254,13 +258,6 @@ impl Caller {
                     p.token.map_or(0, |t| t.keep_ms(now))
                 })
                 .arg(super::attempt_deadline(p.order_id));
-            match p.retry_key {
-                Some(_) => {
-                    next_record += 1;
-                    call.arg(next_record)
-                }
-                None => call.arg(0),
-            };
         }
         let reply: Result<Value, _> = call.invoke_async(&mut conn).await;
         match reply

@@ -8,8 +8,8 @@
 -- KEYS[5] rate hash    user_id -> theoretical arrival time (GCRA), per sale, of buyers
 --                      below the limit (one who holds it is not throttled)
 -- KEYS[5+i] attempt i's purchase-token marker (any key of the sale when it has no token)
--- then the records of the attempts that carry an Idempotency-Key (see below), each named
--- by its attempt
+-- KEYS[5+n+i] (n attempts) attempt i's Idempotency-Key record, in a call of attempts that
+--             all carry one; a call without these keys reads and writes no record
 -- ARGV[1] sale_id  ARGV[2] emission interval ms (0: no rate limit)  ARGV[3] burst tolerance ms
 -- ARGV[4] 1 when the client may resend a call Redis already ran (a cluster client), else 0
 -- ARGV[5] how accepted orders are written into the stream: batch (one entry per call, one
@@ -17,53 +17,54 @@
 -- docs/adr/0003), packed (an entry per order, one field 'o',
 -- 'order_id:sale_id:user_id:quantity:price_cents:accepted_at') or fields (an entry per
 -- order, one field per value, the form every writer reads)
--- then six values per attempt i, from ARGV[6*i]: user_id, quantity, order_id, how long
+-- then five values per attempt i, from ARGV[5*i+1]: user_id, quantity, order_id, how long
 -- to remember its spent purchase token in ms (0: no token; -1: the attempt is tried again
 -- after a move of stock into its segment, its token and rate were spent by the first try),
--- its deadline (Unix ms), and the index in KEYS of its Idempotency-Key record (0: none).
--- A record is 'order_id:quantity', kept a day from the purchase that wrote it: an attempt
--- whose record exists is answered from it before anything else is checked, and takes
--- nothing. Only a purchase writes one; a refusal changed nothing, so its retry is decided
--- again.
+-- and its deadline (Unix ms).
+-- An Idempotency-Key record is 'order_id:quantity', kept a day from the purchase that
+-- wrote it: an attempt whose record exists is answered from it before anything else is
+-- checked, and takes nothing. Only a purchase writes one; a refusal changed nothing, so
+-- its retry is decided again.
 -- Returns {code, number, code, number, ...}, one pair per attempt: code is ok | not_loaded |
 -- expired | rate_limited (ms to wait) | not_started | ended | paused | token_used |
 -- already_purchased | over_limit | sold_out | again (the number: the order the record
 -- names) | key_reused (the record names another quantity).
-local attempts = (#ARGV - 5) / 6
+local attempts = (#ARGV - 5) / 5
 -- A caller with another argument layout would have every attempt read the wrong values.
 if ARGV[5] ~= 'batch' and ARGV[5] ~= 'packed' and ARGV[5] ~= 'fields' then
   return redis.error_reply('ERR purchase.lua: ARGV[5] must be batch, packed or fields')
 end
 local out = {}
--- A day, in ms: how long an Idempotency-Key record answers its retries.
-local RECORD_MS = 86400000
--- records written by this call (KEYS name -> value), read before Redis' own
-local recorded = {}
-local records_changed = {}
-
--- The answer of attempt i's record, or nil when it has none.
-local function replay(i)
-  local index = ARGV[6 * i + 5]
-  if index == '0' then
-    return nil
+-- The Idempotency-Key records, in a call that names them: those this call wrote (key ->
+-- value, read before Redis' own, and in order) and `replay`. Nothing of them is made for
+-- other calls: each local a function here captures costs every call (measured with
+-- scripts/purchase-script-instructions), so they hang off the one.
+local rec
+if #KEYS > 5 + attempts then
+  rec = { kept = {}, changed = {} }
+  -- The answer of attempt i's record, or nil when it has none.
+  rec.replay = function(i)
+    local key = KEYS[5 + attempts + i]
+    local kept = rec.kept[key] or redis.call('GET', key)
+    if not kept then
+      return nil
+    end
+    local order, quantity = string.match(kept, '^(%d+):(%d+)$')
+    if quantity ~= ARGV[5 * i + 2] then
+      return 'key_reused', 0
+    end
+    return 'again', order
   end
-  local key = KEYS[index + 0]
-  local kept = recorded[key] or redis.call('GET', key)
-  if not kept then
-    return nil
-  end
-  local order, quantity = string.match(kept, '^(%d+):(%d+)$')
-  if quantity ~= ARGV[6 * i + 1] then
-    return 'key_reused', 0
-  end
-  return 'again', order
 end
 
 local sale = redis.call('HMGET', KEYS[1], 'stock', 'limit', 'begins', 'ends', 'paused', 'price')
 if not sale[1] then
   -- A purchase's record outlives its sale's keys in Redis.
   for i = 1, attempts do
-    local code, n = replay(i)
+    local code, n
+    if rec then
+      code, n = rec.replay(i)
+    end
     out[#out + 1] = code or 'not_loaded'
     out[#out + 1] = n or 0
   end
@@ -95,7 +96,7 @@ local batch = ARGV[5] == 'batch'
 local taken = 0
 local users = {}
 for i = 1, attempts do
-  users[i] = ARGV[6 * i]
+  users[i] = ARGV[5 * i + 1]
 end
 -- user -> units held (or theoretical arrival time), as read or as this call changed it
 local held = {}
@@ -157,11 +158,13 @@ if attempts > 0 and open then
 end
 
 local function decide(i)
-  local base = 6 * i
+  local base = 5 * i + 1
   local user = ARGV[base]
-  local code, n = replay(i)
-  if code then
-    return code, n
+  if rec then
+    local code, n = rec.replay(i)
+    if code then
+      return code, n
+    end
   end
   -- The same attempt again: a cluster client resends a command whose connection broke
   -- after Redis ran it. Its order stands; it must not take a second unit. (Checked only
@@ -234,10 +237,10 @@ local function decide(i)
     if resends then
       accepted_now[ARGV[base + 2]] = true
     end
-    if ARGV[base + 5] ~= '0' then
-      local key = KEYS[ARGV[base + 5] + 0]
-      recorded[key] = ARGV[base + 2] .. ':' .. qty_text
-      records_changed[#records_changed + 1] = key
+    if rec then
+      local key = KEYS[5 + attempts + i]
+      rec.kept[key] = ARGV[base + 2] .. ':' .. qty_text
+      rec.changed[#rec.changed + 1] = key
     end
     return 'ok', stock
   end
@@ -286,8 +289,11 @@ if taken > 0 then
   keep_first(pcall(redis.call, 'HINCRBY', KEYS[1], 'stock', string.format('%d', -taken)))
 end
 keep_first(write_all(KEYS[5], tats_changed, tats_kept))
-for _, key in ipairs(records_changed) do
-  keep_first(pcall(redis.call, 'SET', key, recorded[key], 'PX', RECORD_MS))
+if rec then
+  for _, key in ipairs(rec.changed) do
+    -- Kept a day (in ms).
+    keep_first(pcall(redis.call, 'SET', key, rec.kept[key], 'PX', 86400000))
+  end
 end
 if first_err then
   error(first_err, 0)

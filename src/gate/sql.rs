@@ -14,8 +14,8 @@ use super::{
     Gate, GateError, GateStock, Purchase, Rejection, Release, Released, RetryKey, SaleLoad, Spend,
     Verdict,
 };
-use crate::store::idempotency::Claim;
 use crate::model::NewOrder;
+use crate::store::idempotency::Claim;
 use crate::store::{Dialect, Store};
 use crate::store::{SqlDecision, SqlVerdict};
 

@@ -11,9 +11,7 @@ use std::sync::Arc;
 use seckill::gate::memory::MemoryGate;
 use seckill::gate::redis::RedisGate;
 use seckill::gate::sql::SqlGate;
-use seckill::gate::{
-    Gate, Purchase, Rejection, Release, Released, RetryKey, SaleLoad, Verdict,
-};
+use seckill::gate::{Gate, Purchase, Rejection, Release, Released, RetryKey, SaleLoad, Verdict};
 use seckill::model::Sale;
 use seckill::orderlog::local;
 use seckill::store::SqlDecision;
@@ -600,15 +598,30 @@ async fn a_purchase_retried_with_its_idempotency_key_is_made_once() {
         assert_eq!(remaining(&h).await, 9, "{}: one unit taken", h.name);
 
         let reused = h.gate.purchase(with_key("retry-1", 2)).await.unwrap();
-        assert_eq!(reused, Verdict::Rejected(Rejection::RetryKeyReused), "{}", h.name);
+        assert_eq!(
+            reused,
+            Verdict::Rejected(Rejection::RetryKeyReused),
+            "{}",
+            h.name
+        );
         // Another key is another purchase, within the limit; then the buyer holds it all.
         let second = h.gate.purchase(with_key("retry-2", 2)).await.unwrap();
         assert!(accepted(&second), "{}: {second:?}", h.name);
         let refused = h.gate.purchase(with_key("retry-3", 1)).await.unwrap();
-        assert_eq!(refused, Verdict::Rejected(Rejection::AlreadyPurchased), "{}", h.name);
+        assert_eq!(
+            refused,
+            Verdict::Rejected(Rejection::AlreadyPurchased),
+            "{}",
+            h.name
+        );
         // Not recorded: the same key with another quantity is decided, not called reused.
         let refused = h.gate.purchase(with_key("retry-3", 2)).await.unwrap();
-        assert_eq!(refused, Verdict::Rejected(Rejection::AlreadyPurchased), "{}", h.name);
+        assert_eq!(
+            refused,
+            Verdict::Rejected(Rejection::AlreadyPurchased),
+            "{}",
+            h.name
+        );
 
         for buyer in 100..107 {
             assert!(accepted(&h.buy(sale.id, buyer, 1).await), "{}", h.name);

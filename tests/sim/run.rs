@@ -391,7 +391,9 @@ impl Sim {
             let told = match &result {
                 Ok(Verdict::Accepted { .. }) => Told::Ok,
                 Ok(Verdict::Rejected(_)) => Told::No,
-                Ok(Verdict::Again { .. }) => unreachable!("the simulation sends no Idempotency-Key"),
+                Ok(Verdict::Again { .. }) => {
+                    unreachable!("the simulation sends no Idempotency-Key")
+                }
                 Err(e) if e.may_have_taken_effect() => Told::Pending,
                 Err(_) => Told::No,
             };

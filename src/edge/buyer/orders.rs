@@ -176,7 +176,9 @@ where
 fn retry_key(headers: &HeaderMap) -> Result<Option<RetryKey>, ApiError> {
     match headers.get(super::super::idempotency::HEADER) {
         None => Ok(None),
-        Some(value) => Ok(Some(RetryKey::of(super::super::idempotency::key_text(value)?))),
+        Some(value) => Ok(Some(RetryKey::of(super::super::idempotency::key_text(
+            value,
+        )?))),
     }
 }
 
