@@ -298,16 +298,14 @@ async fn a_sale_carries_the_shops_reference_and_a_sync_job_upserts_by_it() {
 /// six tries of one purchase at once make one order, answered six times; the key with
 /// another quantity is 422; the same tries without a key buy up to the limit; once the
 /// sale has sold out, the key still answers its order. Returns the sale, whose orders in
-/// SQL the caller counts: 5 in all, one of them the keyed buyer's.
-async fn a_purchase_retried(apis: &[Api], phones: u64) -> (i64, String) {
+/// SQL the caller counts: 5 in all, one of them the keyed buyer's (whose phone it is given).
+async fn a_purchase_retried(apis: &[Api]) -> (i64, String, String) {
     let at = |i: usize| &apis[i % apis.len()];
     let sale = at(0).open_sale(5, 3).await;
+    let phones = common::common_phone_block();
     let buyer = |n| {
         let api = at(0).clone();
-        async move {
-            let phone = common::test_phone(common::common_phone_block() + phones + n);
-            api.log_in(&phone).await
-        }
+        async move { api.log_in(&common::test_phone(phones + n)).await }
     };
     let keyed = buyer(0).await;
     let buy = |i: usize, token: String, key: Option<&'static str>, quantity: i64| {
@@ -359,7 +357,7 @@ async fn a_purchase_retried(apis: &[Api], phones: u64) -> (i64, String) {
         assert_eq!(again.status_code(), (200, "ok".into()), "{again}");
         assert_eq!(again.body["order_id"], order.as_str(), "{again}");
     }
-    (sale.parse().unwrap(), order)
+    (sale.parse().unwrap(), order, common::test_phone(phones))
 }
 
 async fn orders_in_sql(db: &str, sale: i64, order: &str) {
@@ -391,15 +389,30 @@ async fn a_retried_purchase_buys_once_on_two_instances() {
         ("SECKILL_REDIS_PREFIX".to_string(), common::unique("idem")),
         ("SECKILL_DEV".to_string(), "1".to_string()),
     ];
-    let a = Server::start(env.clone(), vec!["serve".into()]).await;
+    let mut a = Server::start(env.clone(), vec!["serve".into()]).await;
     let b = Server::start(env, vec!["serve".into(), "--no-writer".into()]).await;
-    let (sale, order) = a_purchase_retried(&[a.api(), b.api()], 920).await;
+    let (sale, order, phone) = a_purchase_retried(&[a.api(), b.api()]).await;
+    orders_in_sql(&db, sale, &order).await;
+    // After a restart, the same answer: the record is in Redis, beside the sale.
+    a.kill();
+    a.restart().await;
+    let keyed = a.api().log_in(&phone).await;
+    let again = Api::send(
+        a.api()
+            .request(Method::POST, &format!("/api/sales/{sale}/purchase"))
+            .bearer_auth(&keyed)
+            .header("Idempotency-Key", "buy-1")
+            .json(&json!({ "quantity": 1 })),
+    )
+    .await;
+    assert_eq!(again.status_code(), (200, "ok".into()), "{again}");
+    assert_eq!(again.body["order_id"], order.as_str(), "{again}");
     orders_in_sql(&db, sale, &order).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retried_purchase_buys_once_on_an_embedded_server() {
     let server = Server::embedded(&[("SECKILL_DEV", "1")]).await;
-    let (sale, order) = a_purchase_retried(&[server.api()], 940).await;
+    let (sale, order, _) = a_purchase_retried(&[server.api()]).await;
     orders_in_sql(&server.env_value("SECKILL_DATABASE_URL"), sale, &order).await;
 }

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use axum::body::{Bytes, HttpBody};
 use axum::extract::State;
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, HeaderName};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::future::BoxFuture;
@@ -174,7 +174,9 @@ where
 
 /// The buyer's `Idempotency-Key`, digested, when the purchase carries one.
 fn retry_key(headers: &HeaderMap) -> Result<Option<RetryKey>, ApiError> {
-    match headers.get(super::super::idempotency::HEADER) {
+    // A name made once: looking a header up by text parses the text on every purchase.
+    const NAME: HeaderName = HeaderName::from_static(super::super::idempotency::HEADER);
+    match headers.get(NAME) {
         None => Ok(None),
         Some(value) => Ok(Some(RetryKey::of(super::super::idempotency::key_text(
             value,
