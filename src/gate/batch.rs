@@ -275,9 +275,9 @@ impl Caller {
                 };
                 for (a, v) in group.into_iter().zip(verdicts) {
                     let answer = match v {
-                        Verdict::Accepted { .. } | Verdict::Again { .. } if !durable => {
-                            Err(GateError::NotDurable)
-                        }
+                        // A retry's record names an order whose first answer went out
+                        // already; `pending` would name this attempt's unused id instead.
+                        Verdict::Accepted { .. } if !durable => Err(GateError::NotDurable),
                         v => Ok(v),
                     };
                     // The caller may have given up (a timeout); its verdict stands regardless.

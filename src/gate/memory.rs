@@ -297,6 +297,20 @@ impl MemoryGate {
     }
 }
 
+/// A purchase's `Idempotency-Key` record, settled when its append ends however it ends.
+struct RecordSettled<'a> {
+    gate: &'a MemoryGate,
+    p: &'a Purchase,
+}
+
+impl Drop for RecordSettled<'_> {
+    fn drop(&mut self) {
+        if let Some(key) = self.p.retry_key {
+            self.gate.retries().durable(self.p, key);
+        }
+    }
+}
+
 /// An order decided and on its way into the log; its end, durable or not (or the purchase
 /// dropped mid-append), takes it off the sale's `appending` figures.
 struct Appending<'a> {
@@ -346,6 +360,9 @@ impl Gate for MemoryGate {
             state: &state,
             units: p.quantity,
         };
+        // However the append ends, even with this purchase dropped mid-way (its buyer gone),
+        // retries stop waiting for it: a failed append forgets the record first (below).
+        let _record = RecordSettled { gate: self, p: &p };
         let appended = self.log.append(order).await;
         drop(appending);
         if let Err(e) = appended {
@@ -357,9 +374,6 @@ impl Gate for MemoryGate {
                 crate::orderlog::LogError::Unconfirmed(_) => GateError::NotDurable,
                 e => e.into(),
             });
-        }
-        if let Some(key) = p.retry_key {
-            self.retries().durable(&p, key);
         }
         Ok(Verdict::Accepted { remaining })
     }
