@@ -47,8 +47,8 @@ async fn with_key(
     Api::send(r).await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_retried_creating_call_runs_once_on_every_instance_and_after_a_restart() {
+/// Two instances on Redis + PostgreSQL (the second without a writer), and their database.
+async fn two_instances() -> (String, Server, Server) {
     let db = common::fresh_database(Sql::Postgres).await;
     let env = vec![
         ("SECKILL_DATABASE_URL".to_string(), db.clone()),
@@ -56,8 +56,14 @@ async fn a_retried_creating_call_runs_once_on_every_instance_and_after_a_restart
         ("SECKILL_REDIS_PREFIX".to_string(), common::unique("idem")),
         ("SECKILL_DEV".to_string(), "1".to_string()),
     ];
-    let mut a = Server::start(env.clone(), vec!["serve".into()]).await;
+    let a = Server::start(env.clone(), vec!["serve".into()]).await;
     let b = Server::start(env, vec!["serve".into(), "--no-writer".into()]).await;
+    (db, a, b)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_creating_call_runs_once_on_every_instance_and_after_a_restart() {
+    let (_, mut a, b) = two_instances().await;
     let (at_a, at_b) = (a.api(), b.api());
     let admin = a.admin.clone();
     let sales_before = sale_count(&at_a).await;
@@ -382,15 +388,7 @@ async fn orders_in_sql(db: &str, sale: i64, order: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retried_purchase_buys_once_on_two_instances() {
-    let db = common::fresh_database(Sql::Postgres).await;
-    let env = vec![
-        ("SECKILL_DATABASE_URL".to_string(), db.clone()),
-        ("SECKILL_REDIS_URL".to_string(), common::redis_url()),
-        ("SECKILL_REDIS_PREFIX".to_string(), common::unique("idem")),
-        ("SECKILL_DEV".to_string(), "1".to_string()),
-    ];
-    let mut a = Server::start(env.clone(), vec!["serve".into()]).await;
-    let b = Server::start(env, vec!["serve".into(), "--no-writer".into()]).await;
+    let (db, mut a, b) = two_instances().await;
     let (sale, order, phone) = a_purchase_retried(&[a.api(), b.api()]).await;
     orders_in_sql(&db, sale, &order).await;
     // After a restart, the same answer: the record is in Redis, beside the sale.
