@@ -674,6 +674,24 @@ impl App {
         }
     }
 
+    /// The purchases' `Idempotency-Key` records SQL keeps, into a gate that keeps its own
+    /// in memory (they are read only by such a gate's deployment: the embedded one).
+    async fn restore_retries(&self) -> Result<(), AppError> {
+        if !matches!(self.state.config.gate, GateKind::Embedded) {
+            return Ok(());
+        }
+        let since = self.state.now_ms() - crate::gate::RETRY_KEY_MS;
+        let kept = self.state.store.kept_purchases(since).await?;
+        let restored = self.state.gate.restore_retries(&kept).await;
+        if restored > 0 {
+            tracing::info!(
+                restored,
+                "purchases' Idempotency-Key records restored from SQL"
+            );
+        }
+        Ok(())
+    }
+
     /// Starts the background tasks; returns the switch that stops them and their handles.
     pub async fn start_background(
         &self,
@@ -684,6 +702,7 @@ impl App {
         self.writer()
             .drain_recovered(Duration::from_secs(120))
             .await?;
+        self.restore_retries().await?;
         // The first pass runs before serving, so that a restarted embedded server has
         // rebuilt its gate from SQL before it answers a single purchase. Its expiry and
         // returns take one batch each: orders left unexpired are held in the gate, which

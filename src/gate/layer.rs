@@ -11,7 +11,7 @@ use super::{
     Gate, GateError, GateStock, LoadStart, LoadTicket, MoveLeg, MoveStep, Purchase, Release,
     Released, SaleLoad, SegmentCheck, Spend, Verdict,
 };
-use crate::model::NewOrder;
+use crate::model::{KeptPurchase, NewOrder};
 
 /// A gate around `inner()`: each method forwards to it unless the layer overrides it.
 #[async_trait]
@@ -107,6 +107,10 @@ pub trait Layer: Send + Sync {
 
     async fn confirm_written(&self, orders: &[NewOrder]) -> Result<(), GateError> {
         self.inner().confirm_written(orders).await
+    }
+
+    async fn restore_retries(&self, kept: &[KeptPurchase]) -> usize {
+        self.inner().restore_retries(kept).await
     }
 
     async fn is_loaded(&self, sale_id: i64) -> Result<bool, GateError> {
@@ -239,6 +243,10 @@ impl<T: Layer> Gate for T {
 
     async fn confirm_written(&self, orders: &[NewOrder]) -> Result<(), GateError> {
         Layer::confirm_written(self, orders).await
+    }
+
+    async fn restore_retries(&self, kept: &[KeptPurchase]) -> usize {
+        Layer::restore_retries(self, kept).await
     }
 
     async fn is_loaded(&self, sale_id: i64) -> Result<bool, GateError> {

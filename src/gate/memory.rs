@@ -268,6 +268,7 @@ impl MemoryGate {
             quantity: p.quantity,
             price_cents: s.price_cents,
             accepted_at: now,
+            retry_key: p.retry_key,
         };
         Ok((s.remaining, order))
     }
@@ -376,6 +377,26 @@ impl Gate for MemoryGate {
             });
         }
         Ok(Verdict::Accepted { remaining })
+    }
+
+    async fn restore_retries(&self, kept: &[crate::model::KeptPurchase]) -> usize {
+        let now = self.clock.now_ms();
+        let mut retries = self.retries();
+        let before = retries.made.len();
+        for k in kept.iter().filter(|k| k.at + super::RETRY_KEY_MS > now) {
+            let record = RetryRecord {
+                order_id: k.order_id,
+                quantity: k.quantity,
+                at: k.at,
+                appending: false,
+            };
+            // A record made since start-up is the newer one.
+            retries
+                .made
+                .entry((k.sale_id, k.user_id, k.key))
+                .or_insert(record);
+        }
+        retries.made.len() - before
     }
 
     async fn load(&self, load: &SaleLoad) -> Result<bool, GateError> {

@@ -36,23 +36,7 @@ pub struct Purchase {
     pub retry_key: Option<RetryKey>,
 }
 
-/// A buyer's `Idempotency-Key`, as the gate keeps it: 128 bits of its SHA-256, scoped by
-/// the buyer and the sale. A purchase made with one is recorded for [`RETRY_KEY_MS`]; an
-/// attempt with the same key is answered from the record (`Verdict::Again`, or
-/// `Rejection::RetryKeyReused` for another quantity) and takes nothing. A refusal records
-/// nothing: it changed nothing, so its retry is decided again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct RetryKey(pub u128);
-
-impl RetryKey {
-    pub fn of(key: &str) -> RetryKey {
-        use sha2::{Digest, Sha256};
-        let digest = Sha256::digest(key.as_bytes());
-        let mut first = [0u8; 16];
-        first.copy_from_slice(&digest[..16]);
-        RetryKey(u128::from_be_bytes(first))
-    }
-}
+pub use crate::model::RetryKey;
 
 /// How long a purchase's `Idempotency-Key` answers its retries (a day).
 pub const RETRY_KEY_MS: i64 = 86_400_000;
@@ -553,6 +537,13 @@ pub trait Gate: Send + Sync {
     /// exactly once per order.
     async fn confirm_written(&self, _orders: &[crate::model::NewOrder]) -> Result<(), GateError> {
         Ok(())
+    }
+
+    /// Takes in the purchases made with an `Idempotency-Key` that SQL holds, for a gate
+    /// whose own records end with its process (the memory gate): called at start-up, once
+    /// the order log's orders are in SQL. How many it took.
+    async fn restore_retries(&self, _kept: &[crate::model::KeptPurchase]) -> usize {
+        0
     }
 
     async fn is_loaded(&self, sale_id: i64) -> Result<bool, GateError>;

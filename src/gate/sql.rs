@@ -15,8 +15,8 @@ use super::{
     Verdict,
 };
 use crate::model::NewOrder;
-use crate::store::idempotency::Claim;
-use crate::store::{Dialect, Store};
+use crate::store::idempotency::{purchase_record, Claim};
+use crate::store::{ClaimedKey, Dialect, Store};
 use crate::store::{SqlDecision, SqlVerdict};
 
 pub struct SqlGate {
@@ -51,12 +51,12 @@ impl SqlGate {
     }
 
     /// A purchase with an `Idempotency-Key`: kept in SQL's idempotency records (as the
-    /// admin calls' are), claimed before the purchase and completed with its order. A
-    /// process that dies between the two leaves a claim a retry takes over after its lease.
+    /// admin calls' are), claimed before the purchase and completed in its transaction, so
+    /// that a process that dies at any point leaves either no order, or the order and its
+    /// record. A claim left without an order is taken over after its lease.
     async fn purchase_once(&self, p: Purchase, key: RetryKey) -> Result<Verdict, GateError> {
         let sql = |e: crate::store::StoreError| GateError::Sql(e.to_string());
-        let caller = format!("buyer:{}", p.user_id);
-        let key = format!("purchase:{}:{:032x}", p.sale_id, key.0);
+        let (caller, key) = purchase_record(p.sale_id, p.user_id, key);
         let fingerprint = p.quantity.to_string();
         let deadline = tokio::time::Instant::now() + RETRY_WAIT;
         loop {
@@ -67,7 +67,27 @@ impl SqlGate {
                 .await
                 .map_err(sql)?
             {
-                Claim::Mine => break,
+                Claim::Mine => {
+                    let claim = ClaimedKey {
+                        caller: &caller,
+                        key: &key,
+                        claimed_at: now,
+                    };
+                    let verdict = match self.purchase_now(p, Some(claim)).await {
+                        // Answered by the attempt that holds the key now: asked again.
+                        Ok(None) => continue,
+                        Ok(Some(verdict)) => Ok(verdict),
+                        Err(e) => Err(e),
+                    };
+                    // A purchase made completed its claim; any other leaves it to a retry
+                    // (a claim completed already stays).
+                    if !matches!(verdict, Ok(Verdict::Accepted { .. })) {
+                        if let Err(e) = self.store.release_idempotency_key(&caller, &key).await {
+                            tracing::warn!(error = %e, "cannot release a purchase's Idempotency-Key");
+                        }
+                    }
+                    return verdict;
+                }
                 Claim::Taken { fingerprint: f, .. } if f != fingerprint => {
                     return Ok(Verdict::Rejected(Rejection::RetryKeyReused))
                 }
@@ -90,28 +110,19 @@ impl SqlGate {
                 }
             }
         }
-        let verdict = self.purchase_now(p).await;
-        let kept = match &verdict {
-            Ok(Verdict::Accepted { .. }) => {
-                let order = p.order_id.to_string();
-                self.store
-                    .complete_idempotency_key(&caller, &key, 200, &order)
-                    .await
-            }
-            _ => self.store.release_idempotency_key(&caller, &key).await,
-        };
-        if let Err(e) = kept {
-            tracing::warn!(error = %e, "cannot keep a purchase's Idempotency-Key");
-        }
-        verdict
     }
 
-    async fn purchase_now(&self, p: Purchase) -> Result<Verdict, GateError> {
+    /// The purchase, in one transaction; `None` when its claim was not its own any more.
+    async fn purchase_now(
+        &self,
+        p: Purchase,
+        claim: Option<ClaimedKey<'_>>,
+    ) -> Result<Option<Verdict>, GateError> {
         // Spent on its own, before the purchase transaction: that one rolls back on every
         // rejection, and a token must stay spent whatever the attempt's outcome.
         if let Some(token) = p.token {
             if !self.spend(p.sale_id, token).await? {
-                return Ok(Verdict::Rejected(Rejection::TokenUsed));
+                return Ok(Some(Verdict::Rejected(Rejection::TokenUsed)));
             }
         }
         let order = NewOrder {
@@ -121,13 +132,14 @@ impl SqlGate {
             quantity: p.quantity,
             price_cents: 0,
             accepted_at: self.store.now_ms(),
+            retry_key: None,
         };
         let verdict = self
             .store
-            .sql_purchase(&order, self.how)
+            .sql_purchase_claimed(&order, self.how, claim)
             .await
             .map_err(|e| GateError::Sql(e.to_string()))?;
-        Ok(match verdict {
+        Ok(Some(match verdict {
             SqlVerdict::Accepted { remaining } => Verdict::Accepted { remaining },
             SqlVerdict::NotLoaded => Verdict::Rejected(Rejection::NotLoaded),
             SqlVerdict::NotStarted => Verdict::Rejected(Rejection::NotStarted),
@@ -138,7 +150,8 @@ impl SqlGate {
             SqlVerdict::SoldOut { remaining } => {
                 Verdict::Rejected(Rejection::SoldOut { remaining })
             }
-        })
+            SqlVerdict::ClaimLost => return Ok(None),
+        }))
     }
 }
 
@@ -152,7 +165,12 @@ impl Gate for SqlGate {
             .map_err(|_| GateError::BadReply("gate closed".into()))?;
         match p.retry_key {
             Some(key) => self.purchase_once(p, key).await,
-            None => self.purchase_now(p).await,
+            None => match self.purchase_now(p, None).await? {
+                Some(verdict) => Ok(verdict),
+                None => Err(GateError::BadReply(
+                    "a purchase without a claim lost one".into(),
+                )),
+            },
         }
     }
 

@@ -593,6 +593,7 @@ mod tests {
             quantity: 1,
             price_cents: 100,
             accepted_at: store.now_ms(),
+            retry_key: None,
         };
         store.write_orders(&[order]).await.unwrap();
         cache.refresh(&store).await.unwrap();
@@ -671,6 +672,7 @@ mod tests {
                 quantity: 1,
                 price_cents: 100,
                 accepted_at: now,
+                retry_key: None,
             })
             .collect();
         store.write_orders(&orders).await.unwrap();

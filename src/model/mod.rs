@@ -147,6 +147,67 @@ pub struct NewOrder {
     pub quantity: i64,
     pub price_cents: i64,
     pub accepted_at: i64,
+    /// The buyer's `Idempotency-Key` of the purchase, carried to SQL where the gate's own
+    /// record of it does not survive a restart (the embedded deployment).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_key: Option<RetryKey>,
+}
+
+/// A purchase made with an `Idempotency-Key`, as SQL keeps it for a gate that rebuilds its
+/// records at start-up (the memory gate).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeptPurchase {
+    pub sale_id: i64,
+    pub user_id: i64,
+    pub key: RetryKey,
+    pub order_id: i64,
+    pub quantity: i64,
+    /// When it was bought (Unix ms): its record answers until a day after.
+    pub at: i64,
+}
+
+/// A buyer's `Idempotency-Key`, as the gate keeps it: 128 bits of its SHA-256, scoped by
+/// the buyer and the sale. A purchase made with one is recorded for `gate::RETRY_KEY_MS`; an
+/// attempt with the same key is answered from the record (`Verdict::Again`, or
+/// `Rejection::RetryKeyReused` for another quantity) and takes nothing. A refusal records
+/// nothing: it changed nothing, so its retry is decided again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RetryKey(pub u128);
+
+impl RetryKey {
+    pub fn of(key: &str) -> RetryKey {
+        use sha2::{Digest, Sha256};
+        let digest = Sha256::digest(key.as_bytes());
+        let mut first = [0u8; 16];
+        first.copy_from_slice(&digest[..16]);
+        RetryKey(u128::from_be_bytes(first))
+    }
+
+    /// As SQL keeps it, in the purchase's idempotency record and a kept change.
+    pub fn hex(self) -> String {
+        format!("{:032x}", self.0)
+    }
+
+    pub fn from_hex(text: &str) -> Option<RetryKey> {
+        if text.len() != 32 {
+            return None;
+        }
+        u128::from_str_radix(text, 16).ok().map(RetryKey)
+    }
+}
+
+impl Serialize for RetryKey {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.hex())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for RetryKey {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = <String as serde::Deserialize>::deserialize(d)?;
+        RetryKey::from_hex(&text)
+            .ok_or_else(|| serde::de::Error::custom("a retry key is 32 hex digits"))
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, utoipa::ToSchema)]

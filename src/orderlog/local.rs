@@ -9,7 +9,8 @@
 //!
 //! The file is a sequence of segments; a segment whose every order is settled (in SQL, or
 //! a dead letter) is deleted. Each record is an order's six integers and a CRC-32C, so a
-//! record torn by a crash is recognised and dropped: it was never answered `ok`.
+//! record torn by a crash is recognised and dropped: it was never answered `ok`. An order
+//! bought with an `Idempotency-Key` has a record of the key just before its own.
 //!
 //! A failed write or sync may have left some of the group's records on disk, and a later
 //! start would replay them: so the segment is cut back to its last synced length before the
@@ -34,7 +35,7 @@ use super::disk::{Disk, DiskFile, RealDisk};
 use super::{Batch, Delivery, LogError, OrderLog, Receipt};
 use crate::clock::SharedClock;
 use crate::metrics::Histogram;
-use crate::model::NewOrder;
+use crate::model::{NewOrder, RetryKey};
 
 /// A segment takes no more records once it is this large (about 80,000 orders). Settled
 /// segments are deleted; a restart replays at most the unsettled orders and the settled
@@ -800,14 +801,19 @@ fn segment_files(disk: &dyn Disk, dir: &Path) -> std::io::Result<Vec<(u64, PathB
 fn read_segment(disk: &dyn Disk, path: &Path) -> std::io::Result<Vec<NewOrder>> {
     let bytes = disk.read(path)?;
     let mut orders = Vec::with_capacity(bytes.len() / RECORD);
-    for record in bytes.chunks(RECORD) {
+    let mut key = None;
+    for (n, record) in bytes.chunks(RECORD).enumerate() {
         match decode(record) {
-            Some(order) => orders.push(order),
+            Some(Record::Key { order_id, key: k }) => key = Some((order_id, k)),
+            Some(Record::Order(mut order)) => {
+                order.retry_key = key.take().filter(|(id, _)| *id == order.id).map(|(_, k)| k);
+                orders.push(order);
+            }
             None => {
                 tracing::warn!(
                     segment = %path.display(),
                     kept = orders.len(),
-                    dropped_bytes = bytes.len() - orders.len() * RECORD,
+                    dropped_bytes = bytes.len() - n * RECORD,
                     "order log segment ends in a torn or damaged record; the rest was never acknowledged"
                 );
                 break;
@@ -815,6 +821,19 @@ fn read_segment(disk: &dyn Disk, path: &Path) -> std::io::Result<Vec<NewOrder>> 
         }
     }
     Ok(orders)
+}
+
+/// Marks a record that carries the `Idempotency-Key` of the order in the record after it
+/// (an order's id is never negative). Written before its order, so that an order read
+/// whole has its key whole: a crash tears a segment's end, never its middle. A segment of a
+/// version without keys holds no such record and reads as it did.
+const KEY_RECORD: i64 = i64::MIN;
+
+/// A record of the log, as read back.
+#[derive(Debug, PartialEq)]
+enum Record {
+    Order(NewOrder),
+    Key { order_id: i64, key: RetryKey },
 }
 
 fn fields(o: &NewOrder) -> [i64; 6] {
@@ -829,15 +848,24 @@ fn fields(o: &NewOrder) -> [i64; 6] {
 }
 
 fn encode(o: &NewOrder, out: &mut Vec<u8>) {
+    if let Some(key) = o.retry_key {
+        // Bit-for-bit: the key's two halves in two signed fields.
+        let (high, low) = ((key.0 >> 64) as u64 as i64, key.0 as u64 as i64);
+        seal([KEY_RECORD, o.id, high, low, 0, 0], out);
+    }
+    seal(fields(o), out);
+}
+
+fn seal(fields: [i64; 6], out: &mut Vec<u8>) {
     let start = out.len();
-    for f in fields(o) {
+    for f in fields {
         out.extend_from_slice(&f.to_le_bytes());
     }
     let crc = CRC.checksum(&out[start..]);
     out.extend_from_slice(&crc.to_le_bytes());
 }
 
-fn decode(record: &[u8]) -> Option<NewOrder> {
+fn decode(record: &[u8]) -> Option<Record> {
     if record.len() != RECORD {
         return None;
     }
@@ -849,14 +877,24 @@ fn decode(record: &[u8]) -> Option<NewOrder> {
         .chunks_exact(8)
         .map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8])));
     let mut next = || f.next().unwrap_or_default();
-    Some(NewOrder {
-        id: next(),
+    let first = next();
+    if first == KEY_RECORD {
+        let order_id = next();
+        let (high, low) = (next() as u64 as u128, next() as u64 as u128);
+        return Some(Record::Key {
+            order_id,
+            key: RetryKey(high << 64 | low),
+        });
+    }
+    Some(Record::Order(NewOrder {
+        id: first,
         sale_id: next(),
         user_id: next(),
         quantity: next(),
         price_cents: next(),
         accepted_at: next(),
-    })
+        retry_key: None,
+    }))
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -875,6 +913,7 @@ mod tests {
             quantity: 1,
             price_cents: 999,
             accepted_at: 1_700_000_000_000 + id,
+            retry_key: None,
         }
     }
 
@@ -1220,10 +1259,41 @@ mod tests {
             quantity: 3,
             price_cents: 0,
             accepted_at: i64::MIN,
+            retry_key: None,
         };
         encode(&o, &mut buf);
         assert_eq!(buf.len(), RECORD);
-        assert_eq!(decode(&buf), Some(o));
+        assert_eq!(decode(&buf), Some(Record::Order(o)));
         assert_eq!(decode(&buf[..RECORD - 1]), None);
+    }
+
+    #[tokio::test]
+    async fn an_orders_idempotency_key_comes_back_with_it_and_a_torn_order_leaves_it() {
+        let dir = temp_dir();
+        let keyed = |id: i64, key: u128| NewOrder {
+            retry_key: Some(RetryKey(key)),
+            ..order(id)
+        };
+        {
+            let (log, _reader) = open(&dir, "test-db").unwrap();
+            log.append(keyed(1, u128::MAX)).await.unwrap();
+            log.append(order(2)).await.unwrap();
+            log.append(keyed(3, 1 << 127 | 5)).await.unwrap();
+        }
+        let (_, path) = segment_files(&RealDisk, &dir).unwrap().pop().unwrap();
+        let read = read_segment(&RealDisk, &path).unwrap();
+        assert_eq!(
+            read,
+            [keyed(1, u128::MAX), order(2), keyed(3, 1 << 127 | 5)]
+        );
+        // A crash after a fourth order's key record, within its order record.
+        let mut bytes = std::fs::read(&path).unwrap();
+        let mut torn = Vec::new();
+        encode(&keyed(4, 9), &mut torn);
+        assert_eq!(torn.len(), 2 * RECORD);
+        bytes.extend_from_slice(&torn[..RECORD + 30]);
+        std::fs::write(&path, &bytes).unwrap();
+        assert_eq!(read_segment(&RealDisk, &path).unwrap(), read);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -494,6 +494,7 @@ fn parse_batch(v: &Value) -> Result<Vec<NewOrder>, String> {
                 quantity,
                 price_cents,
                 accepted_at,
+                retry_key: None,
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
@@ -550,6 +551,7 @@ fn parse_packed(v: &Value) -> Result<NewOrder, String> {
         quantity,
         price_cents,
         accepted_at,
+        retry_key: None,
     })
 }
 
@@ -587,6 +589,7 @@ fn parse_fields(kv: &[Value]) -> Result<NewOrder, String> {
         quantity: get(3)?,
         price_cents: get(4)?,
         accepted_at: get(5)?,
+        retry_key: None,
     })
 }
 
@@ -1306,6 +1309,7 @@ mod tests {
             quantity,
             price_cents: 100,
             accepted_at,
+            retry_key: None,
         };
         let read: Vec<_> = batch.deliveries.iter().map(|d| d.order.clone()).collect();
         assert_eq!(read, [order(5, 9, 1, 7), order(6, 10, 2, 8)]);
@@ -1353,6 +1357,7 @@ mod tests {
             quantity,
             price_cents: 250,
             accepted_at,
+            retry_key: None,
         };
         assert_eq!(
             read,

@@ -9,6 +9,7 @@
 use sqlx::Row;
 
 use super::{Store, StoreError};
+use crate::model::{KeptPurchase, NewOrder, RetryKey};
 
 /// What a key holds when claimed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,7 +28,113 @@ pub enum Claim {
 /// than any call may run.
 pub const CLAIM_LEASE_MS: i64 = 30_000;
 
+/// The (caller, key) of a purchase's record: claimed by the SQL gates, and written by the
+/// writer with an order bought with an `Idempotency-Key`, so that the memory gate finds
+/// its records again at start-up. Its fingerprint is the quantity, its answer the order id.
+pub fn purchase_record(sale_id: i64, user_id: i64, key: RetryKey) -> (String, String) {
+    (
+        format!("buyer:{user_id}"),
+        format!("purchase:{sale_id}:{}", key.hex()),
+    )
+}
+
+/// A purchase's record read back: `None` for one that is not a purchase's.
+fn kept_purchase(
+    caller: &str,
+    key: &str,
+    fingerprint: &str,
+    body: &str,
+    at: i64,
+) -> Option<KeptPurchase> {
+    let user_id = caller.strip_prefix("buyer:")?.parse().ok()?;
+    let (sale_id, hex) = key.strip_prefix("purchase:")?.split_once(':')?;
+    Some(KeptPurchase {
+        sale_id: sale_id.parse().ok()?,
+        user_id,
+        key: RetryKey::from_hex(hex)?,
+        order_id: body.parse().ok()?,
+        quantity: fingerprint.parse().ok()?,
+        at,
+    })
+}
+
+/// Most records a statement writes: five values each, well under every database's limit.
+const RECORDS_PER_STATEMENT: usize = 500;
+
+/// A text column read as text, also where MariaDB flags TEXT binary (sqlx will not read
+/// such a column as a string).
+fn text_at(row: &sqlx::any::AnyRow, index: usize) -> Result<Option<String>, StoreError> {
+    Ok(match row.try_get(index) {
+        Ok(text) => text,
+        Err(_) => row
+            .try_get::<Option<Vec<u8>>, _>(index)?
+            .map(|bytes| String::from_utf8_lossy(&bytes).into_owned()),
+    })
+}
+
 impl Store {
+    /// Keeps the records of the orders bought with an `Idempotency-Key`, in the caller's
+    /// transaction (the one that writes the orders): a record claimed already stays.
+    pub(super) async fn keep_purchase_records_in(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        orders: &[&NewOrder],
+    ) -> Result<(), StoreError> {
+        let keyed: Vec<(&NewOrder, RetryKey)> = orders
+            .iter()
+            .filter_map(|o| o.retry_key.map(|k| (*o, k)))
+            .collect();
+        for chunk in keyed.chunks(RECORDS_PER_STATEMENT) {
+            let rows = vec!["(?, ?, ?, 200, ?, ?)"; chunk.len()].join(", ");
+            let q = format!(
+                "{} VALUES {rows}{}",
+                self.insert_ignore(
+                    "idempotency_keys (caller, idem_key, fingerprint, status, body, created_at)"
+                ),
+                self.on_conflict_nothing()
+            );
+            let q = self.sql(&q);
+            let mut statement = sqlx::query(&q);
+            for (o, key) in chunk {
+                let (caller, idem_key) = purchase_record(o.sale_id, o.user_id, *key);
+                statement = statement
+                    .bind(caller)
+                    .bind(idem_key)
+                    .bind(o.quantity.to_string())
+                    .bind(o.id.to_string())
+                    .bind(o.accepted_at);
+            }
+            statement.execute(&mut *conn).await?;
+        }
+        Ok(())
+    }
+
+    /// The purchases made with an `Idempotency-Key` since `since` whose records hold
+    /// their order.
+    pub async fn kept_purchases(&self, since: i64) -> Result<Vec<KeptPurchase>, StoreError> {
+        let rows = sqlx::query(&self.sql(
+            "SELECT caller, idem_key, fingerprint, body, created_at FROM idempotency_keys \
+             WHERE created_at >= ? AND status IS NOT NULL AND idem_key LIKE 'purchase:%'",
+        ))
+        .bind(since)
+        .fetch_all(&self.pool)
+        .await?;
+        let mut kept = Vec::with_capacity(rows.len());
+        for row in rows {
+            let (caller, key, fingerprint): (String, String, String) =
+                (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
+            let body = text_at(&row, 3)?.unwrap_or_default();
+            kept.extend(kept_purchase(
+                &caller,
+                &key,
+                &fingerprint,
+                &body,
+                row.try_get(4)?,
+            ));
+        }
+        Ok(kept)
+    }
+
     /// Claims (caller, key) for a request of `fingerprint`, or says who holds it.
     pub async fn claim_idempotency_key(
         &self,
@@ -121,13 +228,7 @@ impl Store {
             return Ok(None);
         };
         let status: Option<i64> = row.try_get(1)?;
-        // MariaDB flags a TEXT column binary, which sqlx will not read as a string.
-        let body: Option<String> = match row.try_get(2) {
-            Ok(body) => body,
-            Err(_) => row
-                .try_get::<Option<Vec<u8>>, _>(2)?
-                .map(|bytes| String::from_utf8_lossy(&bytes).into_owned()),
-        };
+        let body = text_at(&row, 2)?;
         let claim = Claim::Taken {
             fingerprint: row.try_get(0)?,
             answer: status.zip(body).map(|(s, b)| (s as u16, b)),

@@ -54,7 +54,7 @@ pub use rebuild::{LoadSnapshot, Part};
 pub use recount::{Pace, Recount};
 pub use sales::{SaleCounts, SalesMark};
 pub(crate) use sql::{int_pair, pg_array, text_and_int, PG_WALK_INDEXES};
-pub use sql_gate::{SqlDecision, SqlVerdict};
+pub use sql_gate::{ClaimedKey, SqlDecision, SqlVerdict};
 pub use tallies::{PaymentStatus, SaleTallies, Tally};
 pub use transitions::{Outcome, StockReturn, TransitionError};
 pub use tx::{TxFaults, WriteTx};

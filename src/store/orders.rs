@@ -143,6 +143,7 @@ impl Store {
             return Err(StoreError::ConcurrentWrite);
         }
         self.index_buyers(conn, &fresh).await?;
+        self.keep_purchase_records_in(conn, &fresh).await?;
         let per_sale = units_per_sale(&fresh);
         self.journal_written(conn, &per_sale, now).await?;
         self.take_stock(conn, &per_sale, &new_buyers, now).await?;

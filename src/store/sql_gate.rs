@@ -25,14 +25,33 @@ pub enum SqlDecision {
 /// The outcome of a purchase decided in SQL, before mapping to the gate's verdicts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SqlVerdict {
-    Accepted { remaining: i64 },
+    Accepted {
+        remaining: i64,
+    },
     NotLoaded,
     NotStarted,
     Ended,
     Paused,
     AlreadyPurchased,
-    OverLimit { held: i64 },
-    SoldOut { remaining: i64 },
+    OverLimit {
+        held: i64,
+    },
+    SoldOut {
+        remaining: i64,
+    },
+    /// The purchase's `Idempotency-Key` is no longer this attempt's (another took its claim
+    /// over, or this attempt committed already and is being tried again): nothing was done.
+    ClaimLost,
+}
+
+/// A purchase's `Idempotency-Key` record, claimed by this attempt at `claimed_at` (see
+/// `Store::claim_idempotency_key`): completed with the order in the purchase's own
+/// transaction, so that an order bought with a key always has its record.
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimedKey<'a> {
+    pub caller: &'a str,
+    pub key: &'a str,
+    pub claimed_at: i64,
 }
 
 impl Store {
@@ -109,8 +128,21 @@ impl Store {
         p: &crate::model::NewOrder,
         how: SqlDecision,
     ) -> Result<SqlVerdict, StoreError> {
-        let verdict =
-            retry_transient(self.clock().as_ref(), || self.sql_purchase_once(p, how)).await?;
+        self.sql_purchase_claimed(p, how, None).await
+    }
+
+    /// [`Store::sql_purchase`] with its `Idempotency-Key` claimed: the claim is completed
+    /// in the purchase's transaction, or the purchase is not made (`ClaimLost`).
+    pub async fn sql_purchase_claimed(
+        &self,
+        p: &crate::model::NewOrder,
+        how: SqlDecision,
+        claim: Option<ClaimedKey<'_>>,
+    ) -> Result<SqlVerdict, StoreError> {
+        let verdict = retry_transient(self.clock().as_ref(), || {
+            self.sql_purchase_once(p, how, claim)
+        })
+        .await?;
         if matches!(verdict, SqlVerdict::Accepted { .. }) && self.dialect == Dialect::Sqlite {
             // Off the buyer's answer: a merge step, when one is due, moves 5,000 entries.
             let store = self.clone();
@@ -123,9 +155,15 @@ impl Store {
         &self,
         p: &crate::model::NewOrder,
         how: SqlDecision,
+        claim: Option<ClaimedKey<'_>>,
     ) -> Result<SqlVerdict, StoreError> {
         let mut conn = self.begin_write().await?;
-        let result = self.sql_purchase_in_tx(&mut conn, p, how).await;
+        let mut result = self.sql_purchase_in_tx(&mut conn, p, how).await;
+        if let (Ok(SqlVerdict::Accepted { .. }), Some(claim)) = (&result, claim) {
+            if !self.complete_claim_in(&mut conn, claim, p.id).await? {
+                result = Ok(SqlVerdict::ClaimLost);
+            }
+        }
         Self::finish(conn, matches!(result, Ok(SqlVerdict::Accepted { .. }))).await?;
         result
     }
@@ -181,6 +219,27 @@ impl Store {
         Ok(SqlVerdict::Accepted {
             remaining: remaining - p.quantity,
         })
+    }
+
+    /// Completes this attempt's claim with its order; false when the claim is not its own
+    /// any more.
+    async fn complete_claim_in(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        claim: ClaimedKey<'_>,
+        order_id: i64,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(&self.sql(
+            "UPDATE idempotency_keys SET status = 200, body = ? \
+             WHERE caller = ? AND idem_key = ? AND status IS NULL AND created_at = ?",
+        ))
+        .bind(order_id.to_string())
+        .bind(claim.caller)
+        .bind(claim.key)
+        .bind(claim.claimed_at)
+        .execute(&mut *conn)
+        .await?;
+        Ok(done.rows_affected() == 1)
     }
 
     /// The sale's row as a purchase reads it, locked on `sql-lock` (on SQLite the write

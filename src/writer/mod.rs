@@ -561,6 +561,7 @@ mod tests {
             quantity: 1,
             price_cents: 100,
             accepted_at: 0,
+            retry_key: None,
         }
     }
 

@@ -650,5 +650,6 @@ pub fn order(sale_id: i64, user_id: i64) -> NewOrder {
         quantity: 1,
         price_cents: 100,
         accepted_at: seckill::clock::wall_ms(),
+        retry_key: None,
     }
 }

@@ -228,6 +228,7 @@ async fn the_rebuilt_gate_is_sql_plus_the_stream_plus_late_writes() {
         quantity: 1,
         price_cents: 100,
         accepted_at: seckill::clock::wall_ms(),
+        retry_key: None,
     };
     store
         .write_orders(std::slice::from_ref(&late))

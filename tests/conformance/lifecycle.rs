@@ -21,6 +21,7 @@ async fn written_orders(store: &Store, sale_id: i64, n: i64) -> Vec<NewOrder> {
             quantity: 1,
             price_cents: 999,
             accepted_at: seckill::clock::wall_ms(),
+            retry_key: None,
         })
         .collect();
     store.write_orders(&orders).await.unwrap();
@@ -644,6 +645,7 @@ async fn an_expiry_batch_over_two_sales_keeps_every_figure() {
             quantity,
             price_cents: 999,
             accepted_at,
+            retry_key: None,
         };
         let orders = [
             order(a.id, 1, 1, now),

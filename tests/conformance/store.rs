@@ -18,6 +18,7 @@ fn order(sale_id: i64, user_id: i64, quantity: i64) -> NewOrder {
         quantity,
         price_cents: 999,
         accepted_at: seckill::clock::wall_ms(),
+        retry_key: None,
     }
 }
 
@@ -1574,6 +1575,7 @@ async fn the_writers_lookups_on_postgres_go_by_key_on_a_table_without_statistics
                 quantity: 1,
                 price_cents: 999,
                 accepted_at: seckill::clock::wall_ms(),
+                retry_key: None,
             })
             .collect();
         store.write_orders(&batch).await.unwrap();
@@ -1610,4 +1612,127 @@ async fn the_writers_lookups_on_postgres_go_by_key_on_a_table_without_statistics
     let written = plan(seckill::store::PG_WRITTEN_ALREADY, vec![(array(1), None)]).await;
     assert!(written.contains("orders_pkey"), "{written}");
     assert!(!written.contains("Seq Scan on orders"), "{written}");
+}
+
+/// The writer keeps the record of an order bought with an `Idempotency-Key` in the orders'
+/// own transaction, once however often the batch comes, and never over a record a SQL
+/// gate holds already; the memory gate reads them back at start-up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orders_bought_with_a_key_keep_their_records_with_them() {
+    use seckill::model::RetryKey;
+    use seckill::store::idempotency::purchase_record;
+    for kind in ALL_SQL {
+        let (store, _) = common::fresh_store(kind).await;
+        let sale = common::sale(common::next_id(), 2000, 3);
+        store.create_sale(&sale).await.unwrap();
+        let keyed = |user: i64, quantity: i64| NewOrder {
+            retry_key: Some(RetryKey(u128::MAX - user as u128)),
+            ..order(sale.id, user, quantity)
+        };
+        // More keyed orders than one statement writes, among orders without a key.
+        let mut batch: Vec<NewOrder> = (0..1200).map(|u| keyed(u, 1 + u % 2)).collect();
+        batch.extend((5000..5010).map(|u| order(sale.id, u, 1)));
+        // One buyer's key claimed already with another answer: it stays.
+        let (caller, key) = purchase_record(sale.id, 7, RetryKey(u128::MAX - 7));
+        let now = seckill::clock::wall_ms();
+        store
+            .claim_idempotency_key(&caller, &key, "2", now)
+            .await
+            .unwrap();
+        store
+            .complete_idempotency_key(&caller, &key, 200, "42")
+            .await
+            .unwrap();
+        store.write_orders(&batch).await.unwrap();
+        store.write_orders(&batch[..100]).await.unwrap();
+
+        let kept = store.kept_purchases(now - 60_000).await.unwrap();
+        let ours: Vec<_> = kept.iter().filter(|k| k.sale_id == sale.id).collect();
+        assert_eq!(ours.len(), 1200, "{kind:?}: one record a keyed order");
+        for k in &ours {
+            let o = &batch[k.user_id as usize];
+            assert_eq!(k.key, o.retry_key.unwrap(), "{kind:?}");
+            assert_eq!(k.quantity, o.quantity, "{kind:?}");
+            if k.user_id == 7 {
+                assert_eq!(k.order_id, 42, "{kind:?}: a record held stays");
+            } else {
+                assert_eq!((k.order_id, k.at), (o.id, o.accepted_at), "{kind:?}");
+            }
+        }
+        assert!(
+            store.kept_purchases(now + 60_000).await.unwrap().is_empty(),
+            "{kind:?}: none since a later instant"
+        );
+    }
+}
+
+/// A SQL gate's purchase completes its key's claim in its own transaction: an attempt whose
+/// claim another attempt took over (after the lease) makes nothing, and the one holding the
+/// claim makes the order and its record at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sql_purchase_whose_key_claim_was_taken_over_makes_nothing() {
+    use seckill::model::RetryKey;
+    use seckill::store::idempotency::{purchase_record, Claim, CLAIM_LEASE_MS};
+    use seckill::store::{ClaimedKey, SqlDecision, SqlVerdict};
+    for kind in ALL_SQL {
+        for how in [SqlDecision::Lock, SqlDecision::Conditional] {
+            let (store, _) = common::fresh_store(kind).await;
+            let sale = common::sale(common::next_id(), 10, 3);
+            store.create_sale(&sale).await.unwrap();
+            let (caller, key) = purchase_record(sale.id, 1, RetryKey(5));
+            let first_at = seckill::clock::wall_ms() - CLAIM_LEASE_MS - 1;
+            let (store, caller, key) = (&store, &caller, &key);
+            let claim = |at| async move { store.claim_idempotency_key(caller, key, "1", at).await };
+            assert_eq!(claim(first_at).await.unwrap(), Claim::Mine);
+            let now = seckill::clock::wall_ms();
+            assert_eq!(claim(now).await.unwrap(), Claim::Mine, "taken over");
+
+            let late = order(sale.id, 1, 1);
+            let verdict = store
+                .sql_purchase_claimed(
+                    &late,
+                    how,
+                    Some(ClaimedKey {
+                        caller,
+                        key,
+                        claimed_at: first_at,
+                    }),
+                )
+                .await
+                .unwrap();
+            assert_eq!(verdict, SqlVerdict::ClaimLost, "{kind:?} {how:?}");
+            assert_eq!(stock(store, sale.id).await, 10, "{kind:?} {how:?}");
+            assert!(store.order(late.id).await.unwrap().is_none());
+
+            let holder = order(sale.id, 1, 1);
+            let claimed = Some(ClaimedKey {
+                caller,
+                key,
+                claimed_at: now,
+            });
+            let verdict = store
+                .sql_purchase_claimed(&holder, how, claimed)
+                .await
+                .unwrap();
+            assert!(
+                matches!(verdict, SqlVerdict::Accepted { remaining: 9 }),
+                "{kind:?} {how:?}: {verdict:?}"
+            );
+            assert_eq!(
+                claim(now).await.unwrap(),
+                Claim::Taken {
+                    fingerprint: "1".into(),
+                    answer: Some((200, holder.id.to_string())),
+                },
+                "{kind:?} {how:?}: the record came with the order"
+            );
+            // Another purchase under the completed claim: nothing more.
+            let verdict = store
+                .sql_purchase_claimed(&order(sale.id, 1, 1), how, claimed)
+                .await
+                .unwrap();
+            assert_eq!(verdict, SqlVerdict::ClaimLost, "{kind:?} {how:?}");
+            assert_eq!(stock(store, sale.id).await, 9, "{kind:?} {how:?}");
+        }
+    }
 }

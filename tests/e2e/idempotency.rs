@@ -408,9 +408,86 @@ async fn a_retried_purchase_buys_once_on_two_instances() {
     orders_in_sql(&db, sale, &order).await;
 }
 
+/// A purchase of `quantity` with `Idempotency-Key: key`.
+async fn keyed_purchase(
+    api: &Api,
+    sale: i64,
+    token: &str,
+    key: &str,
+    quantity: i64,
+) -> common::api::Reply {
+    Api::send(
+        api.request(Method::POST, &format!("/api/sales/{sale}/purchase"))
+            .bearer_auth(token)
+            .header("Idempotency-Key", key)
+            .json(&json!({ "quantity": quantity })),
+    )
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_retried_purchase_buys_once_on_an_embedded_server() {
-    let server = Server::embedded(&[("SECKILL_DEV", "1")]).await;
-    let (sale, order, _) = a_purchase_retried(&[server.api()]).await;
-    orders_in_sql(&server.env_value("SECKILL_DATABASE_URL"), sale, &order).await;
+async fn a_retried_purchase_buys_once_on_an_embedded_server_and_after_its_restart() {
+    let mut server = Server::embedded(&[("SECKILL_DEV", "1")]).await;
+    let (sale, order, phone) = a_purchase_retried(&[server.api()]).await;
+    let db = server.env_value("SECKILL_DATABASE_URL");
+    orders_in_sql(&db, sale, &order).await;
+    // The gate's records live in its memory; SQL keeps them with their orders.
+    server.kill();
+    server.restart().await;
+    let token = server.api().log_in(&phone).await;
+    let again = keyed_purchase(&server.api(), sale, &token, "buy-1", 1).await;
+    assert_eq!(again.status_code(), (200, "ok".into()), "{again}");
+    assert_eq!(again.body["order_id"], order.as_str(), "{again}");
+    let other = keyed_purchase(&server.api(), sale, &token, "buy-1", 2).await;
+    assert_eq!(other.code(), "idempotency_key_reused", "{other}");
+    orders_in_sql(&db, sale, &order).await;
+}
+
+/// An order acknowledged while only in the embedded order log (the database locked by
+/// someone else), then a SIGKILL: the restart writes it to SQL with its key, and a retry
+/// answers it rather than buying again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purchase_acknowledged_only_in_the_order_log_keeps_its_key_across_a_sigkill() {
+    use sqlx::{Connection, Row};
+    let mut server = Server::embedded(&[("SECKILL_DEV", "1")]).await;
+    let api = server.api();
+    let sale: i64 = api.open_sale(5, 3).await.parse().unwrap();
+    let phone = common::test_phone(common::common_phone_block());
+    let token = api.log_in(&phone).await;
+    let db = server.env_value("SECKILL_DATABASE_URL");
+    let mut locker = sqlx::sqlite::SqliteConnection::connect(&db).await.unwrap();
+    sqlx::query("BEGIN EXCLUSIVE")
+        .execute(&mut locker)
+        .await
+        .unwrap();
+    let first = keyed_purchase(&api, sale, &token, "press-1", 1).await;
+    assert_eq!(first.status_code(), (200, "ok".into()), "{first}");
+    let order = first.body["order_id"].as_str().unwrap().to_string();
+    async fn in_sql(conn: &mut sqlx::sqlite::SqliteConnection, sale: i64) -> i64 {
+        let q = format!("SELECT COUNT(*) FROM orders WHERE sale_id = {sale}");
+        sqlx::query(&q).fetch_one(conn).await.unwrap().get(0)
+    }
+    assert_eq!(
+        in_sql(&mut locker, sale).await,
+        0,
+        "the order is only in the log"
+    );
+    server.kill();
+    sqlx::query("ROLLBACK").execute(&mut locker).await.unwrap();
+    drop(locker);
+    server.restart().await;
+    let token = server.api().log_in(&phone).await;
+    for _ in 0..3 {
+        let again = keyed_purchase(&server.api(), sale, &token, "press-1", 1).await;
+        assert_eq!(again.status_code(), (200, "ok".into()), "{again}");
+        assert_eq!(again.body["order_id"], order.as_str(), "{again}");
+    }
+    let mut conn = sqlx::sqlite::SqliteConnection::connect(&db).await.unwrap();
+    assert_eq!(in_sql(&mut conn, sale).await, 1, "one order for four tries");
+    let units: i64 = sqlx::query(&format!("SELECT stock FROM sales WHERE id = {sale}"))
+        .fetch_one(&mut conn)
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(units, 4);
 }
