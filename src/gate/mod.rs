@@ -38,8 +38,7 @@ pub struct Purchase {
 
 pub use crate::model::RetryKey;
 
-/// How long a purchase's `Idempotency-Key` answers its retries (a day).
-pub const RETRY_KEY_MS: i64 = 86_400_000;
+pub use crate::model::RETRY_KEY_MS;
 
 impl Purchase {
     /// The segment that decides this attempt.

@@ -59,6 +59,9 @@ impl SqlGate {
         let (caller, key) = purchase_record(p.sale_id, p.user_id, key);
         let fingerprint = p.quantity.to_string();
         let deadline = tokio::time::Instant::now() + RETRY_WAIT;
+        // A token is spent by the first attempt that holds the claim; one that holds it
+        // again (its first claim lost) has spent it already.
+        let mut token = p.token;
         loop {
             let now = self.store.now_ms();
             match self
@@ -73,16 +76,22 @@ impl SqlGate {
                         key: &key,
                         claimed_at: now,
                     };
-                    let verdict = match self.purchase_now(p, Some(claim)).await {
-                        // Answered by the attempt that holds the key now: asked again.
-                        Ok(None) => continue,
+                    let attempt = Purchase { token, ..p };
+                    token = None;
+                    let verdict = match self.purchase_now(attempt, Some(claim)).await {
+                        // The claim is another attempt's now: whose answer is asked for.
+                        Ok(None) if tokio::time::Instant::now() < deadline => continue,
+                        Ok(None) => Err(GateError::Unavailable(
+                            "a purchase with this Idempotency-Key is still running".into(),
+                        )),
                         Ok(Some(verdict)) => Ok(verdict),
                         Err(e) => Err(e),
                     };
-                    // A purchase made completed its claim; any other leaves it to a retry
-                    // (a claim completed already stays).
+                    // A purchase made completed its claim; any other leaves the key to a
+                    // retry (a claim completed, or taken over by another attempt, stays).
                     if !matches!(verdict, Ok(Verdict::Accepted { .. })) {
-                        if let Err(e) = self.store.release_idempotency_key(&caller, &key).await {
+                        let released = self.store.release_claim(&caller, &key, now).await;
+                        if let Err(e) = released {
                             tracing::warn!(error = %e, "cannot release a purchase's Idempotency-Key");
                         }
                     }

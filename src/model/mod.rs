@@ -166,8 +166,11 @@ pub struct KeptPurchase {
     pub at: i64,
 }
 
+/// How long a purchase's `Idempotency-Key` answers its retries (a day).
+pub const RETRY_KEY_MS: i64 = 86_400_000;
+
 /// A buyer's `Idempotency-Key`, as the gate keeps it: 128 bits of its SHA-256, scoped by
-/// the buyer and the sale. A purchase made with one is recorded for `gate::RETRY_KEY_MS`; an
+/// the buyer and the sale. A purchase made with one is recorded for [`RETRY_KEY_MS`]; an
 /// attempt with the same key is answered from the record (`Verdict::Again`, or
 /// `Rejection::RetryKeyReused` for another quantity) and takes nothing. A refusal records
 /// nothing: it changed nothing, so its retry is decided again.

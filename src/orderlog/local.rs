@@ -43,7 +43,8 @@ use crate::model::{NewOrder, RetryKey};
 const SEGMENT_BYTES: u64 = 4 << 20;
 /// Most orders held in memory on their way to SQL; past it, new orders wait for the writer
 /// (backpressure), so that a storm of winners faster than SQLite cannot grow memory
-/// without bound (about 200 bytes each, measured). 50,000 left a 200,000-winner storm at
+/// without bound (about 200 bytes each, measured, and 32 more since an order has room for
+/// its `Idempotency-Key`). 50,000 left a 200,000-winner storm at
 /// its speed and kept the 1,000,000-buyer sale at 148 MB (200,000: 185 MB).
 pub const MAX_BACKLOG: usize = 50_000;
 /// How long the writer lets a batch fill before it writes it to SQL.
@@ -1263,8 +1264,25 @@ mod tests {
         };
         encode(&o, &mut buf);
         assert_eq!(buf.len(), RECORD);
-        assert_eq!(decode(&buf), Some(Record::Order(o)));
+        assert_eq!(decode(&buf), Some(Record::Order(o.clone())));
         assert_eq!(decode(&buf[..RECORD - 1]), None);
+        let key = RetryKey(u128::MAX - 1);
+        let mut buf = Vec::new();
+        encode(
+            &NewOrder {
+                retry_key: Some(key),
+                ..o.clone()
+            },
+            &mut buf,
+        );
+        assert_eq!(
+            decode(&buf[..RECORD]),
+            Some(Record::Key {
+                order_id: o.id,
+                key
+            })
+        );
+        assert_eq!(decode(&buf[RECORD..]), Some(Record::Order(o)));
     }
 
     #[tokio::test]
@@ -1274,26 +1292,53 @@ mod tests {
             retry_key: Some(RetryKey(key)),
             ..order(id)
         };
+        let written = [
+            keyed(1, u128::MAX),
+            order(2),
+            keyed(3, 1 << 127 | 5),
+            keyed(4, 6),
+            keyed(5, 7),
+        ];
         {
             let (log, _reader) = open(&dir, "test-db").unwrap();
-            log.append(keyed(1, u128::MAX)).await.unwrap();
-            log.append(order(2)).await.unwrap();
-            log.append(keyed(3, 1 << 127 | 5)).await.unwrap();
+            // Appended at once: keyed orders side by side in one group.
+            let appends = written.iter().map(|o| log.append(o.clone()));
+            for appended in futures_util::future::join_all(appends).await {
+                appended.unwrap();
+            }
         }
+        // What a restart hands the writer: each order with its key.
+        let (log, reader) = reopen(&dir, "test-db").await.unwrap();
+        let mut came_back: Vec<NewOrder> = drain(&reader)
+            .await
+            .into_iter()
+            .map(|r| match r {
+                Receipt::Local { order, .. } => order,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        came_back.sort_by_key(|o| o.id);
+        assert_eq!(came_back, written);
+        drop((log, reader));
+
         let (_, path) = segment_files(&RealDisk, &dir).unwrap().pop().unwrap();
         let read = read_segment(&RealDisk, &path).unwrap();
-        assert_eq!(
-            read,
-            [keyed(1, u128::MAX), order(2), keyed(3, 1 << 127 | 5)]
-        );
-        // A crash after a fourth order's key record, within its order record.
         let mut bytes = std::fs::read(&path).unwrap();
+        // A key record whose order is not the next record is no one's key.
+        let mut stray = Vec::new();
+        encode(&keyed(6, 8), &mut stray);
+        encode(&order(7), &mut stray);
+        bytes.extend_from_slice(&stray[..RECORD]);
+        bytes.extend_from_slice(&stray[2 * RECORD..]);
+        // Then a crash after an eighth order's key record, within its order record.
         let mut torn = Vec::new();
-        encode(&keyed(4, 9), &mut torn);
+        encode(&keyed(8, 9), &mut torn);
         assert_eq!(torn.len(), 2 * RECORD);
         bytes.extend_from_slice(&torn[..RECORD + 30]);
         std::fs::write(&path, &bytes).unwrap();
-        assert_eq!(read_segment(&RealDisk, &path).unwrap(), read);
+        let mut expected = read.clone();
+        expected.push(order(7));
+        assert_eq!(read_segment(&RealDisk, &path).unwrap(), expected);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

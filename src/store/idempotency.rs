@@ -74,7 +74,8 @@ fn text_at(row: &sqlx::any::AnyRow, index: usize) -> Result<Option<String>, Stor
 
 impl Store {
     /// Keeps the records of the orders bought with an `Idempotency-Key`, in the caller's
-    /// transaction (the one that writes the orders): a record claimed already stays.
+    /// transaction (the one that writes the orders). A record younger than a day stays (a
+    /// retry's answer); an older one, which no longer answers, is replaced.
     pub(super) async fn keep_purchase_records_in(
         &self,
         conn: &mut sqlx::AnyConnection,
@@ -84,17 +85,16 @@ impl Store {
             .iter()
             .filter_map(|o| o.retry_key.map(|k| (*o, k)))
             .collect();
-        for chunk in keyed.chunks(RECORDS_PER_STATEMENT) {
+        for chunk in self.statement_chunks(&keyed, RECORDS_PER_STATEMENT) {
             let rows = vec!["(?, ?, ?, 200, ?, ?)"; chunk.len()].join(", ");
             let q = format!(
-                "{} VALUES {rows}{}",
-                self.insert_ignore(
-                    "idempotency_keys (caller, idem_key, fingerprint, status, body, created_at)"
-                ),
-                self.on_conflict_nothing()
+                "INSERT INTO idempotency_keys (caller, idem_key, fingerprint, status, body, created_at) \
+                 VALUES {rows} {}",
+                self.replace_stale_record()
             );
             let q = self.sql(&q);
-            let mut statement = sqlx::query(&q);
+            let keep = self.keeps_shape(chunk.len(), RECORDS_PER_STATEMENT);
+            let mut statement = sqlx::query(&q).persistent(keep);
             for (o, key) in chunk {
                 let (caller, idem_key) = purchase_record(o.sale_id, o.user_id, *key);
                 statement = statement
@@ -107,6 +107,30 @@ impl Store {
             statement.execute(&mut *conn).await?;
         }
         Ok(())
+    }
+
+    /// The upsert's tail: a record a day old or older takes the new values, any other stays.
+    fn replace_stale_record(&self) -> String {
+        let day = crate::model::RETRY_KEY_MS;
+        match self.dialect {
+            // Assigned left to right, each seeing the ones before: `created_at` last.
+            super::Dialect::MySql => {
+                let stale = format!("created_at <= VALUES(created_at) - {day}");
+                let set = |col: &str| format!("{col} = IF({stale}, VALUES({col}), {col})");
+                format!(
+                    "ON DUPLICATE KEY UPDATE {}, {}, {}, {}",
+                    set("fingerprint"),
+                    set("status"),
+                    set("body"),
+                    set("created_at")
+                )
+            }
+            _ => format!(
+                "ON CONFLICT (caller, idem_key) DO UPDATE SET fingerprint = excluded.fingerprint, \
+                 status = excluded.status, body = excluded.body, created_at = excluded.created_at \
+                 WHERE idempotency_keys.created_at <= excluded.created_at - {day}"
+            ),
+        }
     }
 
     /// The purchases made with an `Idempotency-Key` since `since` whose records hold
@@ -263,6 +287,26 @@ impl Store {
         ))
         .bind(caller)
         .bind(key)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Lets a claim made at `claimed_at` that changed nothing be tried again; a claim
+    /// another call took over since, or completed, stays.
+    pub async fn release_claim(
+        &self,
+        caller: &str,
+        key: &str,
+        claimed_at: i64,
+    ) -> Result<(), StoreError> {
+        sqlx::query(&self.sql(
+            "DELETE FROM idempotency_keys \
+             WHERE caller = ? AND idem_key = ? AND status IS NULL AND created_at = ?",
+        ))
+        .bind(caller)
+        .bind(key)
+        .bind(claimed_at)
         .execute(&self.pool)
         .await?;
         Ok(())

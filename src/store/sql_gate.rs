@@ -158,12 +158,14 @@ impl Store {
         claim: Option<ClaimedKey<'_>>,
     ) -> Result<SqlVerdict, StoreError> {
         let mut conn = self.begin_write().await?;
-        let mut result = self.sql_purchase_in_tx(&mut conn, p, how).await;
-        if let (Ok(SqlVerdict::Accepted { .. }), Some(claim)) = (&result, claim) {
-            if !self.complete_claim_in(&mut conn, claim, p.id).await? {
-                result = Ok(SqlVerdict::ClaimLost);
+        // The claim first, before the sale's row: an attempt whose claim is lost waits on
+        // no one's lock. A purchase refused rolls its completion back.
+        let result = match claim {
+            Some(claim) if !self.complete_claim_in(&mut conn, claim, p.id).await? => {
+                Ok(SqlVerdict::ClaimLost)
             }
-        }
+            _ => self.sql_purchase_in_tx(&mut conn, p, how).await,
+        };
         Self::finish(conn, matches!(result, Ok(SqlVerdict::Accepted { .. }))).await?;
         result
     }

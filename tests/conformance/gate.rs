@@ -633,6 +633,49 @@ async fn a_purchase_retried_with_its_idempotency_key_is_made_once() {
     }
 }
 
+/// A SQL gate's claim on a purchase's key left by an attempt that died (its process
+/// killed between claim and purchase) is taken over after its lease: the retry buys, with
+/// its token, and its record answers the next retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sql_gates_claim_left_by_a_dead_attempt_is_taken_over() {
+    use seckill::store::idempotency::{purchase_record, CLAIM_LEASE_MS};
+    for kind in common::ALL_SQL {
+        for how in [SqlDecision::Lock, SqlDecision::Conditional] {
+            let h = Harness::sql(kind, how).await;
+            let sale = common::sale(common::next_id(), 5, 3);
+            h.open(&sale, vec![]).await;
+            let key = RetryKey::of("press-1");
+            let (caller, idem_key) = purchase_record(sale.id, 42, key);
+            let dead_at = seckill::clock::wall_ms() - CLAIM_LEASE_MS - 1;
+            h.store
+                .claim_idempotency_key(&caller, &idem_key, "1", dead_at)
+                .await
+                .unwrap();
+            let attempt = || Purchase {
+                retry_key: Some(key),
+                token: Some(seckill::gate::Spend {
+                    nonce: 77,
+                    expires_at: seckill::clock::wall_ms() + 60_000,
+                }),
+                ..one_unit(sale.id, 42, common::next_id())
+            };
+            let first = attempt();
+            let verdict = h.gate.purchase(first).await.unwrap();
+            assert!(accepted(&verdict), "{}: {verdict:?}", h.name);
+            let again = h.gate.purchase(attempt()).await.unwrap();
+            assert_eq!(
+                again,
+                Verdict::Again {
+                    order_id: first.order_id
+                },
+                "{}",
+                h.name
+            );
+            assert_eq!(h.store.orders_of_sale(sale.id).await.unwrap().len(), 1);
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_user_firing_requests_is_throttled_before_touching_the_stock() {
     use seckill::gate::RateLimit;

@@ -1632,17 +1632,25 @@ async fn orders_bought_with_a_key_keep_their_records_with_them() {
         // More keyed orders than one statement writes, among orders without a key.
         let mut batch: Vec<NewOrder> = (0..1200).map(|u| keyed(u, 1 + u % 2)).collect();
         batch.extend((5000..5010).map(|u| order(sale.id, u, 1)));
-        // One buyer's key claimed already with another answer: it stays.
-        let (caller, key) = purchase_record(sale.id, 7, RetryKey(u128::MAX - 7));
+        // One buyer's key answered already, a moment ago: its record stays. Another's
+        // answered a day ago, which answers no more: replaced.
         let now = seckill::clock::wall_ms();
-        store
-            .claim_idempotency_key(&caller, &key, "2", now)
-            .await
-            .unwrap();
-        store
-            .complete_idempotency_key(&caller, &key, 200, "42")
-            .await
-            .unwrap();
+        let answered = |user: i64, order: &'static str, at: i64| {
+            let (caller, key) = purchase_record(sale.id, user, RetryKey(u128::MAX - user as u128));
+            let store = &store;
+            async move {
+                store
+                    .claim_idempotency_key(&caller, &key, "3", at)
+                    .await
+                    .unwrap();
+                store
+                    .complete_idempotency_key(&caller, &key, 200, order)
+                    .await
+                    .unwrap();
+            }
+        };
+        answered(7, "42", now).await;
+        answered(8, "43", now - seckill::model::RETRY_KEY_MS - 1).await;
         store.write_orders(&batch).await.unwrap();
         store.write_orders(&batch[..100]).await.unwrap();
 
@@ -1652,16 +1660,36 @@ async fn orders_bought_with_a_key_keep_their_records_with_them() {
         for k in &ours {
             let o = &batch[k.user_id as usize];
             assert_eq!(k.key, o.retry_key.unwrap(), "{kind:?}");
-            assert_eq!(k.quantity, o.quantity, "{kind:?}");
             if k.user_id == 7 {
-                assert_eq!(k.order_id, 42, "{kind:?}: a record held stays");
+                assert_eq!(
+                    (k.order_id, k.quantity),
+                    (42, 3),
+                    "{kind:?}: a record held stays"
+                );
             } else {
+                assert_eq!(k.quantity, o.quantity, "{kind:?}");
                 assert_eq!((k.order_id, k.at), (o.id, o.accepted_at), "{kind:?}");
             }
         }
         assert!(
             store.kept_purchases(now + 60_000).await.unwrap().is_empty(),
             "{kind:?}: none since a later instant"
+        );
+
+        // A batch that fails (over the stock) keeps no record.
+        let small = common::sale(common::next_id(), 1, 3);
+        store.create_sale(&small).await.unwrap();
+        let over: Vec<NewOrder> = (0..2)
+            .map(|u| NewOrder {
+                retry_key: Some(RetryKey(u as u128)),
+                ..order(small.id, u, 1)
+            })
+            .collect();
+        assert!(store.write_orders(&over).await.is_err(), "{kind:?}");
+        let kept = store.kept_purchases(now - 60_000).await.unwrap();
+        assert!(
+            kept.iter().all(|k| k.sale_id != small.id),
+            "{kind:?}: a failed batch's records are rolled back with it"
         );
     }
 }
