@@ -98,13 +98,14 @@ async fn run_once(
         crate::text::hex(&h.finalize())
     };
     let deadline = tokio::time::Instant::now() + WAIT_FOR_RUNNING;
-    loop {
+    let claimed_at = loop {
+        let now = st.now_ms();
         let claim = st
             .store
-            .claim_idempotency_key(&caller, &key, &fingerprint, st.now_ms())
+            .claim_idempotency_key(&caller, &key, &fingerprint, now)
             .await?;
         match claim {
-            Claim::Mine => break,
+            Claim::Mine => break now,
             Claim::Taken { fingerprint: f, .. } if f != fingerprint => {
                 return Err(ApiError::Unprocessable {
                     code: "idempotency_key_reused",
@@ -129,9 +130,9 @@ async fn run_once(
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
-    }
+    };
     let response = next.run(Request::from_parts(parts, Body::from(body))).await;
-    keep(st, &caller, &key, response).await
+    keep(st, &caller, &key, claimed_at, response).await
 }
 
 /// Keeps a claimed call's answer (or releases the key when the answer says nothing
@@ -140,6 +141,7 @@ async fn keep(
     st: &AppState,
     caller: &str,
     key: &str,
+    claimed_at: i64,
     response: Response,
 ) -> Result<Response, ApiError> {
     let status = response.status();
@@ -160,7 +162,11 @@ async fn keep(
             }
         }
         _ => {
-            if let Err(e) = st.store.release_idempotency_key(caller, key).await {
+            if let Err(e) = st
+                .store
+                .release_idempotency_key(caller, key, claimed_at)
+                .await
+            {
                 tracing::warn!(error = %e, "cannot release an Idempotency-Key");
             }
         }

@@ -90,7 +90,7 @@ impl SqlGate {
                     // A purchase made completed its claim; any other leaves the key to a
                     // retry (a claim completed, or taken over by another attempt, stays).
                     if !matches!(verdict, Ok(Verdict::Accepted { .. })) {
-                        let released = self.store.release_claim(&caller, &key, now).await;
+                        let released = self.store.release_idempotency_key(&caller, &key, now).await;
                         if let Err(e) = released {
                             tracing::warn!(error = %e, "cannot release a purchase's Idempotency-Key");
                         }

@@ -280,21 +280,9 @@ impl Store {
         Ok(())
     }
 
-    /// Lets a claimed call that changed nothing be tried again.
-    pub async fn release_idempotency_key(&self, caller: &str, key: &str) -> Result<(), StoreError> {
-        sqlx::query(&self.sql(
-            "DELETE FROM idempotency_keys WHERE caller = ? AND idem_key = ? AND status IS NULL",
-        ))
-        .bind(caller)
-        .bind(key)
-        .execute(&self.pool)
-        .await?;
-        Ok(())
-    }
-
-    /// Lets a claim made at `claimed_at` that changed nothing be tried again; a claim
-    /// another call took over since, or completed, stays.
-    pub async fn release_claim(
+    /// Lets a call that claimed its key at `claimed_at` and changed nothing be tried
+    /// again; a claim another call took over since, or completed, stays.
+    pub async fn release_idempotency_key(
         &self,
         caller: &str,
         key: &str,
