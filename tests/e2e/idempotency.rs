@@ -395,14 +395,7 @@ async fn a_retried_purchase_buys_once_on_two_instances() {
     a.kill();
     a.restart().await;
     let keyed = a.api().log_in(&phone).await;
-    let again = Api::send(
-        a.api()
-            .request(Method::POST, &format!("/api/sales/{sale}/purchase"))
-            .bearer_auth(&keyed)
-            .header("Idempotency-Key", "buy-1")
-            .json(&json!({ "quantity": 1 })),
-    )
-    .await;
+    let again = keyed_purchase(&a.api(), sale, &keyed, "buy-1", 1).await;
     assert_eq!(again.status_code(), (200, "ok".into()), "{again}");
     assert_eq!(again.body["order_id"], order.as_str(), "{again}");
     orders_in_sql(&db, sale, &order).await;
